@@ -1,0 +1,105 @@
+"""The ``wmctl`` command line: a thin Click group.
+
+Each command lives in ``orchestrator/commands/<name>.py``, parses its options and calls one
+function. Heavy SDKs (docker, kubernetes, torch) load inside those functions, never here,
+so ``wmctl --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from . import __version__
+from .errors import WmctlError
+
+# command name -> module under orchestrator.commands that defines a click command ``command``
+COMMANDS = {
+    "render": "render",
+    "submit": "submit",
+    "build-image": "build_image",
+    "wheelhouse": "wheelhouse",
+    "watch": "watch",
+    "status": "status",
+    "logs": "logs",
+    "cancel": "cancel",
+    "list": "list_runs",
+    "affinity": "affinity",
+    "doctor": "doctor",
+}
+
+HELP = {
+    "render": "Render what a backend would submit (Kubernetes, Docker or local), without submitting.",
+    "submit": "Submit a job spec as a run (local by default); --dry-run prints the plan.",
+    "build-image": "Render the Dockerfile from the vendor profile and build (and push) the image.",
+    "wheelhouse": "Fill a wheelhouse folder for offline (air-gapped) image builds.",
+    "watch": "Supervise a run; --auto-resume resubmits from the latest checkpoint on failure.",
+    "status": "Show a run's attempts, nodes, last step and checkpoint.",
+    "logs": "Print (or follow) the logs of one node of a run.",
+    "cancel": "Cancel a run and tear down every attempt's processes/containers/objects.",
+    "list": "List runs.",
+    "affinity": "Print the per-rank CPU/NUMA binding plan for this machine.",
+    "doctor": "Check devices, shared memory, dtype support and the vendor runtime.",
+}
+
+
+class LazyGroup(click.Group):
+    """Loads a command's module only when that command runs (or its own --help is asked)."""
+
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        module_name = COMMANDS.get(name)
+        if module_name is None:
+            return None
+        try:
+            module = importlib.import_module(f"orchestrator.commands.{module_name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"orchestrator.commands.{module_name}":
+                raise
+            return None
+        return module.command
+
+    def format_commands(self, ctx, formatter):
+        # Short help from the table above, so listing commands imports none of them.
+        rows = [(name, HELP.get(name, "")) for name in COMMANDS]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="wmctl")
+@click.option("--debug", is_flag=True, help="Show full tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """wmctl: distributed PyTorch jobs from source to a self-healing run on any accelerator."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def main(argv: list[str] | None = None) -> None:
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="wmctl", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except WmctlError as exc:
+        if debug:
+            raise
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

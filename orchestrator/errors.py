@@ -1,0 +1,67 @@
+"""Every error a user can cause or meet, each with a message and an exit code.
+
+The CLI prints ``WmctlError`` subclasses as one clear message (no traceback unless --debug)
+and exits with ``exit_code``. Anything else escaping is a bug in wmctl.
+"""
+
+from __future__ import annotations
+
+
+class WmctlError(Exception):
+    """Base class: a failure wmctl can explain to the user."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+
+
+class SpecError(WmctlError):
+    """The job spec (or a flag overriding it) is invalid. Nothing was submitted."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        # problems: (field path, what is wrong and how to fix it)
+        self.problems = problems
+        lines = [f"  {path}: {msg}" for path, msg in problems]
+        super().__init__("invalid job spec:\n" + "\n".join(lines))
+
+
+class ProfileError(WmctlError):
+    """A vendor profile file is missing or malformed."""
+
+    exit_code = 2
+
+
+class BuildError(WmctlError):
+    """An image build or push failed."""
+
+    exit_code = 3
+
+
+class BackendError(WmctlError):
+    """A backend (local, Docker, Kubernetes) refused or failed an operation."""
+
+    exit_code = 4
+
+
+class EngineUnavailable(BackendError):
+    """The Docker engine or Kubernetes API cannot be reached."""
+
+    exit_code = 5
+
+
+class RunNotFound(WmctlError):
+    exit_code = 6
+
+
+class RunFailed(WmctlError):
+    """A supervised run ended without success (app error, retry budget spent, ...)."""
+
+    exit_code = 7

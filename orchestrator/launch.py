@@ -1,0 +1,138 @@
+"""What every backend runs in a node: the torchrun command line and the WMCTL_* environment.
+
+Pure functions of the spec, the vendor profile and the attempt; backends only decide the
+rendezvous host and the node rank's source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from .plan import AttemptContext
+from .runtime import protocol as p
+from .spec import JobSpec
+from .validate import parse_duration
+from .vendors import VendorProfile
+
+LAUNCHER = "wmctl-bind"   # per-rank CPU/NUMA binding, then exec of the training command
+
+
+def accelerators_per_node(spec: JobSpec, profile: VendorProfile) -> int:
+    if not profile.accelerator:
+        return 0
+    if spec.accelerators_per_node is not None:
+        return spec.accelerators_per_node
+    return profile.default_accelerators_per_node
+
+
+def nproc_per_node(spec: JobSpec, profile: VendorProfile) -> int:
+    """One rank per accelerator; on CPU one rank per requested CPU (at least one)."""
+    if spec.nproc_per_node is not None:
+        return spec.nproc_per_node
+    accel = accelerators_per_node(spec, profile)
+    if accel:
+        return accel
+    return max(1, int(spec.resources.cpu)) if spec.resources.cpu else 1
+
+
+def rendezvous_id(spec: JobSpec, ctx: AttemptContext) -> str:
+    # Unique per attempt: a late agent of attempt N can never join attempt N+1's rendezvous.
+    return f"{spec.name}-a{ctx.attempt}"
+
+
+def torchrun_args(spec: JobSpec, profile: VendorProfile, *, endpoint: str, rdzv_id: str,
+                  node_rank: int | None, launcher: list[str] | None = None,
+                  torchrun: list[str] | None = None, command: list[str] | None = None) -> list[str]:
+    """The full argv: torchrun, its flags, the binding launcher, the user's command.
+
+    ``--max-restarts=0``: the supervisor owns retries; layers that retry on their own fight.
+    ``node_rank=None`` leaves it to PET_NODE_RANK in the environment (Kubernetes sets it from
+    the completion index through the downward API, so no shell is needed).
+    """
+    argv = list(torchrun or ["torchrun"])
+    argv += [
+        f"--nnodes={spec.nodes}",
+        f"--nproc-per-node={nproc_per_node(spec, profile)}",
+    ]
+    if node_rank is not None:
+        argv.append(f"--node-rank={node_rank}")
+    argv += [
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={rdzv_id}",
+        f"--rdzv-conf=join_timeout={int(parse_duration(spec.rendezvous.join_timeout))}",
+        "--max-restarts=0",
+        "--no-python",
+        *(launcher if launcher is not None else [LAUNCHER]),
+        *(command if command is not None else spec.command),
+    ]
+    return argv
+
+
+def affinity_value(spec: JobSpec) -> str:
+    if isinstance(spec.affinity, dict):
+        return json.dumps({str(k): v for k, v in sorted(spec.affinity.items())}, sort_keys=True)
+    return spec.affinity
+
+
+def job_env(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, *,
+            checkpoint_dir: str | None, backend_env: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for every node: profile env, wmctl's contract with the runtime, then the user's.
+
+    The user's env comes last so it can override profile defaults (e.g. NCCL_DEBUG), but the
+    WMCTL_* names are reserved (the spec loader rejects them in ``env``).
+    """
+    env: dict[str, str] = {}
+    env.update(profile.env)
+    env.update(backend_env or {})
+    env.update({
+        p.ENV_RUN: spec.name,
+        p.ENV_ATTEMPT: str(ctx.attempt),
+        p.ENV_VENDOR: profile.name,
+        p.ENV_TORCH_MODULE: profile.torch_module,
+        p.ENV_DIST_BACKEND: profile.dist_backend,
+        p.ENV_AFFINITY: affinity_value(spec),
+        p.ENV_CHECKPOINT_EVERY: str(spec.checkpoint.every_steps),
+        p.ENV_CHECKPOINT_KEEP: str(max(2, spec.checkpoint.keep)),
+        p.ENV_RESUME: "1" if (ctx.resume or ctx.attempt > 0) else "0",
+        "PYTHONUNBUFFERED": "1",
+    })
+    if checkpoint_dir:
+        env[p.ENV_CHECKPOINT_DIR] = checkpoint_dir
+    env.update(spec.env)
+    return env
+
+
+def split_evenly(items: list, parts: int) -> list[list]:
+    """Split ``items`` into ``parts`` contiguous, disjoint, near-equal chunks."""
+    base, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for i in range(parts):
+        n = base + (1 if i < extra else 0)
+        out.append(items[start:start + n])
+        start += n
+    return out
+
+
+def host_cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def format_cpulist(cpus: list[int]) -> str:
+    """[0,1,2,5] -> '0-2,5'."""
+    ranges, start, prev = [], None, None
+    for c in sorted(cpus):
+        if start is None:
+            start = prev = c
+        elif c == prev + 1:
+            prev = c
+        else:
+            ranges.append(f"{start}-{prev}" if start != prev else str(start))
+            start = prev = c
+    if start is not None:
+        ranges.append(f"{start}-{prev}" if start != prev else str(start))
+    return ",".join(ranges)

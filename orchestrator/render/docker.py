@@ -1,0 +1,207 @@
+"""Spec -> Docker: one private network and one container per node on one Docker host.
+
+Each container is described with the Docker SDK's ``containers.create`` keyword names (mounts,
+device requests and ulimits in Engine API form), plus the equivalent ``docker run`` command
+line, quoted, for review and for users who want to run it by hand.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from typing import Any
+
+from .. import labels as L
+from ..errors import SpecError
+from ..launch import (accelerators_per_node, format_cpulist, host_cpus, job_env, rendezvous_id,
+                      split_evenly, torchrun_args)
+from ..plan import AttemptContext, Plan
+from ..spec import JobSpec
+from ..validate import format_quantity, parse_duration, parse_quantity
+from ..vendors import VendorProfile
+
+
+def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext | None = None, *,
+                  image: str | None = None, cpus: list[int] | None = None) -> Plan:
+    ctx = ctx or AttemptContext()
+    image = image or spec.image.tag
+    if not image:
+        raise SpecError([("image.tag", "the docker backend runs an image: set image.tag or pass --image")])
+    job_name = f"{spec.name}-a{ctx.attempt}"
+    network = spec.docker.network or job_name
+    notes: list[str] = []
+    cpusets = _cpusets(spec, cpus if cpus is not None else host_cpus(), notes)
+    device_ids = _device_ids(spec, profile, notes)
+    endpoint = f"{job_name}-0:{spec.rendezvous.port}"
+    command = torchrun_args(spec, profile, endpoint=endpoint, rdzv_id=rendezvous_id(spec, ctx), node_rank=None)
+    mounts, volumes_to_create = _mounts(spec, profile)
+    resources: list[dict[str, Any]] = []
+    if spec.docker.network is None:
+        resources.append({"kind": "network", "name": network, "driver": "bridge",
+                          "labels": L.run_labels(spec.name, ctx.attempt)})
+    resources += volumes_to_create
+    grace = int(parse_duration(spec.kubernetes.termination_grace_period))
+    for node in range(spec.nodes):
+        name = f"{job_name}-{node}"
+        labels = {**L.run_labels(spec.name, ctx.attempt), L.NODE: str(node), L.SPEC_HASH: spec.spec_hash()}
+        if ctx.parent is not None:
+            labels[L.PARENT_ATTEMPT] = str(ctx.parent)
+        if ctx.excluded_nodes:
+            labels[L.EXCLUDED_NODES] = ",".join(ctx.excluded_nodes)
+        backend_env = dict(profile.docker.env)
+        # With --gpus the NVIDIA toolkit sets its own visible-devices env from DeviceIDs.
+        if profile.docker.visible_devices_env and device_ids is not None and not profile.docker.device_requests:
+            backend_env[profile.docker.visible_devices_env] = device_ids[node]
+        env = job_env(spec, profile, ctx, checkpoint_dir=spec.checkpoint.dir, backend_env=backend_env)
+        env["PET_NODE_RANK"] = str(node)
+        env["WMCTL_NODE_NAME"] = name
+        create: dict[str, Any] = {
+            "name": name, "image": image, "command": command, "hostname": name,
+            "environment": env, "labels": labels, "working_dir": spec.workdir or spec.image.workdir,
+            "shm_size": spec.resources.shm_bytes, "mounts": mounts, "network": network,
+            "stop_signal": "SIGTERM", "stop_timeout": grace,
+        }
+        if spec.resources.memory_bytes is not None:
+            create["mem_limit"] = spec.resources.memory_bytes
+        if spec.resources.cpu is not None and not cpusets:
+            create["nano_cpus"] = int(spec.resources.cpu * 1e9)
+        if cpusets:
+            create["cpuset_cpus"] = cpusets[node]
+        _device_exposure(create, profile, device_ids[node] if device_ids else None, accelerators_per_node(spec, profile))
+        resources.append({"kind": "container", "node": node, "aliases": [name], "create": create,
+                          "docker_run": docker_run_line(create, [name])})
+    return Plan(backend="docker", run=spec.name, attempt=ctx.attempt, spec_hash=spec.spec_hash(),
+                resources=resources, notes=notes, context=ctx, extra={"network": network})
+
+
+def _cpusets(spec: JobSpec, cpus: list[int], notes: list[str]) -> list[str]:
+    if spec.docker.cpusets:
+        return list(spec.docker.cpusets)
+    if spec.nodes == 1:
+        return []
+    if len(cpus) < spec.nodes:
+        raise SpecError([("nodes", f"{spec.nodes} nodes share one Docker host with only {len(cpus)} CPUs; "
+                          "lower nodes or give docker.cpusets explicitly")])
+    parts = [format_cpulist(c) for c in split_evenly(cpus, spec.nodes)]
+    notes.append(f"{spec.nodes} nodes share one Docker host: CPUs split per node as {', '.join(parts)}")
+    return parts
+
+
+def _device_ids(spec: JobSpec, profile: VendorProfile, notes: list[str]) -> list[str] | None:
+    """Which accelerators each node container sees; 'all' when one node owns the host."""
+    accel = accelerators_per_node(spec, profile)
+    if not profile.accelerator or not accel:
+        return None
+    if spec.nodes == 1:
+        return ["all"]
+    ids = [",".join(str(i) for i in range(n * accel, (n + 1) * accel)) for n in range(spec.nodes)]
+    notes.append(f"{spec.nodes} nodes share one Docker host: accelerators split per node as {'; '.join(ids)}")
+    return ids
+
+
+def _device_exposure(create: dict[str, Any], profile: VendorProfile, ids: str | None, accel: int) -> None:
+    d = profile.docker
+    if ids is None:
+        return
+    if d.device_requests:
+        reqs = []
+        for r in d.device_requests:
+            req: dict[str, Any] = {"Driver": r.driver, "Capabilities": r.capabilities}
+            if ids == "all":
+                req["Count"] = -1
+            else:
+                req["DeviceIDs"] = ids.split(",")
+            reqs.append(req)
+        create["device_requests"] = reqs
+    if d.runtime:
+        create["runtime"] = d.runtime
+    devices = list(d.devices)
+    index_list = list(range(accel)) if ids == "all" else [int(i) for i in ids.split(",")]
+    for pattern in d.per_device:
+        devices += [pattern.format(i=i) for i in index_list]
+    if devices:
+        create["devices"] = [f"{p}:{p}:rwm" for p in devices]
+    for key, attr in (("group_add", "group_add"), ("security_opt", "security_opt"), ("cap_add", "cap_add")):
+        if getattr(d, attr):
+            create[key] = list(getattr(d, attr))
+    if d.ulimits:
+        create["ulimits"] = [{"Name": k, "Soft": v, "Hard": v} for k, v in sorted(d.ulimits.items())]
+    for path in d.mounts:
+        create["mounts"] = create["mounts"] + [{"Target": path, "Source": path, "Type": "bind", "ReadOnly": True}]
+
+
+def _mounts(spec: JobSpec, profile: VendorProfile) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    mounts: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
+    for i, vol in enumerate(spec.volumes):
+        kind = vol.source
+        if kind == "host_path":
+            src = str((spec.source_dir / vol.host_path).resolve()) if not vol.host_path.startswith("/") else vol.host_path
+            mounts.append({"Target": vol.mount, "Source": src, "Type": "bind", "ReadOnly": vol.read_only})
+        elif kind == "pvc":
+            # A named Docker volume stands in for a PVC: it outlives containers, like a PVC.
+            mounts.append({"Target": vol.mount, "Source": vol.pvc, "Type": "volume", "ReadOnly": vol.read_only})
+            volumes.append({"kind": "volume", "name": vol.pvc, "driver": "local", "driver_opts": {}})
+        elif kind == "nfs":
+            name = f"{spec.name}-{vol.name}"
+            opts = {"type": "nfs", "o": f"addr={vol.nfs.server}" + (",ro" if vol.read_only else ""),
+                    "device": f":{vol.nfs.path}"}
+            mounts.append({"Target": vol.mount, "Source": name, "Type": "volume", "ReadOnly": vol.read_only})
+            volumes.append({"kind": "volume", "name": name, "driver": "local", "driver_opts": opts})
+        elif kind == "empty_dir":
+            if vol.empty_dir.medium == "Memory":
+                m: dict[str, Any] = {"Target": vol.mount, "Type": "tmpfs"}
+                if vol.empty_dir.size_limit is not None:
+                    m["TmpfsOptions"] = {"SizeBytes": parse_quantity(vol.empty_dir.size_limit)}
+                mounts.append(m)
+            else:
+                mounts.append({"Target": vol.mount, "Type": "volume", "ReadOnly": False})
+        else:
+            raise SpecError([(f"volumes[{i}]", f"{kind} volumes exist only on Kubernetes; use host_path on Docker")])
+    return mounts, volumes
+
+
+def docker_run_line(create: dict[str, Any], aliases: list[str]) -> str:
+    """The equivalent ``docker run`` command, every value shell-quoted."""
+    argv = ["docker", "run", "-d", "--name", create["name"], "--hostname", create["hostname"],
+            "--network", create["network"]]
+    for a in aliases:
+        argv += ["--network-alias", a]
+    argv += ["--shm-size", format_quantity(create["shm_size"])]
+    if "mem_limit" in create:
+        argv += ["--memory", format_quantity(create["mem_limit"])]
+    if "cpuset_cpus" in create:
+        argv += ["--cpuset-cpus", create["cpuset_cpus"]]
+    if "nano_cpus" in create:
+        argv += ["--cpus", f"{create['nano_cpus'] / 1e9:g}"]
+    for req in create.get("device_requests", []):
+        argv += ["--gpus", "all" if req.get("Count") == -1 else f"\"device={','.join(req['DeviceIDs'])}\""]
+    if create.get("runtime"):
+        argv += ["--runtime", create["runtime"]]
+    for dev in create.get("devices", []):
+        argv += ["--device", dev]
+    for g in create.get("group_add", []):
+        argv += ["--group-add", g]
+    for s in create.get("security_opt", []):
+        argv += ["--security-opt", s]
+    for c in create.get("cap_add", []):
+        argv += ["--cap-add", c]
+    for u in create.get("ulimits", []):
+        argv += ["--ulimit", f"{u['Name']}={u['Soft']}:{u['Hard']}"]
+    for m in create["mounts"]:
+        if m["Type"] == "tmpfs":
+            size = m.get("TmpfsOptions", {}).get("SizeBytes")
+            argv += ["--tmpfs", m["Target"] + (f":size={size}" if size else "")]
+        elif m["Type"] == "volume" and "Source" not in m:
+            argv += ["-v", m["Target"]]
+        else:
+            argv += ["-v", f"{m['Source']}:{m['Target']}" + (":ro" if m.get("ReadOnly") else "")]
+    for k, v in create["environment"].items():
+        argv += ["-e", f"{k}={v}"]
+    for k, v in create["labels"].items():
+        argv += ["--label", f"{k}={v}"]
+    argv += ["-w", create["working_dir"], "--stop-timeout", str(create["stop_timeout"]), create["image"]]
+    argv += list(create["command"])
+    return shlex.join(argv)
+
+

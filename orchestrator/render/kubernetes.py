@@ -1,0 +1,213 @@
+"""Spec -> Kubernetes objects: a headless Service, an Indexed Job, optionally a Volcano PodGroup.
+
+The structure lives in ``templates/kubernetes/*.yaml.j2`` (users may override the folder);
+this module computes every value, renders, parses the YAML back and checks the result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import __version__
+from .. import labels as L
+from ..errors import SpecError
+from ..launch import accelerators_per_node, job_env, rendezvous_id, torchrun_args
+from ..plan import AttemptContext, Plan
+from ..spec import JobSpec, Volume
+from ..validate import format_quantity, parse_duration, parse_quantity
+from ..vendors import VendorProfile
+from .jinja import render_objects
+
+SHM_VOLUME = "wmctl-dshm"
+NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def render_kubernetes(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext | None = None,
+                      *, image: str | None = None, template_dir=None) -> Plan:
+    ctx = ctx or AttemptContext()
+    image = image or spec.image.tag
+    if not image:
+        raise SpecError([("image.tag", "the kubernetes backend runs an image: set image.tag or pass --image")])
+    values = kubernetes_values(spec, profile, ctx, image)
+    objects: list[dict[str, Any]] = []
+    if values["scheduler_name"] == "volcano":
+        objects += render_objects("kubernetes/podgroup.yaml.j2", values, template_dir)
+    objects += render_objects("kubernetes/service.yaml.j2", values, template_dir)
+    objects += render_objects("kubernetes/job.yaml.j2", values, template_dir)
+    check_rendered(objects, values)
+    notes = list(values["notes"])
+    return Plan(backend="kubernetes", run=spec.name, attempt=ctx.attempt, spec_hash=spec.spec_hash(),
+                resources=objects, notes=notes, context=ctx)
+
+
+def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, image: str) -> dict[str, Any]:
+    k = spec.kubernetes
+    job_name = f"{spec.name}-a{ctx.attempt}"
+    notes: list[str] = []
+    labels = {**k.labels, **L.run_labels(spec.name, ctx.attempt)}
+    annotations = {
+        **k.annotations,
+        L.SPEC_HASH: spec.spec_hash(),
+        L.VERSION: __version__,
+    }
+    if ctx.parent is not None:
+        annotations[L.PARENT_ATTEMPT] = str(ctx.parent)
+    if ctx.excluded_nodes:
+        annotations[L.EXCLUDED_NODES] = ",".join(ctx.excluded_nodes)
+    job_labels = dict(labels)
+    suspend = False
+    scheduler_name = k.scheduler
+    pod_annotations = {L.SPEC_HASH: spec.spec_hash()}
+    if scheduler_name == "volcano":
+        pod_annotations[L.VOLCANO_GROUP] = job_name
+        notes.append(f"gang-scheduled by Volcano: PodGroup {job_name} with minMember {spec.nodes}")
+    elif k.queue:
+        job_labels[L.KUEUE_QUEUE] = k.queue
+        suspend = True   # Kueue unsuspends the Job when the queue admits it
+        notes.append(f"queued in Kueue LocalQueue {k.queue!r}: the Job is created suspended until admitted")
+
+    endpoint = f"{job_name}-0.{job_name}:{spec.rendezvous.port}"
+    command = torchrun_args(spec, profile, endpoint=endpoint, rdzv_id=rendezvous_id(spec, ctx), node_rank=None)
+    ckpt = spec.checkpoint.dir
+    env = job_env(spec, profile, ctx, checkpoint_dir=ckpt, backend_env=profile.kubernetes.env)
+    env_list: list[dict[str, Any]] = [{"name": n, "value": v} for n, v in env.items()]
+    env_list += [
+        # torchrun reads --node-rank from PET_NODE_RANK: the completion index, no shell needed.
+        {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.annotations['{L.COMPLETION_INDEX_ANNOTATION}']"}}},
+        {"name": "WMCTL_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "WMCTL_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+
+    volumes, mounts = _volumes(spec, profile)
+    resources = _resources(spec, profile, notes)
+    tolerations = _tolerations(spec)
+    node_affinity = None
+    if ctx.excluded_nodes:
+        node_affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
+            "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                  "values": list(ctx.excluded_nodes)}]}]}}
+        notes.append(f"excluding nodes that failed earlier attempts: {', '.join(ctx.excluded_nodes)}")
+    grace = int(parse_duration(k.termination_grace_period))
+    return {
+        "job_name": job_name, "service_name": job_name, "namespace": k.namespace,
+        "labels": labels, "job_labels": job_labels, "annotations": annotations,
+        "pod_labels": labels, "pod_annotations": pod_annotations,
+        "selector": {L.RUN: spec.name, L.ATTEMPT: str(ctx.attempt)},
+        "nodes": spec.nodes, "rdzv_port": spec.rendezvous.port,
+        "ttl_seconds_after_finished": k.ttl_seconds_after_finished, "suspend": suspend,
+        "termination_grace_period_seconds": grace,
+        "scheduler_name": scheduler_name, "volcano_queue": k.queue if scheduler_name == "volcano" else None,
+        "service_account": k.service_account, "priority_class": k.priority_class,
+        "image_pull_secrets": [{"name": s} for s in k.image_pull_secrets],
+        "node_selector": dict(k.node_selector), "node_affinity": node_affinity,
+        "tolerations": tolerations, "image": image, "command": command,
+        "working_dir": spec.workdir or spec.image.workdir, "env": env_list, "resources": resources,
+        "volume_mounts": mounts, "volumes": volumes, "notes": notes,
+    }
+
+
+def _resources(spec: JobSpec, profile: VendorProfile, notes: list[str]) -> dict[str, Any]:
+    limits: dict[str, Any] = {}
+    if spec.resources.cpu is not None:
+        cpu = spec.resources.cpu
+        limits["cpu"] = str(int(cpu)) if float(cpu).is_integer() else f"{int(cpu * 1000)}m"
+    mem = spec.resources.memory_bytes
+    shm = spec.resources.shm_bytes
+    if mem is not None:
+        # tmpfs pages of /dev/shm are charged to the container: the limit must hold both.
+        limits["memory"] = format_quantity(mem)
+        notes.append(f"memory limit {format_quantity(mem)} includes up to {format_quantity(shm)} of /dev/shm, "
+                     f"leaving {format_quantity(mem - shm)} for the processes")
+    else:
+        notes.append(f"no memory limit: /dev/shm is bounded only by its sizeLimit {format_quantity(shm)}")
+    accel = accelerators_per_node(spec, profile)
+    if profile.resource and accel:
+        limits[profile.resource] = accel
+    if not limits:
+        return {}
+    # requests == limits: Guaranteed QoS, so the static CPU manager can give exclusive cores.
+    return {"limits": dict(limits), "requests": dict(limits)}
+
+
+def _tolerations(spec: JobSpec) -> list[dict[str, Any]]:
+    seconds = int(spec.restart.node_loss_timeout_s)
+    user = [dict(t) for t in spec.kubernetes.tolerations]
+    user_keys = {t.get("key") for t in user}
+    # The default is a 300 s toleration added by the admission plugin: a lost node would hold
+    # the run for ~6 minutes before Kubernetes even deletes its pod.
+    ours = [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
+            for key in NODE_LOSS_TAINTS if key not in user_keys]
+    return user + ours
+
+
+def _volumes(spec: JobSpec, profile: VendorProfile) -> tuple[list[dict], list[dict]]:
+    volumes: list[dict[str, Any]] = [{
+        "name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": format_quantity(spec.resources.shm_bytes)}}]
+    mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    for vol in spec.volumes:
+        volumes.append({"name": vol.name, **_volume_source(vol)})
+        mount = {"name": vol.name, "mountPath": vol.mount}
+        if vol.read_only:
+            mount["readOnly"] = True
+        mounts.append(mount)
+    used = {v.name for v in spec.volumes}
+    for i, path in enumerate(profile.kubernetes.host_mounts):
+        name = f"wmctl-driver-{i}"
+        if name in used:
+            continue
+        volumes.append({"name": name, "hostPath": {"path": path}})
+        mounts.append({"name": name, "mountPath": path, "readOnly": True})
+    return volumes, mounts
+
+
+def _volume_source(vol: Volume) -> dict[str, Any]:
+    if vol.pvc is not None:
+        src: dict[str, Any] = {"claimName": vol.pvc}
+        if vol.read_only:
+            src["readOnly"] = True
+        return {"persistentVolumeClaim": src}
+    if vol.host_path is not None:
+        return {"hostPath": {"path": vol.host_path, "type": "DirectoryOrCreate"}}
+    if vol.nfs is not None:
+        src = {"server": vol.nfs.server, "path": vol.nfs.path}
+        if vol.read_only:
+            src["readOnly"] = True
+        return {"nfs": src}
+    if vol.empty_dir is not None:
+        src = {}
+        if vol.empty_dir.medium:
+            src["medium"] = vol.empty_dir.medium
+        if vol.empty_dir.size_limit is not None:
+            src["sizeLimit"] = format_quantity(parse_quantity(vol.empty_dir.size_limit))
+        return {"emptyDir": src}
+    if vol.secret is not None:
+        return {"secret": {"secretName": vol.secret}}
+    return {"configMap": {"name": vol.config_map}}
+
+
+def check_rendered(objects: list[dict[str, Any]], values: dict[str, Any]) -> None:
+    """The parsed output carries exactly the values computed: a template edit cannot drop or
+    mangle the command, env or mounts without this failing loudly."""
+    jobs = [o for o in objects if o.get("kind") == "Job"]
+    services = [o for o in objects if o.get("kind") == "Service"]
+    if len(jobs) != 1 or len(services) != 1:
+        raise RuntimeError(f"kubernetes templates must yield one Job and one Service, got {[o.get('kind') for o in objects]}")
+    job = jobs[0]
+    pod = job["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    expect = {
+        "command": (container.get("command"), values["command"]),
+        "env": (container.get("env"), values["env"]),
+        "volumeMounts": (container.get("volumeMounts"), values["volume_mounts"]),
+        "volumes": (pod.get("volumes"), values["volumes"]),
+        "completions": (job["spec"].get("completions"), values["nodes"]),
+        "backoffLimit": (job["spec"].get("backoffLimit"), 0),
+        "restartPolicy": (pod.get("restartPolicy"), "Never"),
+    }
+    for what, (got, want) in expect.items():
+        if got != want:
+            raise RuntimeError(f"rendered Job {what} differs from the computed value: {got!r} != {want!r}")
+    shm = [m for m in container.get("volumeMounts", []) if m.get("mountPath") == "/dev/shm"]
+    if len(shm) != 1:
+        raise RuntimeError("rendered Job must mount exactly one /dev/shm volume")

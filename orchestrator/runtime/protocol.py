@@ -1,0 +1,62 @@
+"""The contract between the orchestrator (outside the job) and the runtime (inside it).
+
+Standard library only: both sides import this module.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, TextIO
+
+# Exit code a rank uses after a graceful, checkpointed stop on SIGTERM. Distinct from 1 (app
+# error), 137 (SIGKILL/OOM) and 143 (SIGTERM without handling) so the supervisor can tell it apart.
+PREEMPTED_EXIT_CODE = 83
+
+# Every progress line starts with this marker, then one JSON object, on rank 0's stdout.
+PROGRESS_PREFIX = "WMCTL-PROGRESS "
+
+# Environment the orchestrator sets for the job (every backend sets the same names).
+ENV_RUN = "WMCTL_RUN"                      # run name
+ENV_ATTEMPT = "WMCTL_ATTEMPT"              # attempt number, 0-based
+ENV_VENDOR = "WMCTL_VENDOR"                # vendor profile name (cuda, musa, ..., cpu)
+ENV_TORCH_MODULE = "WMCTL_TORCH_MODULE"    # torch device module: cuda, musa, npu, hpu, mlu, cpu
+ENV_DIST_BACKEND = "WMCTL_DIST_BACKEND"    # nccl, mccl, hccl, cncl, gloo
+ENV_CHECKPOINT_DIR = "WMCTL_CHECKPOINT_DIR"
+ENV_CHECKPOINT_EVERY = "WMCTL_CHECKPOINT_EVERY"
+ENV_CHECKPOINT_KEEP = "WMCTL_CHECKPOINT_KEEP"
+ENV_RESUME = "WMCTL_RESUME"                # "1": resume from the latest complete checkpoint if any
+ENV_AFFINITY = "WMCTL_AFFINITY"            # none | numa | exclusive | JSON {local_rank: "cpulist"}
+ENV_HEARTBEAT_EVERY = "WMCTL_HEARTBEAT_EVERY"  # emit a step progress line every N steps
+ENV_PROGRESS_FILE = "WMCTL_PROGRESS_FILE"  # optional: also append progress lines to this file
+
+
+def format_progress(event: str, **fields: Any) -> str:
+    """One progress line (no newline). ``event``: start, resume, step, checkpoint, preempted, exit."""
+    payload = {"event": event, "time": round(time.time(), 3), **fields}
+    return PROGRESS_PREFIX + json.dumps(payload, sort_keys=True, separators=(",", ":"))
+
+
+def parse_progress(line: str) -> dict[str, Any] | None:
+    """Parse a progress line back; None for any other output (logs, tracebacks, torchrun noise)."""
+    idx = line.find(PROGRESS_PREFIX)
+    if idx < 0:
+        return None
+    try:
+        payload = json.loads(line[idx + len(PROGRESS_PREFIX):])
+    except ValueError:
+        return None
+    return payload if isinstance(payload, dict) and "event" in payload else None
+
+
+def emit_progress(event: str, stream: TextIO | None = None, path: str | None = None, **fields: Any) -> str:
+    import sys
+
+    line = format_progress(event, **fields)
+    out = stream or sys.stdout
+    out.write(line + "\n")
+    out.flush()
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+    return line

@@ -1,0 +1,515 @@
+"""The job spec: plain dataclasses, loaded from YAML, validated with errors that name the field.
+
+One spec runs unchanged on the local machine, a Docker host or Kubernetes. Loading never
+touches an engine; ``load_spec`` either returns a complete, checked ``JobSpec`` or raises
+``SpecError`` listing every problem (field path, what is wrong, how to fix it).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal, Union
+
+from .errors import SpecError
+from .validate import Invalid, Problems, build, join, parse_duration, parse_quantity
+
+DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CPULIST = re.compile(r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$")
+K8S_NAME_MAX = 63
+AFFINITY_MODES = ("none", "numa", "exclusive")
+
+
+@dataclass
+class NfsSource:
+    server: str
+    path: str
+
+
+@dataclass
+class EmptyDirSource:
+    medium: Literal["", "Memory"] = ""
+    size_limit: Union[str, int, None] = None
+
+
+@dataclass
+class Volume:
+    name: str
+    mount: str
+    read_only: bool = False
+    pvc: str | None = None
+    host_path: str | None = None
+    nfs: NfsSource | None = None
+    empty_dir: EmptyDirSource | None = None
+    secret: str | None = None
+    config_map: str | None = None
+
+    SOURCES = ("pvc", "host_path", "nfs", "empty_dir", "secret", "config_map")
+    # Sources whose contents outlive a pod/container, so a checkpoint there survives a node.
+    PERSISTENT = ("pvc", "host_path", "nfs")
+
+    @property
+    def source(self) -> str | None:
+        set_ = [s for s in self.SOURCES if getattr(self, s) is not None]
+        return set_[0] if len(set_) == 1 else None
+
+
+@dataclass
+class ImageSpec:
+    vendor: str = "cpu"
+    base: str | None = None
+    requirements: str | None = None
+    context: str = "."
+    tag: str | None = None
+    wheelhouse: str | None = None
+    system_packages: list[str] = field(default_factory=list)
+    build_args: dict[str, str] = field(default_factory=dict)
+    workdir: str = "/workspace"
+
+
+@dataclass
+class Resources:
+    cpu: float | None = None
+    memory: Union[str, int, None] = None
+    shm: Union[str, int] = "16Gi"  # the field report: 64 MB crashed the DataLoader, 16 GB fixed it
+
+    @property
+    def memory_bytes(self) -> int | None:
+        return None if self.memory is None else parse_quantity(self.memory)
+
+    @property
+    def shm_bytes(self) -> int:
+        return parse_quantity(self.shm)
+
+
+@dataclass
+class CheckpointSpec:
+    dir: str | None = None
+    every_steps: int = 200
+    keep: int = 3
+
+
+@dataclass
+class RestartSpec:
+    max_attempts: int = 3
+    backoff: Union[str, float] = "30s"
+    exclude_failed_nodes: bool = True
+    node_loss_timeout: Union[str, float] = "30s"
+    heartbeat_timeout: Union[str, float] = "10m"
+    auto_resume: bool = False
+    retry_on_oom: bool = False
+
+    @property
+    def backoff_s(self) -> float:
+        return parse_duration(self.backoff)
+
+    @property
+    def node_loss_timeout_s(self) -> float:
+        return parse_duration(self.node_loss_timeout)
+
+    @property
+    def heartbeat_timeout_s(self) -> float:
+        return parse_duration(self.heartbeat_timeout)
+
+
+@dataclass
+class RendezvousSpec:
+    port: int = 29500
+    join_timeout: Union[str, float] = "10m"   # c10d default is 600 s
+
+
+@dataclass
+class KubernetesSpec:
+    namespace: str = "default"
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    queue: str | None = None            # Kueue LocalQueue name
+    scheduler: str | None = None        # e.g. volcano
+    service_account: str | None = None
+    priority_class: str | None = None
+    image_pull_secrets: list[str] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    ttl_seconds_after_finished: int = 3600
+    termination_grace_period: Union[str, float] = "90s"  # torchrun's own SIGTERM->SIGKILL is 30 s
+
+
+@dataclass
+class DockerSpec:
+    network: str | None = None            # default: a private network per run
+    cpusets: list[str] = field(default_factory=list)  # per node; default: split when nodes share a host
+    runtime: str | None = None            # overrides the vendor profile's runtime
+
+
+@dataclass
+class LocalSpec:
+    master_port: int | None = None        # default: rendezvous.port
+
+
+@dataclass
+class JobSpec:
+    name: str
+    command: list[str]
+    image: ImageSpec = field(default_factory=ImageSpec)
+    nodes: int = 1
+    accelerators_per_node: int | None = None
+    nproc_per_node: int | None = None
+    resources: Resources = field(default_factory=Resources)
+    volumes: list[Volume] = field(default_factory=list)
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    affinity: Union[Literal["none", "numa", "exclusive"], dict[int, str]] = "numa"
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    restart: RestartSpec = field(default_factory=RestartSpec)
+    rendezvous: RendezvousSpec = field(default_factory=RendezvousSpec)
+    kubernetes: KubernetesSpec = field(default_factory=KubernetesSpec)
+    docker: DockerSpec = field(default_factory=DockerSpec)
+    local: LocalSpec = field(default_factory=LocalSpec)
+
+    # Set by load_spec, not by the user.
+    source_dir: Path = field(default=Path("."), compare=False, repr=False, init=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("source_dir", None)
+        return data
+
+    def spec_hash(self) -> str:
+        """Stable digest of everything the user asked for (after overrides and defaults)."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+    @property
+    def context_dir(self) -> Path:
+        return (self.source_dir / self.image.context).resolve()
+
+    @property
+    def wheelhouse_dir(self) -> Path | None:
+        return None if self.image.wheelhouse is None else (self.source_dir / self.image.wheelhouse).resolve()
+
+    def volume_for(self, path: str) -> Volume | None:
+        """The volume whose mount holds ``path`` (the deepest one)."""
+        best = None
+        p = PurePosixPath(path)
+        for vol in self.volumes:
+            m = PurePosixPath(vol.mount)
+            if p == m or m in p.parents:
+                if best is None or len(m.parts) > len(PurePosixPath(best.mount).parts):
+                    best = vol
+        return best
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+def load_spec(path: str | Path, overrides: dict[str, Any] | None = None,
+              profile_names: list[str] | None = None) -> JobSpec:
+    """Read, override, validate. Raises SpecError with every problem found."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError([("(file)", f"{path} does not exist; pass the path of a job spec YAML file")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError([("(file)", f"cannot read {path}: {exc}")]) from None
+    spec = parse_spec(text, overrides, source_dir=path.resolve().parent, profile_names=profile_names,
+                      origin=str(path))
+    return spec
+
+
+def parse_spec(text: str, overrides: dict[str, Any] | None = None, *, source_dir: Path = Path("."),
+               profile_names: list[str] | None = None, origin: str = "<spec>") -> JobSpec:
+    import yaml  # light (~10 ms) but only needed here
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError([("(file)", f"{origin} is not valid YAML{where}: {problem}")]) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError([("(top level)", "a job spec is a mapping (name: ..., command: [...]); got "
+                          f"{type(data).__name__}")])
+    data = apply_overrides(data, overrides or {})
+    return from_dict(data, source_dir=source_dir, profile_names=profile_names)
+
+
+def from_dict(data: dict[str, Any], *, source_dir: Path = Path("."),
+              profile_names: list[str] | None = None) -> JobSpec:
+    problems: Problems = []
+    spec = build(JobSpec, data, "", problems)
+    if spec is None:
+        raise SpecError(problems or [("(top level)", "invalid spec")])
+    spec.source_dir = source_dir
+    structural = bool(problems)
+    try:
+        check(spec, problems, profile_names)
+    except (TypeError, AttributeError, ValueError):
+        # A field that already failed conversion is None; report the problems found so far
+        # rather than cross-field checks computed from values the user did not give.
+        if not structural:
+            raise
+    if problems:
+        raise SpecError(problems)
+    return spec
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``{"nodes": 4, "image.tag": "x"}`` -> a deep copy of ``data`` with those paths set."""
+    data = copy.deepcopy(data)
+    for dotted, value in overrides.items():
+        parts = dotted.split(".")
+        node = data
+        for part in parts[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise SpecError([(dotted, f"cannot set {dotted}: {part} is not a mapping")])
+            node = nxt
+        node[parts[-1]] = value
+    return data
+
+
+def parse_set_flags(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``--set key.path=value`` flags -> overrides; values are YAML scalars/lists (``--set nodes=4``)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*", key):
+            raise SpecError([("--set", f"{item!r} is not KEY=VALUE with a dotted key, e.g. --set resources.shm=32Gi")])
+        try:
+            out[key] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            out[key] = raw
+    return out
+
+
+# ---- cross-field checks ------------------------------------------------------------------------
+
+def check(spec: JobSpec, problems: Problems, profile_names: list[str] | None = None) -> None:
+    """Catch real mistakes before anything is submitted."""
+    if profile_names is None:
+        from .vendors import available_profiles
+        profile_names = available_profiles()
+    _check_name(spec, problems)
+    if spec.image.vendor not in profile_names:
+        from .validate import did_you_mean
+        problems.append(("image.vendor", f"unknown vendor {spec.image.vendor!r}{did_you_mean(spec.image.vendor, profile_names)}"
+                         f" (available: {', '.join(sorted(profile_names))})"))
+    for fname in ("tag", "base"):
+        value = getattr(spec.image, fname)
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._\-/:@]*", value):
+            problems.append((f"image.{fname}", f"{value!r} is not a valid image reference "
+                             "(letters, digits, . _ - / : @ only), e.g. registry.example.com/team/wm:v3"))
+    for i, pkg in enumerate(spec.image.system_packages):
+        if not re.fullmatch(r"[a-z0-9][a-z0-9+.\-]*(=[A-Za-z0-9.+~:\-]+)?", pkg):
+            problems.append((f"image.system_packages[{i}]", f"{pkg!r} is not a Debian package name"))
+    for key in spec.image.build_args:
+        if not ENV_NAME.match(key):
+            problems.append((f"image.build_args.{key}", "build arg names are letters, digits and _"))
+    if not spec.image.workdir.startswith("/"):
+        problems.append(("image.workdir", "must be an absolute path inside the image, e.g. /workspace"))
+
+    if spec.nodes < 1:
+        problems.append(("nodes", f"must be at least 1, got {spec.nodes}"))
+    for fname in ("accelerators_per_node", "nproc_per_node"):
+        value = getattr(spec, fname)
+        if value is not None and value < (1 if fname == "nproc_per_node" else 0):
+            problems.append((fname, f"must be at least {1 if fname == 'nproc_per_node' else 0}, got {value}"))
+    if not spec.command:
+        problems.append(("command", "must list the program and its arguments, e.g. [python, train.py]"))
+    for i, arg in enumerate(spec.command):
+        if "\x00" in arg:
+            problems.append((f"command[{i}]", "contains a NUL byte"))
+
+    _check_resources(spec, problems)
+    _check_volumes(spec, problems)
+    for key, value in spec.env.items():
+        if not ENV_NAME.match(str(key)):
+            problems.append((f"env.{key}", "environment variable names are letters, digits and _, not starting with a digit"))
+        if value is not None and "\x00" in value:
+            problems.append((f"env.{key}", "contains a NUL byte"))
+        if str(key).startswith("WMCTL_"):
+            problems.append((f"env.{key}", "WMCTL_* variables are set by wmctl; use the matching spec field instead"))
+    _check_affinity(spec, problems)
+
+    if spec.checkpoint.every_steps < 1:
+        problems.append(("checkpoint.every_steps", "must be at least 1"))
+    if spec.checkpoint.keep < 1:
+        problems.append(("checkpoint.keep", "must be at least 1 (wmctl always keeps 2 so a torn save has a fallback)"))
+    if spec.restart.max_attempts < 1:
+        problems.append(("restart.max_attempts", "must be at least 1 (1 = no retries)"))
+    for fname in ("backoff", "node_loss_timeout", "heartbeat_timeout"):
+        _check_duration(spec.restart, fname, f"restart.{fname}", problems)
+    _check_duration(spec.rendezvous, "join_timeout", "rendezvous.join_timeout", problems)
+    _check_duration(spec.kubernetes, "termination_grace_period", "kubernetes.termination_grace_period", problems)
+    if not 1 <= spec.rendezvous.port <= 65535:
+        problems.append(("rendezvous.port", "must be a TCP port, 1-65535"))
+    if spec.checkpoint.dir is not None and spec.checkpoint.dir.strip() == "":
+        problems.append(("checkpoint.dir", "must not be empty"))
+    _check_kubernetes(spec, problems)
+    for i, cpus in enumerate(spec.docker.cpusets):
+        if not CPULIST.match(cpus):
+            problems.append((f"docker.cpusets[{i}]", f"{cpus!r} is not a CPU list like 0-15 or 0,2,4"))
+    if spec.docker.cpusets and len(spec.docker.cpusets) != spec.nodes:
+        problems.append(("docker.cpusets", f"give one CPU list per node ({spec.nodes}), got {len(spec.docker.cpusets)}"))
+
+
+def _check_name(spec: JobSpec, problems: Problems) -> None:
+    name = spec.name
+    if not isinstance(name, str) or not DNS_LABEL.match(name):
+        problems.append(("name", f"{name!r} is not a valid run name: use lowercase letters, digits and '-', "
+                         "starting with a letter and ending with a letter or digit (it becomes Kubernetes "
+                         "object names and hostnames)"))
+        return
+    # The longest name wmctl derives: pod hostname <run>-a<attempt>-<index>, a DNS label (63).
+    suffix = len(f"-a{max(spec.restart.max_attempts - 1, 0)}") + len(f"-{max(spec.nodes - 1, 0)}")
+    if len(name) + suffix > K8S_NAME_MAX:
+        problems.append(("name", f"{name!r} is {len(name)} characters; with the attempt and node suffixes "
+                         f"(e.g. {name}-a{spec.restart.max_attempts - 1}-{spec.nodes - 1}) it would exceed "
+                         f"{K8S_NAME_MAX}; shorten it to at most {K8S_NAME_MAX - suffix}"))
+
+
+def _check_duration(obj: Any, fname: str, path: str, problems: Problems) -> None:
+    try:
+        parse_duration(getattr(obj, fname))
+    except Invalid as exc:
+        problems.append((path, str(exc)))
+
+
+def _check_resources(spec: JobSpec, problems: Problems) -> None:
+    res = spec.resources
+    if res.cpu is not None and res.cpu <= 0:
+        problems.append(("resources.cpu", "must be a positive number of CPUs"))
+    shm = mem = None
+    try:
+        shm = res.shm_bytes
+    except Invalid as exc:
+        problems.append(("resources.shm", str(exc)))
+    try:
+        mem = res.memory_bytes
+    except Invalid as exc:
+        problems.append(("resources.memory", str(exc)))
+    if shm is not None and shm < 64 * 2**20:
+        problems.append(("resources.shm", "below Docker's 64Mi default, which already crashes DataLoader workers; "
+                         "use at least 1Gi (16Gi is a good default)"))
+    if shm is not None and mem is not None and shm >= mem:
+        problems.append(("resources.shm", f"{res.shm} of /dev/shm counts toward the memory limit "
+                         f"({res.memory}) and would leave nothing for the processes; raise resources.memory "
+                         "above shm plus what training needs, or lower resources.shm"))
+
+
+def _check_volumes(spec: JobSpec, problems: Problems) -> None:
+    names: dict[str, int] = {}
+    mounts: dict[str, int] = {}
+    for i, vol in enumerate(spec.volumes):
+        path = f"volumes[{i}]"
+        if not DNS_LABEL.match(vol.name or ""):
+            problems.append((join(path, "name"), f"{vol.name!r} must be a DNS label (lowercase letters, digits, '-')"))
+        if vol.name in names:
+            problems.append((join(path, "name"), f"duplicate volume name {vol.name!r} (also volumes[{names[vol.name]}])"))
+        names.setdefault(vol.name, i)
+        mount = vol.mount or ""
+        if not mount.startswith("/"):
+            problems.append((join(path, "mount"), f"{mount!r} must be an absolute path in the container"))
+        normalized = str(PurePosixPath(mount)) if mount else mount
+        if normalized == "/dev/shm":
+            problems.append((join(path, "mount"), "/dev/shm is managed by wmctl; set resources.shm instead"))
+        if normalized in mounts:
+            problems.append((join(path, "mount"), f"two volumes on one mount path {mount!r} "
+                             f"(also volumes[{mounts[normalized]}]); give each volume its own mount"))
+        mounts.setdefault(normalized, i)
+        set_ = [s for s in Volume.SOURCES if getattr(vol, s) is not None]
+        if len(set_) != 1:
+            problems.append((path, f"give exactly one source ({', '.join(Volume.SOURCES)}); got "
+                             f"{', '.join(set_) if set_ else 'none'}"))
+        if vol.host_path is not None and not vol.host_path:
+            problems.append((join(path, "host_path"), "must not be empty"))
+        if vol.nfs is not None and not vol.nfs.path.startswith("/"):
+            problems.append((join(path, "nfs.path"), "must be an absolute export path"))
+        if vol.empty_dir is not None and vol.empty_dir.size_limit is not None:
+            try:
+                parse_quantity(vol.empty_dir.size_limit)
+            except Invalid as exc:
+                problems.append((join(path, "empty_dir.size_limit"), str(exc)))
+
+
+def _check_affinity(spec: JobSpec, problems: Problems) -> None:
+    if isinstance(spec.affinity, dict):
+        for rank, cpus in spec.affinity.items():
+            if rank < 0:
+                problems.append((f"affinity.{rank}", "local ranks start at 0"))
+            if not isinstance(cpus, str) or not CPULIST.match(cpus):
+                problems.append((f"affinity.{rank}", f"{cpus!r} is not a CPU list like 0-15 or 0,2,4"))
+
+
+def _check_kubernetes(spec: JobSpec, problems: Problems) -> None:
+    k = spec.kubernetes
+    if not DNS_LABEL.match(k.namespace) and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", k.namespace):
+        problems.append(("kubernetes.namespace", f"{k.namespace!r} is not a valid namespace name"))
+    label_key = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+    label_value = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+    for fname in ("node_selector", "labels"):
+        for key, value in getattr(k, fname).items():
+            if not label_key.match(key):
+                problems.append((f"kubernetes.{fname}.{key}", "not a valid label key"))
+            if not label_value.match(value or ""):
+                problems.append((f"kubernetes.{fname}.{key}", f"{value!r} is not a valid label value "
+                                 "(at most 63 letters, digits, - _ .)"))
+    for key in k.annotations:
+        if not label_key.match(key):
+            problems.append((f"kubernetes.annotations.{key}", "not a valid annotation key"))
+    for fname in ("queue", "scheduler", "service_account", "priority_class"):
+        value = getattr(k, fname)
+        if value is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", value):
+            problems.append((f"kubernetes.{fname}", f"{value!r} is not a valid Kubernetes name"))
+    for i, t in enumerate(k.tolerations):
+        allowed = {"key", "operator", "value", "effect", "tolerationSeconds"}
+        extra = set(t) - allowed
+        if extra:
+            problems.append((f"kubernetes.tolerations[{i}]", f"unknown keys {sorted(extra)}; allowed: {sorted(allowed)}"))
+    if k.ttl_seconds_after_finished < 0:
+        problems.append(("kubernetes.ttl_seconds_after_finished", "must be 0 or more"))
+
+
+def check_backend(spec: JobSpec, backend: str, *, auto_resume: bool) -> None:
+    """Checks that depend on where the spec runs (raised before anything is submitted)."""
+    problems: Problems = []
+    if backend in ("docker", "kubernetes"):
+        if not spec.image.tag:
+            problems.append(("image.tag", f"the {backend} backend runs an image: set image.tag (and build it "
+                             "with `wmctl build-image`) or pass --image"))
+        if not spec.command[0:1] or spec.command[0] == "":
+            problems.append(("command", "must not be empty"))
+    if auto_resume and backend in ("docker", "kubernetes"):
+        if not spec.checkpoint.dir:
+            problems.append(("checkpoint.dir", "auto-resume needs a checkpoint dir on a persistent volume"))
+        else:
+            vol = spec.volume_for(spec.checkpoint.dir)
+            if vol is None or vol.source not in Volume.PERSISTENT:
+                kind = "no volume" if vol is None else f"volume {vol.name!r} ({vol.source})"
+                problems.append(("checkpoint.dir", f"{spec.checkpoint.dir} is on {kind}, which is lost with the "
+                                 "container: auto-resume could never find a checkpoint; mount a pvc, nfs or "
+                                 "host_path volume there"))
+            elif vol.read_only:
+                problems.append(("checkpoint.dir", f"volume {vol.name!r} holding the checkpoint dir is read_only"))
+    if backend == "docker":
+        for i, vol in enumerate(spec.volumes):
+            if vol.source in ("secret", "config_map"):
+                problems.append((f"volumes[{i}]", f"{vol.source} volumes exist only on Kubernetes; use host_path on Docker"))
+    if backend == "local" and spec.nodes > 1 and spec.accelerators_per_node:
+        pass  # several agents on one machine share its devices; the plan splits them
+    if problems:
+        raise SpecError(problems)

@@ -1,0 +1,117 @@
+"""Vendor profiles: one YAML file per accelerator vendor in ``images/``, loaded as plain data.
+
+Adding a vendor is one YAML file (and its golden renders), no code. Facts that could not be
+verified are listed in the file's ``unverified`` field so a wrong one is a one-line fix.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ProfileError
+from .resources import images_dir
+from .validate import Problems, build
+
+
+@dataclass(frozen=True)
+class DeviceRequest:
+    driver: str = ""
+    capabilities: list[list[str]] = field(default_factory=lambda: [["gpu"]])
+
+
+@dataclass(frozen=True)
+class DockerExposure:
+    """How `docker run` exposes the devices (and what the runtime needs to see them)."""
+
+    device_requests: list[DeviceRequest] = field(default_factory=list)  # --gpus
+    runtime: str | None = None               # --runtime
+    devices: list[str] = field(default_factory=list)       # --device paths; {i} expands per device
+    per_device: list[str] = field(default_factory=list)    # device paths repeated for each accelerator
+    mounts: list[str] = field(default_factory=list)        # host driver paths bound read-only
+    group_add: list[str] = field(default_factory=list)
+    security_opt: list[str] = field(default_factory=list)
+    cap_add: list[str] = field(default_factory=list)
+    ulimits: dict[str, int] = field(default_factory=dict)
+    visible_devices_env: str | None = None   # runtime-level env, e.g. NVIDIA_VISIBLE_DEVICES
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KubernetesExposure:
+    env: dict[str, str] = field(default_factory=dict)
+    host_mounts: list[str] = field(default_factory=list)   # hostPath mounts the device plugin does not add
+
+
+@dataclass(frozen=True)
+class VendorProfile:
+    name: str
+    display_name: str
+    accelerator: bool
+    torch_module: str
+    dist_backend: str
+    base_image: str
+    resource: str | None = None              # Kubernetes device-plugin resource name
+    smi: list[str] = field(default_factory=list)
+    topology_smi: list[str] = field(default_factory=list)
+    base_has_torch: bool = True
+    python: str = "python3"
+    pci_vendor_ids: list[str] = field(default_factory=list)
+    visible_devices_env: str | None = None   # in-process, e.g. CUDA_VISIBLE_DEVICES
+    default_accelerators_per_node: int = 1
+    runtime_libraries: list[str] = field(default_factory=list)  # preflight looks for these
+    bf16_check: str | None = None
+    env: dict[str, str] = field(default_factory=dict)           # every backend
+    image_env: dict[str, str] = field(default_factory=dict)     # baked into the image
+    system_packages: list[str] = field(default_factory=list)
+    torch_packages: list[str] = field(default_factory=list)     # what pip needs when the base lacks torch
+    docker: DockerExposure = field(default_factory=DockerExposure)
+    kubernetes: KubernetesExposure = field(default_factory=KubernetesExposure)
+    sources: list[str] = field(default_factory=list)
+    unverified: list[str] = field(default_factory=list)
+    notes: str = ""
+
+    @property
+    def pip_install_torch(self) -> bool:
+        return not self.base_has_torch
+
+
+def available_profiles(directory: Path | None = None) -> list[str]:
+    return sorted(p.stem for p in (directory or images_dir()).glob("*.yaml"))
+
+
+@functools.lru_cache(maxsize=None)
+def _load_cached(path: str) -> VendorProfile:
+    import yaml
+
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ProfileError(f"vendor profile {p} cannot be read: {exc}") from None
+    problems: Problems = []
+    profile = build(VendorProfile, data, "", problems)
+    if problems or profile is None:
+        detail = "; ".join(f"{k}: {v}" for k, v in problems)
+        raise ProfileError(f"vendor profile {p} is invalid: {detail}")
+    if profile.name != p.stem:
+        raise ProfileError(f"vendor profile {p}: name {profile.name!r} must match the file name {p.stem!r}")
+    return profile
+
+
+def load_profile(name: str, directory: Path | None = None) -> VendorProfile:
+    directory = directory or images_dir()
+    path = directory / f"{name}.yaml"
+    if not path.is_file():
+        raise ProfileError(f"no vendor profile {name!r} in {directory} (available: "
+                           f"{', '.join(available_profiles(directory))})")
+    return _load_cached(str(path))
+
+
+def profile_summary(profile: VendorProfile) -> dict[str, Any]:
+    return {
+        "vendor": profile.name, "resource": profile.resource, "torch": f"torch.{profile.torch_module}",
+        "backend": profile.dist_backend, "smi": " ".join(profile.smi), "base": profile.base_image,
+    }

@@ -1,0 +1,144 @@
+"""The CLI through Click's CliRunner: success and error paths, exit codes, output shape."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import yaml
+from click.testing import CliRunner
+
+from orchestrator import __version__
+from orchestrator.cli import cli, main
+
+from .helpers import DATA
+
+FULL = str(DATA / "full.yaml")
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def run_main(args, capsys):
+    """Through main(): the path that maps WmctlError to a message and an exit code."""
+    try:
+        main(list(args))
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_version():
+    r = run("--version")
+    assert r.exit_code == 0 and __version__ in r.output
+
+
+def test_help_lists_commands():
+    r = run("--help")
+    assert r.exit_code == 0
+    for name in ("build-image", "submit", "watch", "render"):
+        assert name in r.output
+
+
+def test_render_kubernetes_yaml_is_appliable_documents():
+    r = run("render", FULL, "--backend", "kubernetes")
+    assert r.exit_code == 0, r.output
+    docs = [d for d in yaml.safe_load_all(r.output) if d]
+    assert [d["kind"] for d in docs] == ["Service", "Job"]
+
+
+def test_submit_dry_run_equals_render():
+    a = run("render", FULL, "-b", "kubernetes", "-o", "json")
+    b = run("submit", FULL, "-b", "kubernetes", "--dry-run", "-o", "json")
+    assert a.exit_code == b.exit_code == 0
+    assert json.loads(a.output) == json.loads(b.output)
+    assert json.loads(a.output)["kind"] == "List"
+
+
+def test_flags_override_spec(tmp_path):
+    r = run("render", FULL, "-b", "kubernetes", "-o", "json", "--nodes", "4", "-n", "team",
+            "--image", "reg.local/x:9", "--set", "resources.shm=32Gi")
+    assert r.exit_code == 0, r.output
+    items = json.loads(r.output)["items"]
+    job = items[1]
+    assert job["spec"]["completions"] == 4 and job["metadata"]["namespace"] == "team"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "reg.local/x:9"
+    assert pod["volumes"][0]["emptyDir"]["sizeLimit"] == "32Gi"
+
+
+def test_render_out_dir(tmp_path):
+    r = run("render", FULL, "-b", "docker", "--out", str(tmp_path / "out"))
+    assert r.exit_code == 0
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert any("container" in f for f in files) and any("network" in f for f in files)
+
+
+def test_render_local_and_docker_json():
+    for backend in ("local", "docker"):
+        r = run("render", FULL, "-b", backend, "-o", "json")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["backend"] == backend
+
+
+def test_invalid_spec_exits_2_with_field_and_no_traceback(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: Bad_Name\ncommand: [python]\nresources: {memory: 1Gi, shm: 2Gi}\nnodse: 2\n")
+    code, out, err = run_main(["render", str(bad)], capsys)
+    assert code == 2
+    assert "name:" in err and "resources.shm" in err and "did you mean 'nodes'" in err
+    assert "Traceback" not in err
+
+
+def test_missing_spec_file(capsys):
+    code, _, err = run_main(["render", "/nonexistent/job.yaml"], capsys)
+    assert code == 2 and "does not exist" in err
+
+
+def test_bad_set_flag(capsys):
+    code, _, err = run_main(["render", FULL, "--set", "oops"], capsys)
+    assert code == 2 and "--set" in err
+
+
+def test_auto_resume_without_persistent_checkpoint_rejected(tmp_path, capsys):
+    spec = tmp_path / "j.yaml"
+    spec.write_text("name: j\nimage: {tag: 'x:1'}\ncommand: [python, t.py]\ncheckpoint: {dir: /ckpt}\n")
+    code, _, err = run_main(["submit", str(spec), "-b", "kubernetes", "--dry-run", "--auto-resume"], capsys)
+    assert code == 2 and "checkpoint.dir" in err
+
+
+def test_unknown_backend_is_click_usage_error(capsys):
+    code, _, err = run_main(["render", FULL, "-b", "slurm"], capsys)
+    assert code == 2 and "slurm" in err
+
+
+def test_debug_shows_traceback_for_user_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\n")
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "--debug", "render", str(bad)],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+HEAVY = ("docker", "kubernetes", "torch", "pydantic", "rich")
+
+
+def _modules_after(args):
+    code = ("import sys\nfrom orchestrator.cli import main\n"
+            "try:\n    main(%r)\nexcept SystemExit:\n    pass\n"
+            "import json\nsys.stderr.write('MODULES=' + json.dumps(sorted(sys.modules)))\n" % (args,))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    line = proc.stderr.rsplit("MODULES=", 1)[1]
+    return set(json.loads(line))
+
+
+def test_help_and_dry_run_import_no_heavy_sdk():
+    for args in (["--help"], ["submit", FULL, "--dry-run", "-b", "kubernetes"],
+                 ["submit", FULL, "--dry-run", "-b", "docker"], ["build-image", "--help"]):
+        mods = _modules_after(args)
+        loaded = sorted(m for m in mods if m.split(".")[0] in HEAVY)
+        assert not loaded, f"{args} imported {loaded}"
