@@ -1,0 +1,98 @@
+"""``wmctl build-image SPEC``: render the Dockerfile from the vendor profile, build, tag, push.
+
+``--dry-run`` prints the Dockerfile and the build context summary and loads no engine SDK.
+A content tag (``<repo>:wmctl-<digest>``, from the Dockerfile, the context files, the runtime
+wheel, the wheelhouse and build args) sits next to the user's tag: when the engine already has
+it, the image is reported up to date and not rebuilt. What was built and pushed is recorded in
+``<spec folder>/.wmctl/images.json`` (see ``orchestrator.images.recorded_image``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from .. import __version__
+from ..errors import BuildError
+
+
+def parse_build_args(items: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BuildError(f"--build-arg: {item!r} is not KEY=VALUE, e.g. --build-arg HTTP_PROXY=http://proxy:3128")
+        out[key] = value
+    return out
+
+
+def prepare(spec_path: str, *, sets: tuple[str, ...] = (), tag: str | None = None,
+            build_args: tuple[str, ...] = (), platform: str | None = None, wheelhouse: str | None = None):
+    """Load the spec and profile and plan the build: (spec, plan). No engine, no wheel build."""
+    from ..dockerfile import plan_build
+    from ..spec import load_spec, parse_set_flags
+    from ..vendors import load_profile
+    from .. import wheel
+
+    spec = load_spec(spec_path, parse_set_flags(sets))
+    profile = load_profile(spec.image.vendor)
+    plan = plan_build(
+        spec, profile, wheel_name=wheel.wheel_name(), wheel_fingerprint=wheel.fingerprint(),
+        wmctl_version=__version__, tag=tag, wheelhouse=Path(wheelhouse).resolve() if wheelhouse else None,
+        build_args=parse_build_args(build_args), platform=platform,
+    )
+    return spec, plan
+
+
+@click.command(name="build-image", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="Print the Dockerfile and the build context summary; build nothing.")
+@click.option("-t", "--tag", help="Image tag (overrides image.tag), e.g. registry.example.com/team/wm:v3.")
+@click.option("--push", is_flag=True, help="Push the tags after the build and record the pushed digest.")
+@click.option("--no-cache", is_flag=True, help="Rebuild every layer (and ignore an up-to-date content tag).")
+@click.option("--build-arg", "build_args", multiple=True, metavar="KEY=VALUE", help="Docker build arg (repeatable).")
+@click.option("--platform", help="Target platform passed to the engine, e.g. linux/amd64.")
+@click.option("--wheelhouse", type=click.Path(file_okay=False),
+              help="Offline build: every pip install reads only this folder (overrides image.wheelhouse).")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the result (and errors).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a spec field, e.g. --set image.tag=x.")
+def command(spec_path: str, dry_run: bool, tag: str | None, push: bool, no_cache: bool,
+            build_args: tuple[str, ...], platform: str | None, wheelhouse: str | None, quiet: bool,
+            sets: tuple[str, ...]) -> None:
+    """Render the Dockerfile from the vendor profile and build (and push) the image."""
+    from ..dockerfile import context_summary
+
+    spec, plan = prepare(spec_path, sets=sets, tag=tag, build_args=build_args, platform=platform,
+                         wheelhouse=wheelhouse)
+    if dry_run:
+        click.echo("# ---- Dockerfile ----")
+        click.echo(plan.dockerfile, nl=False)
+        click.echo("# ---- build context ----")
+        click.echo(context_summary(plan))
+        return
+
+    from .. import images, wheel
+
+    client = images.get_client()
+    reporter = images.make_reporter(quiet)
+    wheel_path = wheel.build_wheel()
+    # An offline build gets no network at all: the air-gapped promise is checked, not assumed.
+    result = images.build_image(plan, wheel_path, client=client, reporter=reporter, no_cache=no_cache,
+                                network_mode="none" if plan.wheelhouse is not None else None)
+    entry = {
+        "tag": plan.tag, "content_tag": plan.content_tag, "image_id": result.image_id,
+        "spec_hash": spec.spec_hash(), "vendor": spec.image.vendor, "wmctl_version": __version__,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if push:
+        digest = images.push_image(plan.tag, client=client, reporter=images.make_reporter(quiet))
+        images.push_image(plan.content_tag, client=client, reporter=images.Reporter(quiet=True))
+        repo = plan.tag.rsplit(":", 1)[0]
+        entry.update(repo_digest=f"{repo}@{digest}", digest=digest,
+                     pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        click.echo(f"digest: {repo}@{digest}")
+    path = images.record_image(Path(spec_path), spec.name, entry)
+    if not quiet:
+        click.echo(f"recorded in {path}")

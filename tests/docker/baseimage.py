@@ -1,0 +1,182 @@
+"""The local test base image, built with no registry: debootstrap -> docker import -> torch layer.
+
+``ensure_base_image(client)`` returns the tag of an image with Debian bookworm (python 3.11,
+pip, venv, util-linux, numactl, procps) and torch 2.13.0 CPU + numpy in a venv at /opt/venv on
+PATH (a venv sidesteps bookworm's PEP 668 "externally managed" guard). Built once per engine,
+cached by tag, and serialized with a file lock so concurrent test processes build it once.
+
+Steps, each cached on its own so a failure late does not redo the early ones:
+1. ``debootstrap --variant=minbase`` from the mirror apt uses on this host, tarred and imported
+   as ``ROOTFS_TAG``;
+2. a host wheelhouse (``pip download torch==2.13.0 numpy``; pip's config on this machine finds
+   the torch CPU wheel on local disk);
+3. ``docker run`` of the rootfs with the wheelhouse bind-mounted read-only and no network,
+   ``pip install --no-index --find-links``, then ``docker commit`` as ``BASE_TAG``: the wheels
+   never land in a layer (a COPY + rm would keep ~200 MB of them in the image).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+TORCH_VERSION = "2.13.0"
+SUITE = "bookworm"
+ROOTFS_TAG = f"wmctl-test/rootfs:{SUITE}-minbase"
+BASE_TAG = f"wmctl-test/base:{SUITE}-py311-torch{TORCH_VERSION}"
+PACKAGES = ["python3", "python3-pip", "python3-venv", "util-linux", "numactl", "procps"]
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+
+
+def cache_dir() -> Path:
+    root = Path(os.environ.get("WMCTL_TEST_CACHE", Path.home() / ".cache" / "wmctl-test"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@contextmanager
+def file_lock(name: str) -> Iterator[None]:
+    """An exclusive flock: other processes calling ensure_base_image wait here."""
+    path = cache_dir() / f"{name}.lock"
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def apt_mirror() -> str:
+    """The Debian mirror apt uses here (deb822 .sources or one-line sources.list)."""
+    candidates = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    for path in candidates:
+        if not path.is_file() or path.suffix not in ("", ".list", ".sources"):
+            continue
+        text = path.read_text(errors="replace")
+        for match in re.finditer(r"^\s*URIs:\s*(\S+)", text, re.M):
+            uri = match.group(1)
+            if uri.rstrip("/").endswith("/debian"):
+                return uri
+        for match in re.finditer(r"^\s*deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(\S+)", text, re.M):
+            uri, suite = match.groups()
+            if uri.rstrip("/").endswith("/debian") and suite == SUITE:
+                return uri
+    return DEFAULT_MIRROR
+
+
+def _image_exists(client, tag: str) -> bool:
+    import docker.errors
+
+    try:
+        client.images.get(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def _log(msg: str) -> None:
+    print(f"[base-image] {msg}", file=sys.stderr, flush=True)
+
+
+def host_wheelhouse() -> Path:
+    """torch + numpy (+ deps) wheels for cp311, downloaded once into the test cache."""
+    target = cache_dir() / f"wheelhouse-torch{TORCH_VERSION}"
+    done = target / ".complete"
+    if done.exists():
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
+         "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64",
+         "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64",
+         f"torch=={TORCH_VERSION}", "numpy", "-d", str(target)],
+        check=True, timeout=900,
+    )
+    done.write_text("ok\n")
+    return target
+
+
+def _build_rootfs(client) -> None:
+    mirror = apt_mirror()
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="wmctl-rootfs-") as tmp:
+        root = Path(tmp) / "root"
+        _log(f"debootstrap {SUITE} from {mirror}")
+        subprocess.run(
+            ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), mirror],
+            check=True, timeout=1200, stdout=subprocess.DEVNULL,
+        )
+        # Package caches and lists are dead weight in an image.
+        for sub in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for entry in (root / sub).glob("*"):
+                if entry.is_file():
+                    entry.unlink()
+        tar_path = Path(tmp) / "rootfs.tar"
+        subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(tar_path), "."], check=True, timeout=600)
+        repo, tag = ROOTFS_TAG.rsplit(":", 1)
+        client.api.import_image_from_file(
+            str(tar_path), repository=repo, tag=tag, changes=['CMD ["/bin/bash"]'],
+        )
+    _log(f"imported {ROOTFS_TAG} in {time.monotonic() - t0:.0f}s")
+
+
+def _build_torch_layer(client) -> None:
+    wheelhouse = host_wheelhouse()
+    t0 = time.monotonic()
+    script = (
+        "set -e; python3 -m venv /opt/venv; "
+        "/opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check --no-index "
+        f"--find-links /wh torch=={TORCH_VERSION} numpy; "
+        "/opt/venv/bin/python -c 'import torch, numpy; print(torch.__version__, numpy.__version__)'"
+    )
+    container = client.containers.run(
+        ROOTFS_TAG, ["/bin/sh", "-c", script], detach=True, network_mode="none",
+        volumes={str(wheelhouse): {"bind": "/wh", "mode": "ro"}},
+    )
+    try:
+        status = container.wait(timeout=1200)
+        logs = container.logs().decode(errors="replace")
+        if status.get("StatusCode") != 0:
+            raise RuntimeError(f"installing torch into the base image failed:\n{logs[-3000:]}")
+        repo, tag = BASE_TAG.rsplit(":", 1)
+        container.commit(
+            repository=repo, tag=tag,
+            changes=[
+                "ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "ENV VIRTUAL_ENV=/opt/venv",
+                'CMD ["/bin/bash"]',
+            ],
+        )
+    finally:
+        container.remove(force=True)
+    _log(f"committed {BASE_TAG} in {time.monotonic() - t0:.0f}s ({logs.strip().splitlines()[-1]})")
+
+
+def ensure_base_image(client) -> str:
+    """Return BASE_TAG, building it first if this engine does not have it."""
+    if _image_exists(client, BASE_TAG):
+        return BASE_TAG
+    with file_lock("base-image"):
+        if _image_exists(client, BASE_TAG):  # another process built it while we waited
+            return BASE_TAG
+        if shutil.which("debootstrap") is None:
+            raise RuntimeError("debootstrap is not installed: run .ci/start-dockerd.sh (it installs it)")
+        if not _image_exists(client, ROOTFS_TAG):
+            _build_rootfs(client)
+        _build_torch_layer(client)
+    return BASE_TAG
+
+
+if __name__ == "__main__":  # build it by hand: python -m tests.docker.baseimage
+    import docker
+
+    print(ensure_base_image(docker.from_env()))

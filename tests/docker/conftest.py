@@ -1,0 +1,162 @@
+"""Fixtures for tests that need a real Docker engine.
+
+- ``docker_client``: a client from the environment (DOCKER_HOST honoured). With
+  WMCTL_REQUIRE_DOCKER=1 (set by .ci/run) a missing engine FAILS the test; otherwise it skips.
+- ``base_image``: the local base image (bookworm + python 3.11 + torch 2.13.0 CPU), built once
+  per engine without any registry; see tests/docker/baseimage.py (``ensure_base_image``).
+- ``registry``: Debian's ``docker-registry`` on 127.0.0.1:<free port> with storage in a temp
+  folder, started and stopped by the fixture; yields "127.0.0.1:PORT" (dockerd treats
+  127.0.0.0/8 as an insecure registry, so plain HTTP works without configuration).
+
+Every test in this folder is marked ``docker``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from .baseimage import ensure_base_image
+
+REQUIRE_DOCKER = os.environ.get("WMCTL_REQUIRE_DOCKER") == "1"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).resolve().parent
+    for item in items:
+        if here in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(pytest.mark.docker)
+
+
+def unavailable(reason: str) -> None:
+    """Fail under WMCTL_REQUIRE_DOCKER=1 (CI promised an engine), skip otherwise."""
+    if REQUIRE_DOCKER:
+        pytest.fail(f"WMCTL_REQUIRE_DOCKER=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    try:
+        import docker
+        import docker.errors
+    except ImportError:
+        unavailable("the docker Python package is not installed")
+    try:
+        client = docker.from_env(timeout=900)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        unavailable(f"no Docker engine reachable ({exc}); start one with .ci/start-dockerd.sh")
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_client) -> str:
+    return ensure_base_image(docker_client)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"docker-registry exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except urllib.error.HTTPError:
+            return  # it answers (401 for an auth-enabled registry): it is up
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"docker-registry did not answer {url} within {timeout:.0f}s")
+
+
+def start_registry(tmp: Path, auth: str | None = None):
+    """Start docker-registry; returns (address, Popen, log path). ``auth="htpasswd"`` demands credentials."""
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        unavailable("docker-registry is not installed (apt-get install docker-registry; .ci/start-dockerd.sh does)")
+    port = free_port()
+    storage = tmp / "storage"
+    storage.mkdir(parents=True, exist_ok=True)
+    config = tmp / "config.yml"
+    lines = [
+        "version: 0.1",
+        "log: {level: warn}",
+        f"storage: {{filesystem: {{rootdirectory: {storage}}}, delete: {{enabled: true}}}}",
+        f"http: {{addr: '127.0.0.1:{port}'}}",
+    ]
+    if auth == "htpasswd":
+        # Any well-formed bcrypt line: the tests push without credentials and expect a refusal.
+        htpasswd = tmp / "htpasswd"
+        htpasswd.write_text("wmctl:$2y$05$0123456789abcdefghijkuGxmqgBEbDwDEJ8JgElqjDjxq7J6P.Fm\n")
+        lines.append(f"auth: {{htpasswd: {{realm: wmctl-test, path: {htpasswd}}}}}")
+    config.write_text("\n".join(lines) + "\n")
+    log = tmp / "registry.log"
+    fh = open(log, "wb")
+    proc = subprocess.Popen([binary, "serve", str(config)], stdout=fh, stderr=subprocess.STDOUT)
+    fh.close()
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/v2/", proc)
+    except RuntimeError as exc:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"{exc}; log:\n{log.read_text(errors='replace')[-2000:]}") from None
+    return f"127.0.0.1:{port}", proc, log
+
+
+def stop_registry(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def registry(tmp_path):
+    address, proc, _log = start_registry(tmp_path / "registry")
+    yield address
+    stop_registry(proc)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def pinned_runtime_wheel(tmp_path_factory):
+    """Build the wmctl wheel once and pin it (WMCTL_RUNTIME_WHEEL) for every build in this run:
+    the wheel then stays byte-identical even while the source tree is being edited, so cache and
+    up-to-date assertions test wmctl, not the timing of someone's edit."""
+    from orchestrator import wheel
+
+    path = wheel.build_wheel(tmp_path_factory.mktemp("runtime-wheel"))
+    old = os.environ.get(wheel.ENV_WHEEL)
+    os.environ[wheel.ENV_WHEEL] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop(wheel.ENV_WHEEL, None)
+    else:
+        os.environ[wheel.ENV_WHEEL] = old
+
+
+def run_wmctl(*args: str, cwd: Path, timeout: int = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The real CLI in a subprocess (stdout is a pipe: plain progress lines)."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                **(env or {})}
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=full_env)

@@ -1,0 +1,182 @@
+"""`wmctl build-image` against the real engine, FROM the local base image (no registry, no index).
+
+Requirements the base already satisfies (numpy) need no network; wheelhouse builds run with
+``network_mode="none"``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from orchestrator import __version__
+
+from .conftest import REPO_ROOT, run_wmctl
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
+
+
+def write_job(root: Path, base: str, *, requirements: str = "numpy\n", name: str = "tiny",
+              extra_image: str = "") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "requirements.txt").write_text(requirements)
+    (root / "train.py").write_text("print('train v1')\n")
+    (root / "notes.tmp").write_text("excluded by .dockerignore\n")
+    (root / ".dockerignore").write_text("*.tmp\n")
+    (root / "job.yaml").write_text(
+        f"name: {name}\n"
+        "image:\n"
+        "  vendor: cpu\n"
+        f"  base: {base}\n"
+        "  requirements: requirements.txt\n"
+        f"{extra_image}"
+        "command: [python, train.py]\n"
+    )
+    return root / "job.yaml"
+
+
+@pytest.fixture
+def tag(docker_client):
+    """A unique tag per test; its images are removed afterwards (shared layers stay cached)."""
+    repo = f"wmctl-test/build-{uuid.uuid4().hex[:8]}"
+    yield f"{repo}:v1"
+    for image in docker_client.images.list(name=repo):
+        for t in image.tags:
+            docker_client.images.remove(t, force=True)
+
+
+def steps_from_output(text: str) -> list[tuple[str, bool]]:
+    """(instruction, used cache) per build step, from the plain progress lines."""
+    steps: list[tuple[str, bool]] = []
+    for line in text.splitlines():
+        match = re.match(r"^Step \d+/\d+ : (.*)$", line)
+        if match:
+            steps.append((match.group(1), False))
+        elif "Using cache" in line and steps:
+            steps[-1] = (steps[-1][0], True)
+    return steps
+
+
+def run_in_image(client, image: str, script: str) -> str:
+    out = client.containers.run(image, ["/bin/sh", "-c", script], remove=True, network_mode="none")
+    return out.decode()
+
+
+def test_build_image_carries_runtime_launcher_labels_and_torch(docker_client, base_image, tmp_path, tag):
+    spec = write_job(tmp_path / "job", base_image)
+    result = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    out = run_in_image(docker_client, tag, (
+        "python -c 'import orchestrator, torch, numpy; print(orchestrator.__version__); print(torch.__version__)'; "
+        "command -v wmctl-bind; pwd; ls; echo PYTHONUNBUFFERED=$PYTHONUNBUFFERED"))
+    lines = out.split()
+    assert lines[0] == __version__
+    assert lines[1].startswith("2.13.0")
+    assert "/wmctl-bind" in out
+    assert "/workspace" in lines
+    assert "train.py" in lines and "job.yaml" in lines
+    assert "notes.tmp" not in lines  # .dockerignore honoured
+    assert "PYTHONUNBUFFERED=1" in lines
+
+    labels = docker_client.images.get(tag).labels
+    assert labels["io.wmctl.vendor"] == "cpu"
+    assert labels["io.wmctl.version"] == __version__
+    assert re.fullmatch(r"[0-9a-f]{12}", labels["io.wmctl.spec-hash"])
+    assert labels["org.opencontainers.image.source"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", labels["org.opencontainers.image.created"])
+
+    record = json.loads((spec.parent / ".wmctl" / "images.json").read_text())["tiny"]
+    assert record["tag"] == tag
+    assert record["image_id"] == docker_client.images.get(tag).id
+    content = docker_client.images.get(record["content_tag"])
+    assert content.id == record["image_id"]
+
+    # Same context again: reported up to date, nothing rebuilt.
+    again = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "up to date" in again.stdout
+    assert "Step 1/" not in again.stdout
+    assert docker_client.images.get(tag).id == record["image_id"]
+
+
+def test_code_only_change_reuses_dependency_layers(docker_client, base_image, tmp_path, tag):
+    spec = write_job(tmp_path / "job", base_image)
+    first = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    (spec.parent / "train.py").write_text("print('train v2')\n")
+    second = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+
+    steps = steps_from_output(second.stdout)
+    req_copy = [cached for instr, cached in steps if instr.startswith("COPY") and "requirements.txt" in instr]
+    req_run = [cached for instr, cached in steps if instr.startswith("RUN") and "requirements.txt" in instr]
+    code_copy = [cached for instr, cached in steps if instr.startswith("COPY") and '"src/"' in instr]
+    assert req_copy == [True] and req_run == [True], steps
+    assert code_copy == [False], steps
+    assert "train v2" in run_in_image(docker_client, tag, "python train.py")
+
+
+def test_broken_requirement_fails_naming_the_step(docker_client, base_image, tmp_path, tag):
+    spec = write_job(tmp_path / "job", base_image, requirements="numpy[\n")
+    result = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
+    assert result.returncode == 3, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "image build failed at step" in result.stderr
+    assert "/tmp/wmctl/requirements.txt" in result.stderr
+    assert "returned a non-zero code" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_wheelhouse_build_with_no_network(docker_client, base_image, tmp_path, tag):
+    from orchestrator import images, wheel
+    from orchestrator.commands.build_image import prepare
+
+    spec = write_job(tmp_path / "job", base_image, requirements="six\n")
+    wh = tmp_path / "wheelhouse"
+    filled = run_wmctl("wheelhouse", str(spec), "--dir", str(wh), "--no-torch", cwd=tmp_path)
+    assert filled.returncode == 0, filled.stderr
+    assert any(p.name.startswith("six-") for p in wh.iterdir())
+
+    _spec, plan = prepare(str(spec), tag=tag, wheelhouse=str(wh))
+    assert plan.wheelhouse == wh.resolve()
+    assert "--no-index" in plan.dockerfile
+    reporter = images.Reporter(quiet=True)
+    result = images.build_image(plan, wheel.build_wheel(), client=docker_client, reporter=reporter,
+                                network_mode="none")
+    assert not result.up_to_date
+    assert run_in_image(docker_client, tag, "python -c 'import six; print(six.__version__)'").strip()
+
+
+def test_wheelhouse_build_names_the_missing_wheel(docker_client, base_image, tmp_path, tag):
+    spec = write_job(tmp_path / "job", base_image, requirements="six\n")
+    wh = tmp_path / "wheelhouse"
+    assert run_wmctl("wheelhouse", str(spec), "--dir", str(wh), "--no-torch", cwd=tmp_path).returncode == 0
+    # The requirements grow after the wheelhouse was filled: idna is not in it.
+    (spec.parent / "requirements.txt").write_text("six\nidna\n")
+    result = run_wmctl("build-image", str(spec), "--tag", tag, "--wheelhouse", str(wh), cwd=tmp_path)
+    assert result.returncode == 3, result.stdout[-2000:]
+    assert "the wheelhouse has no wheel for idna" in result.stderr
+    assert "wmctl wheelhouse" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_example_spec_builds_from_local_base(docker_client, base_image, tmp_path, tag):
+    source = REPO_ROOT / "examples" / "worldmodel"
+    if not (source / "job.yaml").is_file():
+        pytest.fail(f"{source / 'job.yaml'} is missing: the example job must exist and build")
+    # A copy, so the build record (.wmctl/images.json) lands in tmp, not in the repository.
+    shutil.copytree(source, tmp_path / "worldmodel", ignore=shutil.ignore_patterns("__pycache__", ".wmctl"))
+    example = tmp_path / "worldmodel" / "job.yaml"
+    result = run_wmctl("build-image", str(example), "--tag", tag, "--set", f"image.base={base_image}",
+                       cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = run_in_image(docker_client, tag, "python -c 'import orchestrator, torch; print(orchestrator.__version__)'; "
+                                           "command -v wmctl-bind; ls")
+    assert out.split()[0] == __version__
+    assert "wmctl-bind" in out
+    assert "train.py" in out.split()

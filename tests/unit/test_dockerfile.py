@@ -1,0 +1,421 @@
+"""The rendered Dockerfile and build plan (no engine): layer order, offline mode, injection, .dockerignore."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from orchestrator.dockerfile import (
+    DockerfileInputs, context_summary, dq, is_ignored, parse_dockerignore, plan_build,
+    render_dockerfile, scan_context, strip_userinfo,
+)
+from orchestrator.errors import BuildError, WmctlError
+from orchestrator.spec import load_spec
+from orchestrator.vendors import available_profiles, load_profile
+
+REPO = Path(__file__).resolve().parents[2]
+INSTRUCTIONS = {"FROM", "ARG", "ENV", "RUN", "COPY", "WORKDIR", "LABEL"}
+
+HOSTILE = [
+    'a" b',
+    "$(id)",
+    "`id`",
+    "x; RUN touch /pwned",
+    "ünï cødé ✓",
+    "back\\slash\\",
+    "${HOME}",
+    "'single' \"double\"",
+]
+HOSTILE_MULTILINE = [
+    "x\nRUN touch /pwned",
+    "x\r\nRUN touch /pwned",
+    "x\u2028RUN touch /pwned",
+    "x\u0085RUN touch /pwned",
+    "tab\there",
+]
+
+
+def write_spec(root: Path, image_extra: str = "", name: str = "tiny", requirements: str | None = "requirements.txt"):
+    root.mkdir(parents=True, exist_ok=True)
+    if requirements:
+        (root / requirements).write_text("numpy\n")
+    (root / "train.py").write_text("print(1)\n")
+    req_line = f"  requirements: {json.dumps(requirements)}\n" if requirements else ""
+    (root / "job.yaml").write_text(
+        f"name: {name}\nimage:\n  vendor: cpu\n  base: wmctl-test/base:x\n{req_line}{image_extra}"
+        "command: [python, train.py]\n")
+    return root / "job.yaml"
+
+
+def plan_for(spec_path: Path, profile=None, **kwargs):
+    spec = load_spec(spec_path)
+    profile = profile or load_profile(spec.image.vendor)
+    kwargs.setdefault("source", {"source": "https://example.com/repo.git", "revision": "abc123"})
+    kwargs.setdefault("created", "2026-01-01T00:00:00Z")
+    return plan_build(spec, profile, wheel_name="wmctl-0.1.0-py3-none-any.whl", wheel_fingerprint="f" * 64,
+                      wmctl_version="0.1.0", **kwargs)
+
+
+def instructions(text: str) -> list[str]:
+    """Parse like Docker: every line is blank, a comment, a known instruction or a continuation."""
+    out = []
+    continued = False
+    for line in text.split("\n"):
+        stripped = line.strip()
+        if continued:
+            continued = line.endswith("\\")
+            continue
+        if not stripped or stripped.startswith("#"):
+            continue
+        word = stripped.split(None, 1)[0]
+        assert word in INSTRUCTIONS, f"unexpected line {line!r}"
+        out.append(word)
+        continued = line.endswith("\\")
+    return out
+
+
+def undq(word: str) -> str:
+    """Read a double-quoted Dockerfile word back (\\ escapes the next character)."""
+    assert word[0] == '"' and word[-1] == '"'
+    out, i, body = [], 0, word[1:-1]
+    while i < len(body):
+        if body[i] == "\\":
+            i += 1
+        else:
+            assert body[i] != '"', f"unescaped quote in {word!r}"
+        out.append(body[i])
+        i += 1
+    return "".join(out)
+
+
+# ---- order and content ----------------------------------------------------------------------------
+
+def test_layer_order_dependencies_before_code(tmp_path):
+    plan = plan_for(write_spec(tmp_path / "job"))
+    lines = [l for l in plan.dockerfile.splitlines() if l and not l.startswith((" ", "#"))]
+
+    def at(pred):
+        found = [i for i, l in enumerate(lines) if pred(l)]
+        assert found, plan.dockerfile
+        return found[0]
+    frm = at(lambda l: l.startswith("FROM "))
+    torch = at(lambda l: l.startswith("RUN ") and "torch==2.13.0" in l)
+    req_copy = at(lambda l: l.startswith("COPY ") and "requirements.txt" in l)
+    req_run = at(lambda l: l.startswith("RUN ") and "/tmp/wmctl/requirements.txt" in l)
+    wheel_copy = at(lambda l: l.startswith("COPY ") and "wmctl/wheels/" in l)
+    wheel_run = at(lambda l: l.startswith("RUN ") and "--no-deps" in l)
+    workdir = at(lambda l: l.startswith("WORKDIR "))
+    code = at(lambda l: l.startswith("COPY ") and '"src/"' in l)
+    label = at(lambda l: l.startswith("LABEL "))
+    assert frm == 0
+    assert frm < torch < req_copy < req_run < wheel_copy < wheel_run < workdir < code < label
+    # Only the requirements file is copied before the dependency install, not the code.
+    assert sum(1 for l in lines if l.startswith("COPY ")) == 3
+    assert instructions(plan.dockerfile)[-1] == "LABEL"
+
+
+def test_runtime_wheel_installed_without_dependencies_and_checked(tmp_path):
+    text = plan_for(write_spec(tmp_path / "job")).dockerfile
+    run = next(l for l in text.splitlines() if l.startswith("RUN ") and "wmctl-0.1.0-py3-none-any.whl" in l)
+    argv = json.loads(run[4:])
+    assert argv[:4] == ["python3", "-m", "pip", "install"]
+    assert "--no-deps" in argv and "--no-index" in argv
+    assert 'ENV PYTHONUNBUFFERED="1" PIP_NO_CACHE_DIR="1"' in text
+    assert any("wmctl-bind" in l for l in text.splitlines() if l.startswith("RUN "))
+
+
+def test_labels_oci_and_wmctl(tmp_path):
+    plan = plan_for(write_spec(tmp_path / "job"))
+    assert plan.labels["org.opencontainers.image.source"] == "https://example.com/repo.git"
+    assert plan.labels["org.opencontainers.image.revision"] == "abc123"
+    assert plan.labels["org.opencontainers.image.created"] == "2026-01-01T00:00:00Z"
+    assert plan.labels["io.wmctl.vendor"] == "cpu"
+    assert plan.labels["io.wmctl.version"] == "0.1.0"
+    assert len(plan.labels["io.wmctl.spec-hash"]) == 12
+    for key, value in plan.labels.items():
+        assert f"{dq(key)}={dq(value)}" in plan.dockerfile
+
+
+def test_offline_mode_every_pip_reads_only_the_wheelhouse(tmp_path):
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    (wh / "six-1.17.0-py2.py3-none-any.whl").write_bytes(b"x")
+    plan = plan_for(write_spec(tmp_path / "job"), wheelhouse=wh)
+    lines = plan.dockerfile.splitlines()
+    pip_runs = [json.loads(l[4:]) for l in lines if l.startswith("RUN [") and '"pip"' in l]
+    assert len(pip_runs) == 3
+    for argv in pip_runs:
+        assert "--no-index" in argv, argv
+        if "--no-deps" not in argv:
+            assert argv[argv.index("--find-links") + 1] == "/tmp/wmctl/wheelhouse/"
+    wh_copy = next(i for i, l in enumerate(lines) if l.startswith("COPY ") and "wheelhouse" in l)
+    first_pip = next(i for i, l in enumerate(lines) if l.startswith("RUN [") and '"pip"' in l)
+    assert wh_copy < first_pip
+    assert plan.wheelhouse_files == [("six-1.17.0-py2.py3-none-any.whl", 1)]
+
+
+def test_online_mode_uses_the_index(tmp_path):
+    text = plan_for(write_spec(tmp_path / "job")).dockerfile
+    req_run = next(l for l in text.splitlines() if l.startswith("RUN ") and "/tmp/wmctl/requirements.txt" in l)
+    assert "--no-index" not in req_run and "wheelhouse" not in text
+
+
+def test_offline_rejects_required_system_packages(tmp_path):
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    (wh / "a.whl").write_bytes(b"x")
+    spec = write_spec(tmp_path / "job", "  system_packages: [numactl]\n")
+    with pytest.raises(BuildError, match="image.system_packages"):
+        plan_for(spec, wheelhouse=wh)
+
+
+def test_system_packages_passed_as_arguments_not_shell(tmp_path):
+    spec = write_spec(tmp_path / "job", "  system_packages: [numactl, libgomp1=12.2.0-14]\n")
+    profile = dataclasses.replace(load_profile("cpu"), system_packages=["procps"])
+    text = plan_for(spec, profile=profile).dockerfile
+    run = next(l for l in text.splitlines() if "wmctl-apt" in l)
+    argv = json.loads(run[4:])
+    assert argv[0:2] == ["/bin/sh", "-c"]
+    assert argv[3:] == ["wmctl-apt", "1", "0", "procps", "numactl", "libgomp1=12.2.0-14"]
+    assert '"$@"' in argv[2]
+
+
+@pytest.mark.parametrize("vendor", available_profiles())
+def test_every_vendor_profile_renders(tmp_path, vendor):
+    spec = write_spec(tmp_path / "job", name="tiny")
+    loaded = load_spec(spec, {"image.vendor": vendor, "image.base": None})
+    profile = load_profile(vendor)
+    plan = plan_build(loaded, profile, wheel_name="wmctl-0.1.0-py3-none-any.whl", wheel_fingerprint="0",
+                      wmctl_version="0.1.0", source={"source": "x"}, created="2026-01-01T00:00:00Z")
+    ins = instructions(plan.dockerfile)
+    assert ins[0] == "FROM" and f"\nFROM {profile.base_image}\n" in plan.dockerfile
+    assert f'"io.wmctl.vendor"="{vendor}"' in plan.dockerfile
+    for key, value in profile.image_env.items():
+        assert f"ENV {key}={dq(value)}" in plan.dockerfile
+    if profile.pip_install_torch:
+        assert any(all(p in l for p in profile.torch_packages) for l in plan.dockerfile.splitlines()
+                   if l.startswith("RUN "))
+
+
+# ---- injection -------------------------------------------------------------------------------------------
+
+def _inputs(**kw) -> DockerfileInputs:
+    base = dict(job_name="tiny", vendor="cpu", base="debian:bookworm", python="python3", workdir="/workspace",
+                wheel_name="wmctl-0.1.0-py3-none-any.whl", wmctl_version="0.1.0", requirements=True,
+                torch_packages=("torch",), labels=(("io.wmctl.job", "tiny"),))
+    base.update(kw)
+    return DockerfileInputs(**base)
+
+
+BASELINE = instructions(render_dockerfile(_inputs()))
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_hostile_env_and_label_values_stay_values(value):
+    text = render_dockerfile(_inputs(image_env=(("WM_X", value),), labels=(("io.wmctl.job", value),)))
+    ins = instructions(text)
+    assert ins.count("ENV") == BASELINE.count("ENV") + 1
+    assert [i for i in ins if i != "ENV"] == [i for i in BASELINE if i != "ENV"]
+    env_line = next(l for l in text.splitlines() if l.startswith("ENV WM_X="))
+    assert undq(env_line[len("ENV WM_X="):]) == value
+    label_line = next(l for l in text.splitlines() if l.startswith("LABEL "))
+    assert undq(label_line.split("=", 1)[1]) == value
+    assert "$(" not in text.replace("\\$(", "") and "${HOME}" not in text.replace("\\${HOME}", "")
+
+
+@pytest.mark.parametrize("value", HOSTILE_MULTILINE)
+def test_multiline_values_are_rejected_naming_the_field(value):
+    with pytest.raises(BuildError, match=r"image_env\.WM_X"):
+        render_dockerfile(_inputs(image_env=(("WM_X", value),)))
+    with pytest.raises(BuildError, match="label"):
+        render_dockerfile(_inputs(labels=(("io.wmctl.job", value),)))
+
+
+@pytest.mark.parametrize("value", HOSTILE + HOSTILE_MULTILINE)
+def test_hostile_exec_form_values_stay_one_argument(value):
+    # torch_packages reach exec-form RUN; a newline is refused, the rest is one JSON argument.
+    if any(c in value for c in "\n\r\t\u2028\u0085"):
+        with pytest.raises(BuildError, match="torch_packages"):
+            render_dockerfile(_inputs(torch_packages=(value,)))
+        return
+    text = render_dockerfile(_inputs(torch_packages=(value,)))
+    assert instructions(text) == BASELINE
+    run = next(l for l in text.splitlines() if l.startswith("RUN ") and "--no-cache-dir" in l)
+    assert json.loads(run[4:])[-1] == value
+    assert all(ord(c) < 128 for c in run)  # ASCII JSON: no raw separators, quotes escaped
+
+
+@pytest.mark.parametrize("field,value", [
+    ("base", 'debian"\nRUN x'), ("base", "debian:bookworm RUN"), ("base", "ü:1"), ("base", "$(id)"),
+    ("workdir", "/work space"), ("workdir", "/w$(id)"), ("workdir", '/w"x'), ("workdir", "relative"),
+    ("workdir", "/a/../etc"), ("python", "python3; id"),
+])
+def test_references_and_paths_are_validated(field, value):
+    with pytest.raises(BuildError) as info:
+        render_dockerfile(_inputs(**{field: value}))
+    assert field in str(info.value) or "python" in str(info.value)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("image.base", 'debian"; RUN x'), ("image.base", "a\nRUN b"), ("image.tag", "x:`id`"),
+    ("image.tag", "x y"), ("image.workdir", "/w$(id)"), ("image.requirements", "req\nRUN x.txt"),
+])
+def test_hostile_spec_fields_are_refused_with_the_field_name(tmp_path, field, value):
+    spec_path = write_spec(tmp_path / "job")
+    with pytest.raises(WmctlError) as info:
+        spec = load_spec(spec_path, {field: value})
+        plan_build(spec, load_profile("cpu"), wheel_name="wmctl-0.1.0-py3-none-any.whl", wheel_fingerprint="0",
+                   wmctl_version="0.1.0", source={"source": "x"})
+    assert field in str(info.value)
+
+
+def test_hostile_requirements_path_never_reaches_the_dockerfile(tmp_path):
+    name = "req;$(id)`x`ü 'q\".txt"
+    plan = plan_for(write_spec(tmp_path / "job", requirements=name))
+    assert name not in plan.dockerfile
+    assert plan.requirements.name == name
+    assert instructions(plan.dockerfile).count("COPY") == 3
+
+
+def test_build_args_are_declared_and_validated(tmp_path):
+    plan = plan_for(write_spec(tmp_path / "job"), build_args={"HTTP_PROXY": "http://p:3128"})
+    assert "ARG HTTP_PROXY" in plan.dockerfile.splitlines()
+    assert "http://p:3128" not in plan.dockerfile  # the value travels as a build arg, not text
+    with pytest.raises(BuildError, match="BAD-NAME"):
+        plan_for(write_spec(tmp_path / "job2"), build_args={"BAD-NAME": "x"})
+    with pytest.raises(BuildError, match="HTTP_PROXY"):
+        plan_for(write_spec(tmp_path / "job3"), build_args={"HTTP_PROXY": "a\nRUN x"})
+
+
+def test_source_label_drops_credentials():
+    assert strip_userinfo("https://user:tok@github.com/x/y.git") == "https://github.com/x/y.git"
+    assert strip_userinfo("git@github.com:x/y.git") == "git@github.com:x/y.git"
+
+
+# ---- .dockerignore and the context -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("patterns,path,ignored", [
+    ("*.tmp", "a.tmp", True), ("*.tmp", "sub/a.tmp", False), ("**/*.tmp", "sub/a.tmp", True),
+    ("data", "data/x/y.npy", True), ("data/", "data/x", True), ("/data", "data/x", True),
+    ("data\n!data/keep.txt", "data/keep.txt", False), ("data\n!data/keep.txt", "data/other", True),
+    ("*\n!train.py", "train.py", False), ("*\n!train.py", "model.py", True),
+    ("**/cache", "a/b/cache/z", True), ("ca?he", "cache", True), ("[ab].py", "a.py", True),
+    ("# comment\n\n", "x", False), ("./build", "build/x", True),
+])
+def test_dockerignore_matches_docker(patterns, path, ignored):
+    assert is_ignored(path, parse_dockerignore(patterns)) is ignored
+
+
+def test_scan_respects_dockerignore_and_reports_exclusions(tmp_path):
+    root = tmp_path / "ctx"
+    (root / "data" / "raw").mkdir(parents=True)
+    (root / "data" / "raw" / "big.npy").write_bytes(b"0" * 1000)
+    (root / "data" / "keep.txt").write_text("k")
+    (root / ".wmctl").mkdir()
+    (root / ".wmctl" / "images.json").write_text("{}")
+    (root / "train.py").write_text("x")
+    (root / ".dockerignore").write_text("data\n!data/keep.txt\n")
+    scan = scan_context(root)
+    rels = [e.rel for e in scan.files]
+    assert rels == [".dockerignore", "data/keep.txt", "train.py"]
+    assert "data/" in scan.excluded and ".wmctl/" in scan.excluded
+    assert scan.ignore_source == ".dockerignore"
+
+
+def test_default_dockerignore_drops_git_and_caches(tmp_path):
+    root = tmp_path / "ctx"
+    (root / ".git").mkdir(parents=True)
+    (root / ".git" / "HEAD").write_text("x")
+    (root / "pkg" / "__pycache__").mkdir(parents=True)
+    (root / "pkg" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"x")
+    (root / "pkg" / "m.py").write_text("x")
+    scan = scan_context(root)
+    assert [e.rel for e in scan.files] == ["pkg/m.py"]
+    assert scan.ignore_source == "default"
+
+
+def test_wheelhouse_inside_context_is_not_sent_twice(tmp_path):
+    spec = write_spec(tmp_path / "job", "  wheelhouse: wheelhouse\n")
+    (tmp_path / "job" / "wheelhouse").mkdir()
+    (tmp_path / "job" / "wheelhouse" / "six-1.17.0-py2.py3-none-any.whl").write_bytes(b"x")
+    plan = plan_for(spec)
+    assert all(not e.rel.startswith("wheelhouse") for e in plan.context.entries)
+    assert plan.wheelhouse_files and "--no-index" in plan.dockerfile
+
+
+# ---- tags and the content digest ---------------------------------------------------------------------------
+
+def test_content_digest_follows_content_not_time(tmp_path):
+    spec = write_spec(tmp_path / "job")
+    a = plan_for(spec, created="2026-01-01T00:00:00Z")
+    b = plan_for(spec, created="2027-05-05T00:00:00Z", source={"source": "https://example.com/repo.git",
+                                                                  "revision": "def456"})
+    assert a.digest == b.digest and a.content_tag == b.content_tag
+    (tmp_path / "job" / "train.py").write_text("print(2)\n")
+    c = plan_for(spec)
+    assert c.digest != a.digest
+    (tmp_path / "job" / "requirements.txt").write_text("numpy\nsix\n")
+    assert plan_for(spec).digest != c.digest
+    assert plan_for(spec, build_args={"X": "1"}).digest != plan_for(spec, build_args={"X": "2"}).digest
+
+
+def test_tags_user_and_content(tmp_path):
+    spec = write_spec(tmp_path / "job", "  tag: registry.example.com:5000/team/wm:v3\n")
+    plan = plan_for(spec)
+    assert plan.tag == "registry.example.com:5000/team/wm:v3"
+    assert plan.content_tag == f"registry.example.com:5000/team/wm:wmctl-{plan.digest[:12]}"
+    assert plan_for(spec, tag="other/name").tag == "other/name:latest"
+    default = plan_for(write_spec(tmp_path / "job2", name="wm"))
+    assert default.tag == "wmctl/wm:latest"
+    with pytest.raises(BuildError, match="lowercase"):
+        plan_for(spec, tag="Team/WM:v1")
+
+
+def test_context_summary_lists_files_exclusions_and_tags(tmp_path):
+    spec = write_spec(tmp_path / "job")
+    (tmp_path / "job" / ".dockerignore").write_text("*.log\n")
+    (tmp_path / "job" / "run.log").write_text("x")
+    plan = plan_for(spec)
+    text = context_summary(plan)
+    assert "files: 4" in text and "excluded: 1" in text and "- run.log" in text
+    assert plan.tag in text and plan.content_tag in text
+    assert "wmctl/wheels/wmctl-0.1.0-py3-none-any.whl" in text
+
+
+# ---- the command (no engine) --------------------------------------------------------------------------------
+
+def test_dry_run_prints_dockerfile_and_summary_without_docker(tmp_path):
+    spec = write_spec(tmp_path / "job")
+    code = ("import sys; from orchestrator.cli import main\n"
+            "try:\n    main(['build-image', sys.argv[1], '--dry-run', '--build-arg', 'A=1'])\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "heavy = [m for m in ('docker', 'kubernetes', 'torch') if m in sys.modules]\n"
+            "print('HEAVY', heavy)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(spec)], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    assert "FROM wmctl-test/base:x" in out.stdout
+    assert "# ---- build context ----" in out.stdout and "wmctl/tiny:wmctl-" in out.stdout
+    assert "ARG A" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "HEAVY []"
+
+
+def test_bad_build_arg_is_a_clear_error(tmp_path):
+    from orchestrator.cli import cli
+
+    spec = write_spec(tmp_path / "job")
+    result = CliRunner().invoke(cli, ["build-image", str(spec), "--dry-run", "--build-arg", "NOEQUALS"])
+    assert result.exit_code != 0
+    assert isinstance(result.exception, BuildError) and "--build-arg" in str(result.exception)
+
+
+def test_missing_wheelhouse_is_a_clear_error(tmp_path):
+    with pytest.raises(BuildError, match="not a directory"):
+        plan_for(write_spec(tmp_path / "job"), wheelhouse=tmp_path / "nope")
