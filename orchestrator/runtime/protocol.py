@@ -13,7 +13,8 @@ from typing import Any, TextIO
 # error), 137 (SIGKILL/OOM) and 143 (SIGTERM without handling) so the supervisor can tell it apart.
 PREEMPTED_EXIT_CODE = 83
 
-# Every progress line starts with this marker, then one JSON object, on rank 0's stdout.
+# Every progress line starts with this marker, then one JSON object, on global rank 0's stdout.
+# With c10d rendezvous, global rank 0 may live on any node: backends read every node's output.
 PROGRESS_PREFIX = "WMCTL-PROGRESS "
 
 # Environment the orchestrator sets for the job (every backend sets the same names).
@@ -49,14 +50,15 @@ def parse_progress(line: str) -> dict[str, Any] | None:
     return payload if isinstance(payload, dict) and "event" in payload else None
 
 
-def emit_progress(event: str, stream: TextIO | None = None, path: str | None = None, **fields: Any) -> str:
+def emit_progress(event: str, *, _stream: TextIO | None = None, _file: str | None = None, **fields: Any) -> str:
+    """Write one progress line (fields such as ``path`` or ``step`` go into the JSON)."""
     import sys
 
     line = format_progress(event, **fields)
-    out = stream or sys.stdout
+    out = _stream or sys.stdout
     out.write(line + "\n")
     out.flush()
-    if path:
-        with open(path, "a", encoding="utf-8") as fh:
+    if _file:
+        with open(_file, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
     return line

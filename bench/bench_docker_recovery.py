@@ -1,0 +1,100 @@
+"""Docker: `docker kill` of a worker node -> first training step of the next attempt. Target < 15 s.
+
+Runs the real Docker backend on the real engine with the test base image (present locally) and
+the 2-node gloo job of tests/docker/data/backend (all_reduce + a progress line every 0.2 s). A
+supervisor-like loop polls every POLL_S; on node 1's NODE_EXITED it cancels the attempt
+(SIGKILL + remove of every container and the network) and submits attempt N+1 with node 1's
+host excluded, then waits for that attempt's first step progress line from rank 0.
+
+Prints, per trial and as median/max: detection (kill returned -> event polled), teardown
+(cancel), resubmission (submit returned), rendezvous + first step (containers start, torch
+import, c10d rendezvous, init_process_group, first all_reduce), total. There is no checkpoint
+restore in this job: the supervisor's own bench adds it.
+
+    PYTHONPATH=. python bench/bench_docker_recovery.py [--trials 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import docker  # noqa: E402
+
+from orchestrator.backends import base  # noqa: E402
+from orchestrator.backends.docker import DockerBackend  # noqa: E402
+from tests.docker.baseimage import ensure_base_image  # noqa: E402
+from tests.docker.test_backend_docker import make_plan  # noqa: E402
+
+POLL_S = 0.1
+RUN = "dkb-bench"
+
+
+def wait_for(be: DockerBackend, ref: base.AttemptRef, done, limit: float = 180.0) -> list[base.Event]:
+    seen: list[base.Event] = []
+    deadline = time.monotonic() + limit
+    while True:
+        seen += be.poll(ref).events
+        if done(seen):
+            return seen
+        if time.monotonic() > deadline:
+            raise SystemExit(f"gave up after {limit:.0f} s; events: {seen}")
+        time.sleep(POLL_S)
+
+
+def first_step(seen: list[base.Event]) -> bool:
+    return any(e.kind == base.PROGRESS and e.progress.get("event") == "step" for e in seen)
+
+
+def trial(client, image: str) -> dict[str, float]:
+    be = DockerBackend(client)
+    env = {"WMCTL_TEST_LOOP_S": "120"}
+    try:
+        ref = be.submit(make_plan(RUN, image, env=env))
+        wait_for(be, ref, first_step)
+        t0 = time.monotonic()
+        client.containers.get(f"{RUN}-a0-1").kill()
+        t_kill = time.monotonic()
+        seen = wait_for(be, ref, lambda s: any(e.kind == base.NODE_EXITED and e.node == 1 for e in s), 60)
+        lost = next(e for e in seen if e.kind == base.NODE_EXITED and e.node == 1)
+        t_detect = time.monotonic()
+        be.cancel(ref)
+        t_down = time.monotonic()
+        ref1 = be.submit(make_plan(RUN, image, env=env, attempt=1, exclude=(lost.host,)))
+        t_submit = time.monotonic()
+        wait_for(be, ref1, first_step)
+        t_step = time.monotonic()
+        be.cancel(ref1)
+    finally:
+        for a in be.attempts(RUN):
+            be.cancel(a)
+        be.close()
+    return {"detection": t_detect - t_kill, "teardown": t_down - t_detect, "resubmission": t_submit - t_down,
+            "rendezvous+first step": t_step - t_submit, "total": t_step - t0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=3)
+    args = ap.parse_args()
+    client = docker.from_env(timeout=900)
+    image = ensure_base_image(client)
+    rows = []
+    for i in range(args.trials):
+        row = trial(client, image)
+        rows.append(row)
+        print(f"trial {i + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in row.items()), flush=True)
+    for key in rows[0]:
+        vals = [r[key] for r in rows]
+        print(f"{key:>22}: median {statistics.median(vals):6.2f} s   max {max(vals):6.2f} s")
+    total = statistics.median(r["total"] for r in rows)
+    print(f"node kill -> first step of the next attempt: median {total:.2f} s (target < 15 s)")
+
+
+if __name__ == "__main__":
+    main()

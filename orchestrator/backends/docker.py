@@ -1,0 +1,666 @@
+"""Docker backend: one container per node on a private network on one Docker host.
+
+submit creates the Plan's network, volumes and containers (a name conflict means the attempt
+already exists: it is adopted after its labels are checked; a failure halfway removes what the
+call created). poll merges two sources so nothing is missed when one drops: the Docker events
+API (followed in a background thread: kill signals, pause, destroy times) and container state
+from inspect (exit code, OOMKilled, gone). PROGRESS events come from following node 0's log.
+cancel force-removes every container of the attempt (SIGKILL: survivors would otherwise hang in
+a collective), then the attempt's network; named volumes stay (they hold checkpoints).
+
+``docker`` is imported lazily so ``wmctl --help`` and dry runs never load it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable, Iterator
+
+from .. import labels as L
+from ..errors import BackendError, EngineUnavailable, RunNotFound
+from ..runtime.protocol import parse_progress
+from . import base as b
+
+ENGINE_HINT = ("start the Docker engine (`bash .ci/start-dockerd.sh` here, `systemctl start docker` on a "
+               "host) or point DOCKER_HOST at a running one")
+
+# Plan "create" keys that belong to the container config; every other known key is host config.
+_CONFIG_KEYS = {"name", "image", "command", "hostname", "environment", "labels", "working_dir",
+                "stop_signal", "stop_timeout", "user", "entrypoint"}
+_HOST_KEYS = {"shm_size", "mounts", "mem_limit", "memswap_limit", "cpuset_cpus", "cpuset_mems", "nano_cpus",
+              "device_requests", "runtime", "devices", "group_add", "security_opt", "cap_add", "ulimits",
+              "ipc_mode", "privileged", "init", "oom_kill_disable", "pids_limit"}
+_TERMINAL = (b.SUCCEEDED, b.FAILED, b.LOST)
+_ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+# ---------------------------------------------------------------- pure pieces (unit-testable)
+
+def parse_docker_time(value: str | None) -> float | None:
+    """RFC 3339 with nanoseconds (Docker's format) -> epoch seconds; None for Docker's zero time."""
+    if not value or value.startswith("0001-01-01"):
+        return None
+    ns = parse_docker_ns(value)
+    return ns / 1e9 if ns is not None else None
+
+
+def parse_docker_ns(value: str) -> int | None:
+    """RFC 3339 (up to nanoseconds) -> integer epoch nanoseconds, exact (log de-duplication needs it)."""
+    try:
+        head, _, rest = value.partition(".")
+        if not rest:  # no fraction: "...:05Z" or "...:05+00:00"
+            return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()) * 10**9
+        n = len(rest) - len(rest.lstrip("0123456789"))
+        digits, tz = rest[:n], rest[n:]
+        tz = "+00:00" if tz in ("Z", "") else tz
+        whole = datetime.fromisoformat(head + tz)
+        return int(whole.timestamp()) * 10**9 + int(digits.ljust(9, "0")[:9])
+    except ValueError:
+        return None
+
+
+def node_status(node: int, host: str, state: dict[str, Any] | None, *, signal: int | None,
+                cancelled: bool, previous: b.NodeStatus | None) -> b.NodeStatus:
+    """A container's inspect ``State`` (None: the container is gone) -> the node's phase.
+
+    ``signal``: the last signal someone outside wmctl sent it (from a ``kill`` event). A terminal
+    phase, once seen, sticks: a finished container that is later removed stays finished.
+    """
+    if previous is not None and previous.phase in _TERMINAL:
+        return previous
+    if state is None or state.get("Status") == "removing":
+        if cancelled:
+            return b.NodeStatus(node, b.FAILED, host, None, "cancelled")
+        return b.NodeStatus(node, b.LOST, host, None, "ContainerRemoved")
+    status = state.get("Status")
+    if status == "created":
+        return b.NodeStatus(node, b.PENDING, host)
+    if status in ("running", "restarting"):
+        return b.NodeStatus(node, b.RUNNING, host)
+    if status == "paused":
+        return b.NodeStatus(node, b.PAUSED, host, None, "paused")
+    if status in ("exited", "dead"):
+        code = state.get("ExitCode")
+        if cancelled:
+            return b.NodeStatus(node, b.FAILED, host, code, "cancelled")
+        if state.get("OOMKilled"):
+            return b.NodeStatus(node, b.FAILED, host, code, "OOMKilled")
+        if code == 0 and status == "exited":
+            return b.NodeStatus(node, b.SUCCEEDED, host, 0)
+        return b.NodeStatus(node, b.FAILED, host, code, _exit_reason(code, signal, status))
+    return b.NodeStatus(node, b.UNKNOWN, host, None, str(status))
+
+
+def _exit_reason(code: int | None, signal: int | None, status: str) -> str | None:
+    # 137 = 128 + SIGKILL. Without OOMKilled that is a kill from outside the job (`docker kill`,
+    # a dying host): the classifier treats reason SIGKILL as a lost node.
+    if signal == 9 or code == 137:
+        return "SIGKILL"
+    if signal == 15 or code == 143:
+        return "SIGTERM"
+    if status == "dead":
+        return "dead"
+    return None
+
+
+def transition_events(previous: b.NodeStatus | None, current: b.NodeStatus, *,
+                      started_at: float | None, finished_at: float | None, event_time: float | None,
+                      name: str) -> list[b.Event]:
+    """The events that lead from the last reported phase to the current one (none if unchanged)."""
+    before = previous.phase if previous is not None else None
+    now = current.phase
+    if before == now:
+        return []
+    node, host = current.node, current.host
+    out: list[b.Event] = []
+    if now == b.RUNNING:
+        reason = "unpaused" if before == b.PAUSED else None
+        t = event_time if before == b.PAUSED and event_time else (started_at or time.time())
+        out.append(b.Event(b.NODE_STARTED, t, node, host, reason=reason))
+    elif now == b.PAUSED:
+        out.append(b.Event(b.NODE_PAUSED, event_time or time.time(), node, host, reason="paused",
+                           message=f"container {name} is paused (frozen): no exit will come"))
+    elif now in (b.SUCCEEDED, b.FAILED):
+        if current.reason == "cancelled":
+            return []  # the attempt-level CANCELLED event covers it
+        if before in (None, b.PENDING) and started_at is not None:
+            out.append(b.Event(b.NODE_STARTED, started_at, node, host))
+        t = finished_at or event_time or time.time()
+        if current.reason == "OOMKilled":
+            out.append(b.Event(b.OOM_KILLED, t, node, host, exit_code=current.exit_code, reason="OOMKilled",
+                               message=f"container {name} exceeded its memory limit (OOMKilled, "
+                                       f"exit {current.exit_code})"))
+        else:
+            msg = f"container {name} exited with {current.exit_code}"
+            if current.reason == "SIGKILL":
+                msg += " (killed with SIGKILL from outside the job)"
+            out.append(b.Event(b.NODE_EXITED, t, node, host, exit_code=current.exit_code,
+                               reason=current.reason, message=msg))
+    elif now == b.LOST:
+        out.append(b.Event(b.NODE_LOST, event_time or time.time(), node, host, reason="ContainerRemoved",
+                           message=f"container {name} disappeared (removed by someone other than wmctl)"))
+    return out
+
+
+def container_kwargs(create: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """A Plan container's ``create`` dict -> (create_container kwargs, host config kwargs, network)."""
+    unknown = set(create) - _CONFIG_KEYS - _HOST_KEYS - {"network"}
+    if unknown:
+        raise BackendError(f"the plan's container {create.get('name')!r} has settings this Docker backend "
+                           f"does not know: {', '.join(sorted(unknown))}",
+                           hint="render the plan with the same wmctl version that submits it")
+    config = {k: v for k, v in create.items() if k in _CONFIG_KEYS}
+    host = {k: v for k, v in create.items() if k in _HOST_KEYS}
+    return config, host, create.get("network")
+
+
+def attempt_filters(run: str, attempt: int | None = None) -> dict[str, list[str]]:
+    found = [f"{L.MANAGED_BY}={L.MANAGED_BY_VALUE}", f"{L.RUN}={run}"]
+    if attempt is not None:
+        found.append(f"{L.ATTEMPT}={attempt}")
+    return {"label": found}
+
+
+# ---------------------------------------------------------------- engine access
+
+def _docker_errors():
+    import docker.errors
+    import requests.exceptions
+
+    return docker.errors, requests.exceptions
+
+
+@contextlib.contextmanager
+def _engine(what: str) -> Iterator[None]:
+    """Connection failures -> EngineUnavailable with a hint; other errors pass through."""
+    errors, rexc = _docker_errors()
+    try:
+        yield
+    except rexc.ConnectionError as exc:
+        raise EngineUnavailable(f"the Docker engine did not answer while {what}: {exc}", hint=ENGINE_HINT) from None
+    except errors.DockerException as exc:
+        if isinstance(exc, errors.APIError):
+            raise
+        raise EngineUnavailable(f"cannot use the Docker engine while {what}: {exc}", hint=ENGINE_HINT) from None
+
+
+def _explain(exc: Any) -> str:
+    return getattr(exc, "explanation", None) or str(exc)
+
+
+@dataclass
+class _Attempt:
+    ref: b.AttemptRef
+    names: dict[int, str]                       # node -> container name
+    inbox: "queue.Queue[tuple[str, Any]]" = field(default_factory=queue.Queue)
+    stop: threading.Event = field(default_factory=threading.Event)
+    streams: list[Any] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+    status: dict[int, b.NodeStatus] = field(default_factory=dict)
+    signals: dict[int, int] = field(default_factory=dict)       # last outside kill signal per node
+    event_times: dict[tuple[int, str], float] = field(default_factory=dict)  # (node, action) -> latest time
+    seen: set[tuple[Any, ...]] = field(default_factory=set)      # docker events already applied
+    cancelled: bool = False
+    cancel_reported: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class DockerBackend:
+    name = "docker"
+
+    def __init__(self, client: Any = None, *, pull: bool = False, log_follow: bool = True):
+        self._client = client
+        self._pull = pull                # pull images missing on the host (off: no registry here)
+        self._log_follow = log_follow    # follow node 0's log for PROGRESS events
+        self._attempts: dict[tuple[str, int], _Attempt] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ client
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import docker
+
+            errors, rexc = _docker_errors()
+            try:
+                self._client = docker.from_env()
+            except (errors.DockerException, rexc.ConnectionError) as exc:
+                raise EngineUnavailable(f"cannot reach the Docker engine: {exc}", hint=ENGINE_HINT) from None
+        return self._client
+
+    # ------------------------------------------------------------ submit
+
+    def submit(self, plan: Any) -> b.AttemptRef:
+        if getattr(plan, "backend", None) != "docker":
+            raise BackendError(f"a {getattr(plan, 'backend', '?')} plan cannot be submitted to Docker",
+                               hint="render the plan for the docker backend (-b docker)")
+        containers = [r for r in plan.resources if r.get("kind") == "container"]
+        if not containers:
+            raise BackendError("the plan has no containers", hint="render the plan for the docker backend")
+        ref = b.AttemptRef("docker", plan.run, plan.attempt, extra={"network": plan.extra.get("network")})
+        errors, _ = _docker_errors()
+        client = self.client
+        undo: list[Callable[[], None]] = []
+        since = time.time() - 1.0
+        with _engine(f"submitting {plan.attempt_name}"):
+            try:
+                for image in sorted({c["create"]["image"] for c in containers}):
+                    self._ensure_image(image)
+                for res in plan.resources:
+                    if res["kind"] == "network":
+                        self._ensure_network(res, plan, undo)
+                    elif res["kind"] == "volume":
+                        self._ensure_volume(res, undo)
+                networks = {c["create"].get("network") for c in containers} - {None}
+                declared = {r["name"] for r in plan.resources if r["kind"] == "network"}
+                for net in sorted(networks - declared):
+                    self._require_network(net)
+                created = [self._ensure_container(c, plan, undo) for c in containers]
+                for cid in created:
+                    self._start(cid)
+            except errors.APIError as exc:
+                self._rollback(undo)
+                raise BackendError(f"Docker refused to submit {plan.attempt_name}: {_explain(exc)}",
+                                   hint="nothing of this attempt was left behind; fix the cause and submit again") from None
+            except BaseException:
+                self._rollback(undo)
+                raise
+        self._watch(ref, {c["node"]: c["create"]["name"] for c in containers}, since)
+        return ref
+
+    def _ensure_image(self, image: str) -> None:
+        errors, _ = _docker_errors()
+        try:
+            self.client.images.get(image)
+            return
+        except errors.ImageNotFound:
+            pass
+        if self._pull:
+            try:
+                self.client.images.pull(image)
+                return
+            except errors.APIError as exc:
+                raise BackendError(f"image {image!r} is not on this Docker host and pulling it failed: "
+                                   f"{_explain(exc)}", hint="check the tag and `docker login`, or build it with "
+                                   "`wmctl build-image SPEC`") from None
+        raise BackendError(f"image {image!r} is not on this Docker host",
+                           hint=f"build it with `wmctl build-image SPEC` or pull it (`docker pull {image}`), "
+                                "then submit again")
+
+    def _ensure_network(self, res: dict[str, Any], plan: Any, undo: list[Callable[[], None]]) -> None:
+        errors, _ = _docker_errors()
+        want = res.get("labels") or L.run_labels(plan.run, plan.attempt)
+        try:
+            net = self.client.networks.get(res["name"])
+        except errors.NotFound:
+            net = self.client.networks.create(res["name"], driver=res.get("driver") or "bridge",
+                                              labels=want, check_duplicate=True)
+            undo.append(lambda n=net: self._quiet_remove(n))
+            return
+        have = net.attrs.get("Labels") or {}
+        if any(have.get(k) != v for k, v in want.items()):
+            raise BackendError(f"a Docker network named {res['name']!r} exists but does not belong to "
+                               f"{plan.attempt_name}", hint=f"remove it (`docker network rm {res['name']}`) "
+                               "or set docker.network in the spec to use it on purpose")
+
+    def _require_network(self, name: str) -> None:
+        errors, _ = _docker_errors()
+        try:
+            self.client.networks.get(name)
+        except errors.NotFound:
+            raise BackendError(f"Docker network {name!r} (docker.network) does not exist",
+                               hint=f"create it (`docker network create {name}`) or remove docker.network "
+                                    "from the spec to get a private network per attempt") from None
+
+    def _ensure_volume(self, res: dict[str, Any], undo: list[Callable[[], None]]) -> None:
+        errors, _ = _docker_errors()
+        try:
+            self.client.volumes.get(res["name"])  # reused as is: it may hold checkpoints
+        except errors.NotFound:
+            vol = self.client.volumes.create(name=res["name"], driver=res.get("driver") or "local",
+                                             driver_opts=res.get("driver_opts") or {},
+                                             labels={L.MANAGED_BY: L.MANAGED_BY_VALUE})
+            undo.append(lambda v=vol: self._quiet_remove(v))
+
+    def _ensure_container(self, res: dict[str, Any], plan: Any, undo: list[Callable[[], None]]) -> str:
+        """Create one node's container, or adopt it if this attempt already made it. Returns its id."""
+        errors, _ = _docker_errors()
+        api = self.client.api
+        config, host, network = container_kwargs(res["create"])
+        networking = None
+        if network:
+            host["network_mode"] = network
+            networking = api.create_networking_config(
+                {network: api.create_endpoint_config(aliases=list(res.get("aliases") or []))})
+        try:
+            out = api.create_container(**config, host_config=api.create_host_config(**host),
+                                       networking_config=networking)
+        except errors.ImageNotFound:
+            raise BackendError(f"image {config['image']!r} is not on this Docker host",
+                               hint="build it with `wmctl build-image SPEC` or pull it, then submit again") from None
+        except errors.APIError as exc:
+            if exc.status_code != 409:
+                raise
+            return self._adopt(config["name"], plan, res["node"])
+        cid = out["Id"]
+        undo.append(lambda: self._quiet_remove_container(cid))
+        return cid
+
+    def _adopt(self, name: str, plan: Any, node: int) -> str:
+        container = self.client.containers.get(name)
+        have = container.labels or {}
+        if have.get(L.RUN) != plan.run or have.get(L.ATTEMPT) != str(plan.attempt) or have.get(L.NODE) != str(node):
+            raise BackendError(f"a container named {name!r} exists but is not node {node} of {plan.attempt_name} "
+                               f"(its labels: run={have.get(L.RUN)!r} attempt={have.get(L.ATTEMPT)!r})",
+                               hint=f"remove it (`docker rm -f {name}`) or rename the run")
+        return container.id
+
+    def _start(self, cid: str) -> None:
+        state = self.client.api.inspect_container(cid)["State"]
+        if state.get("Status") == "created":  # an adopted container that already ran is left as it is
+            self.client.api.start(cid)
+
+    def _rollback(self, undo: list[Callable[[], None]]) -> None:
+        for action in reversed(undo):
+            action()
+        undo.clear()
+
+    def _quiet_remove(self, obj: Any) -> None:
+        errors, _ = _docker_errors()
+        try:
+            obj.remove()
+        except errors.NotFound:
+            pass
+
+    def _quiet_remove_container(self, cid: str) -> None:
+        errors, _ = _docker_errors()
+        try:
+            # force: SIGKILL then remove; v: the container's anonymous (empty_dir) volumes go too,
+            # named volumes never do.
+            self.client.api.remove_container(cid, force=True, v=True)
+        except errors.NotFound:
+            pass
+        except errors.APIError as exc:
+            if exc.status_code != 409:  # 409: removal already in progress
+                raise
+
+    # ------------------------------------------------------------ observation
+
+    def _watch(self, ref: b.AttemptRef, names: dict[int, str], since: float) -> _Attempt:
+        key = (ref.run, ref.attempt)
+        with self._lock:
+            st = self._attempts.get(key)
+            if st is not None:
+                return st
+            st = _Attempt(ref, names)
+            self._attempts[key] = st
+        t = threading.Thread(target=self._follow_events, args=(st, since), daemon=True,
+                             name=f"wmctl-docker-events-{ref.attempt_name}")
+        st.threads.append(t)
+        t.start()
+        if self._log_follow and 0 in names:
+            t = threading.Thread(target=self._follow_progress, args=(st, names[0]), daemon=True,
+                                 name=f"wmctl-docker-log-{ref.attempt_name}")
+            st.threads.append(t)
+            t.start()
+        return st
+
+    def _state_for(self, ref: b.AttemptRef) -> _Attempt:
+        st = self._attempts.get((ref.run, ref.attempt))
+        if st is not None:
+            return st
+        # A watcher started again: rebuild from container labels and replay the engine's events.
+        found = self._containers(ref.run, ref.attempt)
+        if not found:
+            raise RunNotFound(f"no containers of {ref.attempt_name} on this Docker host",
+                              hint="`wmctl list` shows the runs this host knows")
+        names = {int(c.labels[L.NODE]): c.name for c in found if c.labels.get(L.NODE, "").isdigit()}
+        created = [parse_docker_time(c.attrs.get("Created")) for c in found]
+        since = min((t for t in created if t is not None), default=time.time()) - 1.0
+        return self._watch(ref, names, since)
+
+    def _follow_events(self, st: _Attempt, since: float) -> None:
+        errors, rexc = _docker_errors()
+        filters = {**attempt_filters(st.ref.run, st.ref.attempt), "type": ["container"]}
+        last = since
+        while not st.stop.is_set():
+            try:
+                stream = self.client.events(decode=True, filters=filters, since=int(last))
+            except (errors.DockerException, rexc.RequestException):
+                st.stop.wait(1.0)  # engine restarting: resubscribe from the last event seen
+                continue
+            st.streams.append(stream)
+            if st.stop.is_set():
+                stream.close()
+                return
+            for ev in stream:
+                last = max(last, ev.get("time", last))
+                st.inbox.put(("docker", ev))
+            st.streams.remove(stream)
+            st.stop.wait(1.0)
+
+    def _follow_progress(self, st: _Attempt, name: str) -> None:
+        for ns, line in self._log_lines(name, follow=True, stop=st.stop, streams=st.streams):
+            payload = parse_progress(line)
+            if payload is not None:
+                t = payload.get("time") if isinstance(payload.get("time"), (int, float)) else ns / 1e9
+                st.inbox.put(("progress", b.Event(b.PROGRESS, float(t), 0, name, progress=payload)))
+
+    def _log_lines(self, name: str, *, follow: bool, stop: threading.Event | None = None,
+                   streams: list[Any] | None = None) -> Iterator[tuple[int, str]]:
+        """(timestamp ns, line) of a container's output. Following survives read timeouts on a
+        silent container by reconnecting from the last timestamp (lines at or before it skipped)."""
+        errors, rexc = _docker_errors()
+        stop = stop or threading.Event()
+        last_ns = 0
+        while not stop.is_set():
+            try:
+                stream = self.client.api.logs(name, stream=True, follow=follow, timestamps=True,
+                                              since=max(1, last_ns // 10**9) if last_ns else None)
+            except errors.NotFound:
+                return
+            except rexc.RequestException:
+                if not follow:
+                    raise
+                stop.wait(1.0)
+                continue
+            if streams is not None:
+                streams.append(stream)
+            buf = b""
+            for chunk in stream:
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for raw in lines:
+                    ns, line = _split_timestamp(raw.decode("utf-8", "replace"))
+                    if ns is not None and ns <= last_ns:
+                        continue
+                    last_ns = ns or last_ns
+                    yield (ns or 0), line
+            if buf:
+                ns, line = _split_timestamp(buf.decode("utf-8", "replace"))
+                if ns is None or ns > last_ns:
+                    last_ns = ns or last_ns
+                    yield (ns or 0), line
+            if streams is not None and stream in streams:
+                streams.remove(stream)
+            if not follow or not self._alive(name):
+                return
+
+    def _exists(self, name: str) -> bool:
+        errors, _ = _docker_errors()
+        try:
+            self.client.api.inspect_container(name)
+            return True
+        except errors.NotFound:
+            return False
+
+    def _alive(self, name: str) -> bool:
+        errors, _ = _docker_errors()
+        try:
+            return self.client.api.inspect_container(name)["State"].get("Status") in ("running", "paused",
+                                                                                    "restarting", "created")
+        except errors.NotFound:
+            return False
+
+    def poll(self, ref: b.AttemptRef) -> b.Observation:
+        errors, _ = _docker_errors()
+        with _engine(f"polling {ref.attempt_name}"):
+            st = self._state_for(ref)
+            with st.lock:
+                events = self._drain(st)
+                # Cancelling an attempt that had already ended is clean-up, not a cancellation.
+                ended = bool(st.status) and all(s.phase in _TERMINAL for s in st.status.values())
+                for node, name in sorted(st.names.items()):
+                    try:
+                        info = self.client.api.inspect_container(name)
+                    except errors.NotFound:
+                        info = None
+                    state = info["State"] if info else None
+                    prev = st.status.get(node)
+                    cur = node_status(node, name, state, signal=st.signals.get(node), cancelled=st.cancelled,
+                                      previous=prev)
+                    events += transition_events(
+                        prev, cur, name=name, event_time=_event_time(st, node, prev, cur),
+                        started_at=parse_docker_time(state.get("StartedAt")) if state else None,
+                        finished_at=parse_docker_time(state.get("FinishedAt")) if state else None)
+                    st.status[node] = cur
+                if st.cancelled and not st.cancel_reported:
+                    st.cancel_reported = True
+                    if not ended:
+                        events.append(b.Event(b.CANCELLED, message=f"{ref.attempt_name} cancelled by wmctl"))
+                nodes = [st.status[n] for n in sorted(st.names)]
+            if b.Observation([], nodes).finished and not st.stop.is_set():
+                # Nothing more can happen. The log stream ends with node 0's container: give the
+                # follower a moment to deliver the last PROGRESS lines, then stop the threads.
+                for t in st.threads[1:]:
+                    t.join(timeout=2.0)
+                if all(not t.is_alive() for t in st.threads[1:]):
+                    self._stop_threads(st)
+                with st.lock:
+                    events += self._drain(st)
+        events.sort(key=lambda e: e.time)
+        return b.Observation(events, nodes)
+
+    def _drain(self, st: _Attempt) -> list[b.Event]:
+        """Apply queued docker events to the attempt's evidence; return queued PROGRESS events."""
+        out: list[b.Event] = []
+        while True:
+            try:
+                kind, item = st.inbox.get_nowait()
+            except queue.Empty:
+                return out
+            if kind == "progress":
+                out.append(item)
+                continue
+            key = (item.get("timeNano"), item.get("id"), item.get("Action") or item.get("status"))
+            if key in st.seen:
+                continue  # replayed after a resubscription
+            st.seen.add(key)
+            attrs = (item.get("Actor") or {}).get("Attributes") or {}
+            node_s = attrs.get(L.NODE, "")
+            if not node_s.isdigit():
+                continue
+            node = int(node_s)
+            action = (item.get("Action") or item.get("status") or "").split(":")[0]
+            t = item.get("timeNano", 0) / 1e9 or float(item.get("time", time.time()))
+            if action == "kill" and not st.cancelled:
+                sig = attrs.get("signal", "")
+                st.signals[node] = int(sig) if sig.isdigit() else {"SIGKILL": 9, "SIGTERM": 15}.get(sig, 0)
+            st.event_times[(node, action)] = t
+
+    def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False) -> Iterator[str]:
+        with _engine(f"reading the log of node {node} of {ref.attempt_name}"):
+            st = self._state_for(ref)
+            name = st.names.get(node)
+            if name is None:
+                raise RunNotFound(f"{ref.attempt_name} has no node {node}",
+                                  hint=f"nodes are 0..{max(st.names)}")
+            if not self._exists(name):
+                raise RunNotFound(f"the container of node {node} of {ref.attempt_name} ({name}) is gone, "
+                                  "and its log with it", hint="logs last as long as the attempt's containers")
+            for _ns, line in self._log_lines(name, follow=follow):
+                yield line
+
+    # ------------------------------------------------------------ teardown and listing
+
+    def cancel(self, ref: b.AttemptRef, graceful: bool = False, timeout: float | None = None) -> None:
+        """Tear the attempt down at once (SIGKILL + remove); ``graceful``: ``docker stop`` first,
+        with ``timeout`` or the container's own stop timeout. Named volumes are never removed."""
+        errors, _ = _docker_errors()
+        st = self._attempts.get((ref.run, ref.attempt))
+        if st is not None:
+            st.cancelled = True  # before the kill: its events and exits are ours, not a failure
+        with _engine(f"cancelling {ref.attempt_name}"):
+            found = self._containers(ref.run, ref.attempt)
+            if graceful:
+                stoppers = [threading.Thread(target=self._quiet_stop, args=(c, timeout), daemon=True) for c in found]
+                for t in stoppers:
+                    t.start()
+                for t in stoppers:
+                    t.join()
+            for c in found:
+                self._quiet_remove_container(c.id)
+            for net in self.client.networks.list(filters=attempt_filters(ref.run, ref.attempt)):
+                try:
+                    net.remove()
+                except errors.NotFound:
+                    pass
+        if st is not None:
+            self._stop_threads(st)
+
+    def _quiet_stop(self, container: Any, timeout: float | None) -> None:
+        errors, _ = _docker_errors()
+        try:
+            container.stop(**({"timeout": int(timeout)} if timeout is not None else {}))
+        except errors.NotFound:
+            pass
+        except errors.APIError as exc:
+            if exc.status_code not in (304, 409):
+                raise
+
+    def _containers(self, run: str, attempt: int | None) -> list[Any]:
+        return self.client.containers.list(all=True, filters=attempt_filters(run, attempt))
+
+    def attempts(self, run: str) -> list[b.AttemptRef]:
+        with _engine(f"listing the attempts of {run}"):
+            found = {c.labels.get(L.ATTEMPT) for c in self._containers(run, None)}
+        numbers = sorted(int(a) for a in found if a and a.isdigit())
+        return [b.AttemptRef("docker", run, n) for n in numbers]
+
+    def _stop_threads(self, st: _Attempt) -> None:
+        st.stop.set()
+        for stream in list(st.streams):
+            with contextlib.suppress(OSError, AttributeError):
+                stream.close()
+
+    def close(self) -> None:
+        """Stop every background thread (events, log follower). Containers are left as they are."""
+        for st in list(self._attempts.values()):
+            self._stop_threads(st)
+        for st in list(self._attempts.values()):
+            for t in st.threads:
+                t.join(timeout=5)
+        self._attempts.clear()
+
+
+def _event_time(st: _Attempt, node: int, prev: b.NodeStatus | None, cur: b.NodeStatus) -> float | None:
+    """The engine's own time for the transition, when its event has arrived already."""
+    action = {b.PAUSED: "pause", b.LOST: "destroy", b.SUCCEEDED: "die", b.FAILED: "die"}.get(cur.phase)
+    if cur.phase == b.RUNNING and prev is not None and prev.phase == b.PAUSED:
+        action = "unpause"
+    return st.event_times.get((node, action)) if action else None
+
+
+def _split_timestamp(line: str) -> tuple[int | None, str]:
+    stamp, sep, rest = line.partition(" ")
+    if sep and stamp[:1].isdigit() and "T" in stamp:
+        ns = parse_docker_ns(stamp)
+        if ns is not None:
+            return ns, rest.rstrip("\r")
+    return None, line.rstrip("\r")

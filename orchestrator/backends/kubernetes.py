@@ -1,0 +1,554 @@
+"""Kubernetes backend: an attempt is an Indexed Job plus a headless Service.
+
+submit creates the Service, then any PodGroup, then the Job; a 409 means the object is
+already there (a retry after a lost response, or a second watcher) and is adopted after its
+run/attempt labels are checked. poll drains events that background list+watch threads derive
+from Pods, the Job, Nodes and rank 0's log. cancel deletes with cascading (Foreground) and
+force-deletes pods left on lost nodes so the next attempt is not blocked.
+
+``kubernetes`` is imported lazily (inside methods) so the CLI's --help and dry runs stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from ..errors import BackendError, RunNotFound
+from ..runtime.protocol import parse_progress
+from .base import CANCELLED, PROGRESS, AttemptRef, Event, Observation
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+RUN_LABEL = "wmctl.io/run"
+ATTEMPT_LABEL = "wmctl.io/attempt"
+SPEC_HASH = "wmctl.io/spec-hash"
+PARENT_ATTEMPT = "wmctl.io/parent-attempt"
+EXCLUDED_NODES = "wmctl.io/excluded-nodes"
+
+Obj = dict[str, Any]
+
+# create order: the Service (DNS for rendezvous) and PodGroup (gang) exist before the Job's pods
+_ORDER = {"Service": 0, "PodGroup": 1, "ConfigMap": 0, "Job": 2}
+
+
+def attempt_selector(run: str, attempt: int) -> str:
+    return f"{RUN_LABEL}={run},{ATTEMPT_LABEL}={attempt}"
+
+
+def plan_manifests(plan: Any) -> list[Obj]:
+    """Manifests from a Plan (``.resources``), a dict with "resources"/"manifests", or a list."""
+    if isinstance(plan, list):
+        found: Any = plan
+    elif isinstance(plan, dict):
+        found = plan.get("resources", plan.get("manifests"))
+    else:
+        found = getattr(plan, "resources", None) or getattr(plan, "manifests", None)
+    if not isinstance(found, list) or not found or not all(isinstance(m, dict) for m in found):
+        raise BackendError("the plan has no Kubernetes manifests",
+                           hint="render the plan for the kubernetes backend (wmctl render)")
+    if getattr(plan, "backend", "kubernetes") != "kubernetes":
+        raise BackendError(f"a {plan.backend} plan cannot be submitted to Kubernetes",
+                           hint="render the plan for the kubernetes backend")
+    return found
+
+
+@dataclass
+class _AttemptState:
+    ref: AttemptRef
+    completions: int
+    container: str | None
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    pods: dict[str, Obj] = field(default_factory=dict)      # uid -> latest pod
+    gone: dict[int, Obj] = field(default_factory=dict)      # index -> last state of a deleted pod
+    nodes: dict[str, Obj] = field(default_factory=dict)
+    nodes_synced: bool = False
+    job: Obj | None = None
+    emitted: set[tuple[str, str]] = field(default_factory=set)
+    lost: set[str] = field(default_factory=set)
+    events: list[Event] = field(default_factory=list)
+    cancelled: bool = False
+    watchers: list[Any] = field(default_factory=list)
+    log_thread: threading.Thread | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    log_resp: Any = None
+
+
+class KubernetesBackend:
+    name = "kubernetes"
+
+    def __init__(self, api_client: Any = None, *, context: str | None = None,
+                 kubeconfig: str | None = None, in_cluster: bool | None = None,
+                 namespace: str = "default", watch_timeout: int = 30,
+                 force_delete_lost: bool = True):
+        self._api_client = api_client
+        self._context, self._kubeconfig, self._in_cluster = context, kubeconfig, in_cluster
+        self.namespace = namespace
+        self.watch_timeout = watch_timeout
+        self.force_delete_lost = force_delete_lost
+        self._states: dict[tuple[str, int, str], _AttemptState] = {}
+        self._lock = threading.Lock()
+
+    # --- client ------------------------------------------------------------------------
+    @property
+    def api_client(self) -> Any:
+        if self._api_client is None:
+            from ..kube.client import load_api_client
+            self._api_client = load_api_client(self._context, self._kubeconfig, self._in_cluster)
+        return self._api_client
+
+    def _core(self) -> Any:
+        from kubernetes import client
+        return client.CoreV1Api(self.api_client)
+
+    def _batch(self) -> Any:
+        from kubernetes import client
+        return client.BatchV1Api(self.api_client)
+
+    def _custom(self) -> Any:
+        from kubernetes import client
+        return client.CustomObjectsApi(self.api_client)
+
+    # --- submit --------------------------------------------------------------------------
+    def submit(self, plan: Any) -> AttemptRef:
+        manifests = plan_manifests(plan)
+        jobs = [m for m in manifests if m.get("kind") == "Job"]
+        if len(jobs) != 1:
+            raise BackendError(f"a Kubernetes plan needs exactly one Job, found {len(jobs)}")
+        job = jobs[0]
+        labels = (job.get("metadata") or {}).get("labels") or {}
+        run, attempt_raw = labels.get(RUN_LABEL), labels.get(ATTEMPT_LABEL)
+        if not run or attempt_raw is None or not str(attempt_raw).isdigit():
+            raise BackendError(f"the Job manifest lacks the {RUN_LABEL} / {ATTEMPT_LABEL} labels",
+                               hint="render manifests with wmctl's renderer")
+        attempt = int(attempt_raw)
+        namespace = (getattr(plan, "namespace", None) if not isinstance(plan, (list, dict)) else None) \
+            or (job.get("metadata") or {}).get("namespace") or self.namespace
+        for m in sorted(manifests, key=lambda m: _ORDER.get(m.get("kind", ""), 1)):
+            self._create_or_adopt(m, namespace, run, attempt)
+        spec = job.get("spec") or {}
+        containers = (((spec.get("template") or {}).get("spec") or {}).get("containers") or [{}])
+        ref = AttemptRef(self.name, run, attempt, namespace,
+                         extra={"completions": int(spec.get("completions") or 1),
+                                "container": containers[0].get("name")})
+        self._state(ref)          # start watching at once so nothing is missed
+        return ref
+
+    def _create_or_adopt(self, m: Obj, namespace: str, run: str, attempt: int) -> Obj:
+        from kubernetes.client.exceptions import ApiException
+
+        from ..kube.client import call
+
+        kind = m.get("kind")
+        name = (m.get("metadata") or {}).get("name")
+        create, read = self._crud(kind, m)
+        what = f"create {kind} {namespace}/{name}"
+        try:
+            return call(create, namespace, m, what=what)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise BackendError(f"Kubernetes refused to {what}: {exc.status} {_reason(exc)}",
+                                   hint="check the manifest (wmctl render) and your RBAC") from None
+        existing = call(read, name, namespace, what=f"read {kind} {namespace}/{name}")
+        meta = existing.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if labels.get(RUN_LABEL) != run or labels.get(ATTEMPT_LABEL) != str(attempt) \
+                or meta.get("deletionTimestamp"):
+            raise BackendError(
+                f"{kind} {namespace}/{name} already exists and is not attempt {attempt} of run "
+                f"{run!r}" + (" (it is being deleted)" if meta.get("deletionTimestamp") else ""),
+                hint=f"pick another run name, or delete it: kubectl -n {namespace} delete "
+                f"{kind.lower()} {name}")
+        return existing
+
+    def _crud(self, kind: str | None, m: Obj):
+        """(create(namespace, body) -> dict, read(name, namespace) -> dict) for a kind."""
+        def raw(fn, *args):
+            resp = fn(*args, _preload_content=False)
+            try:
+                return json.loads(resp.data)
+            finally:
+                resp.release_conn()
+        # the caller's call() retries; raw() only skips the client's model deserialisation
+        if kind == "Service":
+            core = self._core()
+            return (lambda ns, b: raw(core.create_namespaced_service, ns, b),
+                    lambda n, ns: raw(core.read_namespaced_service, n, ns))
+        if kind == "ConfigMap":
+            core = self._core()
+            return (lambda ns, b: raw(core.create_namespaced_config_map, ns, b),
+                    lambda n, ns: raw(core.read_namespaced_config_map, n, ns))
+        if kind == "Job":
+            batch = self._batch()
+            return (lambda ns, b: raw(batch.create_namespaced_job, ns, b),
+                    lambda n, ns: raw(batch.read_namespaced_job, n, ns))
+        if kind == "PodGroup":
+            group, version = m["apiVersion"].split("/")
+            custom = self._custom()
+            return (lambda ns, b: custom.create_namespaced_custom_object(group, version, ns, "podgroups", b),
+                    lambda n, ns: custom.get_namespaced_custom_object(group, version, ns, "podgroups", n))
+        raise BackendError(f"the Kubernetes backend cannot create a {kind}",
+                           hint="only Service, ConfigMap, PodGroup and Job manifests are supported")
+
+    # --- observation -----------------------------------------------------------------------
+    def _state(self, ref: AttemptRef) -> _AttemptState:
+        key = (ref.run, ref.attempt, ref.namespace or self.namespace)
+        with self._lock:
+            st = self._states.get(key)
+            if st is None:
+                st = _AttemptState(ref, int(ref.extra.get("completions") or 0),
+                                   ref.extra.get("container"))
+                self._states[key] = st
+                self._start_watchers(st)
+            return st
+
+    def _start_watchers(self, st: _AttemptState) -> None:
+        from ..kube.watch import ResourceWatcher
+
+        ns = st.ref.namespace or self.namespace
+        core, batch = self._core(), self._batch()
+        sel = attempt_selector(st.ref.run, st.ref.attempt)
+        st.watchers = [
+            ResourceWatcher(core.list_node, {}, lambda items: self._nodes_sync(st, items),
+                            lambda t, o: self._node_event(st, t, o), name="nodes",
+                            watch_timeout=self.watch_timeout),
+            ResourceWatcher(batch.list_namespaced_job,
+                            {"namespace": ns, "field_selector": f"metadata.name={st.ref.attempt_name}"},
+                            lambda items: self._job_sync(st, items),
+                            lambda t, o: self._job_event(st, t, o), name="job",
+                            watch_timeout=self.watch_timeout),
+            ResourceWatcher(core.list_namespaced_pod, {"namespace": ns, "label_selector": sel},
+                            lambda items: self._pods_sync(st, items),
+                            lambda t, o: self._pod_event(st, t, o), name="pods",
+                            watch_timeout=self.watch_timeout),
+        ]
+        for w in st.watchers:
+            w.start()
+        st.log_thread = threading.Thread(target=self._follow_rank0, args=(st,),
+                                         name="wmctl-rank0-log", daemon=True)
+        st.log_thread.start()
+
+    def _emit(self, st: _AttemptState, facts: list[tuple[tuple[str, str], Event]]) -> None:
+        for key, ev in facts:
+            if key in st.emitted:
+                continue
+            st.emitted.add(key)
+            if key[0] == "lost":
+                st.lost.add(key[1])
+            st.events.append(ev)
+
+    def _evaluate(self, st: _AttemptState, pod: Obj) -> None:
+        from ..kube.classify_pod import pod_events
+
+        if st.cancelled:
+            return
+        node = st.nodes.get((pod.get("spec") or {}).get("nodeName") or "")
+        self._emit(st, pod_events(pod, node, nodes_known=st.nodes_synced, now=time.time()))
+
+    def _deleted(self, st: _AttemptState, pod: Obj) -> None:
+        from ..kube.classify_pod import job_finished, pod_deleted_event, pod_index
+
+        idx = pod_index(pod)
+        if idx is not None:
+            st.gone[idx] = pod
+        fact = pod_deleted_event(pod, cancelled=st.cancelled,
+                                 job_finished=job_finished(st.job) is not None, now=time.time())
+        if fact:
+            self._emit(st, [fact])
+
+    def _pods_sync(self, st: _AttemptState, items: list[Obj]) -> None:
+        with st.lock:
+            fresh = {p["metadata"]["uid"]: p for p in items}
+            for uid, old in list(st.pods.items()):
+                if uid not in fresh:          # deleted while we were not watching
+                    del st.pods[uid]
+                    self._deleted(st, old)
+            st.pods.update(fresh)
+            for p in items:
+                self._evaluate(st, p)
+
+    def _pod_event(self, st: _AttemptState, etype: str, pod: Obj) -> None:
+        with st.lock:
+            uid = pod["metadata"]["uid"]
+            if etype == "DELETED":
+                st.pods.pop(uid, None)
+                self._evaluate(st, pod)        # its last state may carry the exit
+                self._deleted(st, pod)
+            else:
+                st.pods[uid] = pod
+                self._evaluate(st, pod)
+
+    def _nodes_sync(self, st: _AttemptState, items: list[Obj]) -> None:
+        with st.lock:
+            st.nodes = {n["metadata"]["name"]: n for n in items}
+            st.nodes_synced = True
+            for p in list(st.pods.values()):
+                self._evaluate(st, p)
+
+    def _node_event(self, st: _AttemptState, etype: str, node: Obj) -> None:
+        with st.lock:
+            name = node["metadata"]["name"]
+            if etype == "DELETED":
+                st.nodes.pop(name, None)
+            else:
+                st.nodes[name] = node
+            for p in list(st.pods.values()):
+                if (p.get("spec") or {}).get("nodeName") == name:
+                    self._evaluate(st, p)
+
+    def _job_sync(self, st: _AttemptState, items: list[Obj]) -> None:
+        with st.lock:
+            st.job = items[0] if items else st.job
+            if st.job and not st.completions:
+                st.completions = int((st.job.get("spec") or {}).get("completions") or 1)
+
+    def _job_event(self, st: _AttemptState, etype: str, job: Obj) -> None:
+        with st.lock:
+            if etype != "DELETED":
+                st.job = job
+            if not st.completions:
+                st.completions = int((job.get("spec") or {}).get("completions") or 1)
+
+    def _follow_rank0(self, st: _AttemptState) -> None:
+        """Follow index 0's log for WMCTL-PROGRESS lines; resume after drops without repeats."""
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.watch.watch import iter_resp_lines
+
+        from ..kube.classify_pod import pod_index
+        from ..kube.client import api_status, connection_errors
+
+        core = self._core()
+        ns = st.ref.namespace or self.namespace
+        uid_done: set[str] = set()
+        consumed: dict[str, int] = {}
+        while not st.stop.is_set():
+            with st.lock:
+                cands = [p for p in st.pods.values() if pod_index(p) == 0
+                         and p["metadata"]["uid"] not in uid_done
+                         and _container_started(p)]
+                pod = max(cands, key=lambda p: p["metadata"].get("creationTimestamp") or "",
+                          default=None)
+            if pod is None:
+                st.stop.wait(0.05)
+                continue
+            uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
+            kwargs: dict[str, Any] = {"follow": True, "_preload_content": False}
+            if st.container:
+                kwargs["container"] = st.container
+            try:
+                resp = core.read_namespaced_pod_log(name, ns, **kwargs)
+                st.log_resp = resp
+                try:
+                    n = 0
+                    for line in iter_resp_lines(resp):
+                        n += 1
+                        if n <= consumed.get(uid, 0):
+                            continue            # already seen before a reconnect
+                        consumed[uid] = n
+                        prog = parse_progress(line)
+                        if prog is not None:
+                            with st.lock:
+                                if not st.cancelled:
+                                    st.events.append(Event(PROGRESS, node=0,
+                                                           host=pod["spec"].get("nodeName"),
+                                                           progress=prog))
+                        if st.stop.is_set():
+                            break
+                finally:
+                    st.log_resp = None
+                    resp.release_conn()
+                # a clean end: the container terminated or the pod went away
+                with st.lock:
+                    cur = st.pods.get(uid)
+                if cur is None or _container_terminated(cur):
+                    uid_done.add(uid)
+                else:
+                    st.stop.wait(0.05)
+            except ApiException as exc:
+                if api_status(exc) == 404:
+                    uid_done.add(uid)
+                st.stop.wait(0.05 if api_status(exc) in (400, 404) else 0.5)
+            except connection_errors():
+                st.stop.wait(0.05)   # dropped stream: reconnect, skipping consumed lines
+            except ValueError:
+                st.stop.wait(0.05)
+
+    def poll(self, ref: AttemptRef) -> Observation:
+        from ..kube.classify_pod import node_statuses
+
+        st = self._state(ref)
+        with st.lock:
+            events, st.events = st.events, []
+            nodes = node_statuses(list(st.pods.values()), st.completions, st.lost, st.gone)
+        return Observation(events, nodes)
+
+    def wait_synced(self, ref: AttemptRef, timeout: float = 10.0) -> bool:
+        """Block until every watcher of ``ref`` has listed once (tests, benchmarks)."""
+        st = self._state(ref)
+        deadline = time.monotonic() + timeout
+        return all(w.synced.wait(max(0.0, deadline - time.monotonic())) for w in st.watchers)
+
+    def watch_stats(self, ref: AttemptRef) -> dict[str, dict[str, int]]:
+        st = self._state(ref)
+        return {w.name: {"relists": w.relists, "reconnects": w.reconnects} for w in st.watchers}
+
+    # --- logs / attempts ---------------------------------------------------------------------
+    def _pod_for(self, ref: AttemptRef, node: int) -> Obj:
+        from ..kube.classify_pod import pod_index
+        from ..kube.client import call_json
+
+        ns = ref.namespace or self.namespace
+        items = call_json(self._core().list_namespaced_pod, namespace=ns,
+                          label_selector=attempt_selector(ref.run, ref.attempt),
+                          what=f"list pods of {ref.attempt_name}")["items"]
+        pods = [p for p in items if pod_index(p) == node]
+        if not pods:
+            raise RunNotFound(f"no pod for node {node} of {ref.attempt_name} in namespace {ns}",
+                              hint="check the node index (0-based) and the attempt (wmctl status)")
+        return max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
+
+    def logs(self, ref: AttemptRef, node: int = 0, follow: bool = False) -> Iterator[str]:
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.watch.watch import iter_resp_lines
+
+        pod = self._pod_for(ref, node)
+        kwargs: dict[str, Any] = {"follow": follow, "_preload_content": False}
+        container = ref.extra.get("container") or pod["spec"]["containers"][0]["name"]
+        kwargs["container"] = container
+        try:
+            resp = self._core().read_namespaced_pod_log(pod["metadata"]["name"],
+                                                        pod["metadata"]["namespace"], **kwargs)
+        except ApiException as exc:
+            raise BackendError(f"cannot read logs of node {node} ({pod['metadata']['name']}): "
+                               f"{_reason(exc)}") from None
+        try:
+            yield from iter_resp_lines(resp)
+        finally:
+            resp.release_conn()
+
+    def attempts(self, run: str) -> list[AttemptRef]:
+        from ..kube.client import call_json
+
+        ns = self.namespace
+        jobs = call_json(self._batch().list_namespaced_job, namespace=ns,
+                         label_selector=f"{MANAGED_BY}=wmctl,{RUN_LABEL}={run}",
+                         what=f"list jobs of run {run}")["items"]
+        refs = []
+        for j in jobs:
+            raw = ((j.get("metadata") or {}).get("labels") or {}).get(ATTEMPT_LABEL, "")
+            if raw.isdigit():
+                spec = j.get("spec") or {}
+                containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or [{}]
+                refs.append(AttemptRef(self.name, run, int(raw), ns,
+                                       extra={"completions": int(spec.get("completions") or 1),
+                                              "container": containers[0].get("name")}))
+        return sorted(refs, key=lambda r: r.attempt)
+
+    # --- cancel --------------------------------------------------------------------------------
+    def cancel(self, ref: AttemptRef) -> None:
+        """Delete the Job (Foreground: its pods go first), the Service and any PodGroup, and
+        force-delete pods on lost nodes (their kubelet can never confirm a graceful delete)."""
+        from kubernetes.client.exceptions import ApiException
+
+        from ..kube.classify_pod import node_healthy
+        from ..kube.client import call_json
+
+        ns = ref.namespace or self.namespace
+        name = ref.attempt_name
+        key = (ref.run, ref.attempt, ns)
+        with self._lock:
+            st = self._states.get(key)
+        if st is not None:
+            with st.lock:
+                if not st.cancelled:
+                    st.cancelled = True
+                    st.events.append(Event(CANCELLED, message=f"{name} cancelled"))
+        core, batch = self._core(), self._batch()
+
+        def gone_ok(fn, *args, what: str, **kw) -> None:
+            try:
+                call_json(fn, *args, what=what, **kw)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise BackendError(f"cannot {what}: {exc.status} {_reason(exc)}") from None
+
+        gone_ok(batch.delete_namespaced_job, name, ns, propagation_policy="Foreground",
+                what=f"delete Job {ns}/{name}")
+        gone_ok(core.delete_namespaced_service, name, ns, what=f"delete Service {ns}/{name}")
+        try:
+            call_json(self._custom().delete_namespaced_custom_object, "scheduling.volcano.sh",
+                 "v1beta1", ns, "podgroups", name, what=f"delete PodGroup {ns}/{name}")
+        except ApiException as exc:
+            if exc.status not in (404, 405):
+                raise BackendError(f"cannot delete PodGroup {ns}/{name}: {_reason(exc)}") from None
+        # pods: graceful on healthy nodes; grace 0 where no kubelet will ever confirm
+        pods = call_json(core.list_namespaced_pod, namespace=ns,
+                         label_selector=attempt_selector(ref.run, ref.attempt),
+                         what=f"list pods of {name}")["items"]
+        nodes = {n["metadata"]["name"]: n
+                 for n in call_json(core.list_node, what="list nodes")["items"]}
+        for p in pods:
+            host = p["spec"].get("nodeName")
+            lost = bool(host) and not node_healthy(nodes.get(host))
+            if lost and self.force_delete_lost:
+                gone_ok(core.delete_namespaced_pod, p["metadata"]["name"], ns,
+                        grace_period_seconds=0, what=f"force-delete pod {p['metadata']['name']}")
+            elif not p["metadata"].get("deletionTimestamp"):
+                gone_ok(core.delete_namespaced_pod, p["metadata"]["name"], ns,
+                        what=f"delete pod {p['metadata']['name']}")
+        if st is not None:
+            self._stop_state(st, join=False)
+
+    def _stop_state(self, st: _AttemptState, join: bool) -> None:
+        st.stop.set()
+        for w in st.watchers:
+            w.stop(join=join)
+        _shutdown_resp(st.log_resp)
+
+    def close(self) -> None:
+        """Stop every background watcher (the backend object is done)."""
+        with self._lock:
+            states = list(self._states.values())
+        for st in states:
+            self._stop_state(st, join=True)
+        for st in states:
+            if st.log_thread is not None:
+                st.log_thread.join(timeout=5)
+
+
+def _shutdown_resp(resp: Any) -> None:
+    """Unblock a thread reading a streaming response (as kubernetes.watch.Watch.stop does)."""
+    import socket
+
+    if resp is None:
+        return
+    sock = getattr(getattr(resp, "connection", None), "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _container_started(pod: Obj) -> bool:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        if "running" in state or "terminated" in state:
+            return True
+    return False
+
+
+def _container_terminated(pod: Obj) -> bool:
+    css = (pod.get("status") or {}).get("containerStatuses") or []
+    return bool(css) and all("terminated" in (cs.get("state") or {}) for cs in css)
+
+
+def _reason(exc: Any) -> str:
+    """The message of a Status body, else the HTTP reason."""
+    try:
+        body = json.loads(getattr(exc, "body", "") or "{}")
+        return body.get("message") or str(getattr(exc, "reason", ""))
+    except ValueError:
+        return str(getattr(exc, "reason", ""))

@@ -1,0 +1,88 @@
+"""The keeper of one local "node": runs its torchrun agent and records how it ended.
+
+Started in its own session by the local backend, so a watcher that dies leaves the run
+alive and a restarted watcher can still read how each node ended (from the exit file: a
+process that is not our child has no exit status to wait for). It is a child subreaper,
+so torchrun's workers (started in sessions of their own) stay in this node's tree.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the tag scan in cancel still finds workers
+        pass
+
+
+def _parse_cpus(text: str) -> set[int]:
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def write_json_atomic(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="wmctl-local-agent")
+    parser.add_argument("--log", required=True)
+    parser.add_argument("--exit-file", required=True)
+    parser.add_argument("--pid-file", required=True)
+    parser.add_argument("--cpus", default=None)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    _become_subreaper()
+    if args.cpus:
+        os.sched_setaffinity(0, _parse_cpus(args.cpus))   # inherited by torchrun and its workers
+    with open(args.log, "ab", buffering=0) as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        write_json_atomic(args.pid_file, {"keeper": os.getpid(), "agent": proc.pid, "started": time.time()})
+
+        def forward(signum, _frame):
+            # torchrun forwards SIGTERM to its workers (graceful checkpoint) and kills after 30 s.
+            try:
+                proc.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, forward)
+        code = proc.wait()
+    # Reap whatever orphans the subreaper inherited so none linger as zombies.
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass
+    exit_code = 128 - code if code < 0 else code   # -9 -> 137, as a container runtime reports it
+    write_json_atomic(args.exit_file, {"exit_code": exit_code, "signal": -code if code < 0 else None,
+                                       "time": time.time()})
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""`wmctl watch RUN [--auto-resume]`: supervise a run; resubmit from the latest checkpoint."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("watch", help="Supervise a run. With --auto-resume, a failed node's attempt is torn down at "
+                             "once and resubmitted from the latest complete checkpoint, away from that node.")
+@click.argument("run")
+@click.option("--auto-resume/--no-auto-resume", "auto_resume", default=None,
+              help="Resubmit on retryable failures (default: as chosen at submit).")
+def command(run, auto_resume):
+    from ..submit import watch_run
+
+    raise SystemExit(watch_run(run, auto_resume=auto_resume))

@@ -1,0 +1,209 @@
+"""Pure functions: Kubernetes Pod / Node / Job objects (JSON dicts) -> backend Events.
+
+Each event comes with a *fact key*: the backend emits an event only the first time its fact is
+seen, so a re-list after a dropped watch or a 410 Gone re-derives the same facts without
+duplicating events, and derives any fact it missed without losing one. One pod loss is one fact
+(key ``("lost", uid)``) however it is seen: Node Ready False/Unknown, a DisruptionTarget set by
+the taint manager, or the pod vanishing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..backends.base import (
+    EVICTED, FAILED, IMAGE_PULL_FAILED, LOST, NODE_EXITED, NODE_LOST, NODE_STARTED,
+    OOM_KILLED, PENDING, RUNNING, SUCCEEDED, UNKNOWN, Event, NodeStatus)
+
+Obj = dict[str, Any]
+FactKey = tuple[str, str]
+
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+
+# waiting reasons that mean the image will not come
+IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+                      "RegistryUnavailable"}
+# DisruptionTarget reason -> event kind
+DISRUPTION_KIND = {
+    "DeletionByTaintManager": NODE_LOST,     # the node went unreachable / not-ready
+    "DeletionByPodGC": NODE_LOST,            # the node object is gone or out of service
+    "EvictionByEvictionAPI": EVICTED,        # drain, descheduler, Kueue preemption
+    "PreemptionByScheduler": EVICTED,        # a higher-priority pod took the place
+    "TerminationByKubelet": EVICTED,         # node-pressure eviction, graceful node shutdown
+}
+# container terminated reason -> event kind (anything else: NODE_EXITED)
+TERMINATED_KIND = {"OOMKilled": OOM_KILLED}
+
+
+def pod_index(pod: Obj) -> int | None:
+    meta = pod.get("metadata") or {}
+    raw = (meta.get("annotations") or {}).get(INDEX_KEY) or (meta.get("labels") or {}).get(INDEX_KEY)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def pod_uid(pod: Obj) -> str:
+    return (pod.get("metadata") or {}).get("uid") or (pod.get("metadata") or {}).get("name", "")
+
+
+def node_ready(node: Obj | None) -> tuple[str, str | None]:
+    """(status of the Ready condition: True/False/Unknown, its reason)."""
+    if node is None:
+        return "Unknown", None
+    for c in (node.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("status") or "Unknown", c.get("reason")
+    return "Unknown", None
+
+
+def node_healthy(node: Obj | None) -> bool:
+    return node_ready(node)[0] == "True"
+
+
+def _condition(pod: Obj, ctype: str) -> Obj | None:
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == ctype and c.get("status") == "True":
+            return c
+    return None
+
+
+def _terminated(pod: Obj) -> list[Obj]:
+    out = []
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            out.append({"container": cs.get("name"), **term})
+    return out
+
+
+def _waiting_reasons(pod: Obj) -> list[tuple[str, str]]:
+    out = []
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        wait = (cs.get("state") or {}).get("waiting")
+        if wait and wait.get("reason"):
+            out.append((wait["reason"], wait.get("message") or ""))
+    return out
+
+
+def exit_info(pod: Obj) -> tuple[int | None, str | None]:
+    """The pod's exit code and reason once every container terminated (first failure wins)."""
+    terms = _terminated(pod)
+    containers = (pod.get("spec") or {}).get("containers") or []
+    if not terms or (containers and len(terms) < len(containers)
+                     and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")):
+        return None, None
+    bad = [t for t in terms if t.get("exitCode") or t.get("reason") == "OOMKilled"]
+    t = bad[0] if bad else terms[0]
+    return int(t.get("exitCode") or 0), t.get("reason")
+
+
+def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True,
+               now: float | None = None) -> list[tuple[FactKey, Event]]:
+    """Every fact the pod's current state (and its node's) implies, as (key, event)."""
+    uid, idx = pod_uid(pod), pod_index(pod)
+    host = (pod.get("spec") or {}).get("nodeName")
+    status = pod.get("status") or {}
+    phase = status.get("phase")
+    kw: dict[str, Any] = {"node": idx, "host": host}
+    if now is not None:
+        kw["time"] = now
+    out: list[tuple[FactKey, Event]] = []
+
+    if phase in ("Running", "Succeeded", "Failed") or any(
+            "running" in ((cs.get("state") or {})) for cs in status.get("containerStatuses") or []):
+        out.append((("started", uid), Event(NODE_STARTED, **kw)))
+    for reason, msg in _waiting_reasons(pod):
+        if reason in IMAGE_PULL_REASONS:
+            out.append((("image", uid), Event(IMAGE_PULL_FAILED, reason=reason, message=msg, **kw)))
+            break
+    code, reason = exit_info(pod)
+    if code is not None:
+        kind = TERMINATED_KIND.get(reason or "", NODE_EXITED)
+        out.append((("exited", uid), Event(kind, exit_code=code, reason=reason,
+                                           message=f"container exited with code {code}"
+                                           + (f" ({reason})" if reason else ""), **kw)))
+    elif phase == "Failed" and status.get("reason") == "Evicted":
+        out.append((("exited", uid), Event(EVICTED, reason="Evicted",
+                                           message=status.get("message") or "", **kw)))
+    disruption = _condition(pod, "DisruptionTarget")
+    if disruption is not None and code is None:
+        kind = DISRUPTION_KIND.get(disruption.get("reason") or "", EVICTED)
+        key = ("lost", uid) if kind == NODE_LOST else ("evicted", uid)
+        out.append((key, Event(kind, reason=disruption.get("reason"),
+                               message=disruption.get("message") or "", **kw)))
+    if host and code is None and phase not in ("Succeeded", "Failed"):
+        ready, why = node_ready(node)
+        if node is None and nodes_known:
+            out.append((("lost", uid), Event(NODE_LOST, reason="NodeDeleted",
+                                             message=f"node {host} no longer exists", **kw)))
+        elif node is not None and ready != "True":
+            out.append((("lost", uid), Event(
+                NODE_LOST, reason=why or ("NodeStatusUnknown" if ready == "Unknown" else "NodeNotReady"),
+                message=f"node {host} Ready={ready}", **kw)))
+    first: dict[FactKey, Event] = {}
+    for key, ev in out:
+        first.setdefault(key, ev)      # one event per fact: the most specific comes first
+    return list(first.items())
+
+
+def pod_deleted_event(pod: Obj, *, cancelled: bool, job_finished: bool,
+                      now: float | None = None) -> tuple[FactKey, Event] | None:
+    """The pod object is gone: a loss unless we cancelled, the Job ended, or it had exited."""
+    if cancelled or job_finished or exit_info(pod)[0] is not None:
+        return None
+    kw: dict[str, Any] = {"node": pod_index(pod), "host": (pod.get("spec") or {}).get("nodeName")}
+    if now is not None:
+        kw["time"] = now
+    return (("lost", pod_uid(pod)), Event(NODE_LOST, reason="PodDeleted",
+                                          message="pod was deleted", **kw))
+
+
+def job_finished(job: Obj | None) -> str | None:
+    """'Complete' / 'Failed' once the Job has that condition, else None."""
+    for c in ((job or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") in ("Complete", "Failed") and c.get("status") == "True":
+            return c["type"]
+    return None
+
+
+def _created(pod: Obj) -> tuple[str, str]:
+    meta = pod.get("metadata") or {}
+    return meta.get("creationTimestamp") or "", meta.get("name") or ""
+
+
+def node_statuses(pods: list[Obj], completions: int, lost: set[str],
+                  gone: dict[int, Obj] | None = None) -> list[NodeStatus]:
+    """One NodeStatus per completion index, from the newest pod of each index.
+
+    ``lost``: uids of pods with a loss fact. ``gone``: last state of deleted pods per index."""
+    newest: dict[int, Obj] = {}
+    for p in pods:
+        idx = pod_index(p)
+        if idx is None:
+            continue
+        if idx not in newest or _created(p) > _created(newest[idx]):
+            newest[idx] = p
+    out = []
+    for idx in range(completions):
+        p = newest.get(idx) or (gone or {}).get(idx)
+        if p is None:
+            out.append(NodeStatus(idx, PENDING))
+            continue
+        host = (p.get("spec") or {}).get("nodeName")
+        code, reason = exit_info(p)
+        phase = (p.get("status") or {}).get("phase")
+        if pod_uid(p) in lost and code is None:
+            out.append(NodeStatus(idx, LOST, host, None, reason))
+        elif phase == "Succeeded":
+            out.append(NodeStatus(idx, SUCCEEDED, host, code if code is not None else 0, reason))
+        elif phase == "Failed":
+            out.append(NodeStatus(idx, FAILED, host, code, reason or (p.get("status") or {}).get("reason")))
+        elif phase == "Running":
+            out.append(NodeStatus(idx, RUNNING, host))
+        elif phase == "Pending":
+            out.append(NodeStatus(idx, PENDING, host))
+        else:
+            out.append(NodeStatus(idx, UNKNOWN, host))
+    return out

@@ -1,0 +1,86 @@
+"""Submit a spec as a run and, optionally, supervise it: the glue behind `submit` and `watch`."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from .errors import WmctlError
+from .state import RunRecord, RunStore
+
+
+def _echo(line: str) -> None:
+    stamp = time.strftime("%H:%M:%S")
+    click.echo(f"[{stamp}] {line}")
+
+
+def submit_and_maybe_watch(spec_path: Path, overrides: dict[str, Any], *, backend: str, auto_resume: bool,
+                           watch: bool, kube_context: str | None = None,
+                           echo: Callable[[str], None] = _echo) -> int:
+    from .commands._common import load
+    from .spec import check_backend
+
+    spec, profile = load(spec_path, overrides)
+    auto_resume = auto_resume or spec.restart.auto_resume
+    check_backend(spec, backend, auto_resume=auto_resume)
+    store = RunStore(spec.name)
+    if store.exists():
+        old = store.load()
+        if old.status == "running":
+            raise WmctlError(f"run {spec.name!r} already exists and has not ended",
+                             hint=f"watch it with `wmctl watch {spec.name}`, or `wmctl cancel {spec.name}` first")
+        _archive(store)
+    record = RunRecord(run=spec.name, backend=backend, spec_path=str(Path(spec_path).resolve()),
+                       overrides=overrides, spec_hash=spec.spec_hash(), auto_resume=auto_resume,
+                       kube_context=kube_context)
+    store.save(record)
+    return supervise(store, record, spec, profile, watch=watch, echo=echo)
+
+
+def _archive(store: RunStore) -> None:
+    """A finished run of the same name: keep its folder, out of the way of the new run."""
+    dest = store.dir.parent / ".archive" / f"{store.run}-{int(time.time())}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(store.dir), str(dest))
+
+
+def supervise(store: RunStore, record: RunRecord, spec, profile, *, watch: bool,
+              echo: Callable[[str], None] = _echo) -> int:
+    from .backends import get_backend, plan_function
+    from .supervisor import Supervisor
+
+    backend = get_backend(record.backend, kube_context=record.kube_context,
+                          namespace=spec.kubernetes.namespace)
+    store.lock_watcher()
+    try:
+        sup = Supervisor(spec, profile, backend, store, record, auto_resume=record.auto_resume,
+                         plan_fn=plan_function(backend), echo=echo)
+        if not watch:
+            rec = sup._current_or_new_attempt()
+            echo(f"submitted {spec.name} attempt {rec.attempt}; follow it with `wmctl watch {spec.name}`")
+            return 0
+        return sup.run().exit_code
+    finally:
+        store.unlock_watcher()
+
+
+def watch_run(run: str, *, auto_resume: bool | None, echo: Callable[[str], None] = _echo) -> int:
+    from .commands._common import load
+
+    store = RunStore(run)
+    record = store.load()
+    if record.status != "running":
+        echo(record.final_report or f"run {run} already {record.status}")
+        return 0 if record.status == "succeeded" else 7
+    if auto_resume is not None:
+        record.auto_resume = auto_resume
+    spec, profile = load(Path(record.spec_path), record.overrides)
+    if spec.spec_hash() != record.spec_hash:
+        echo(f"note: {record.spec_path} changed since submission; using the file as it is now")
+    return supervise(store, record, spec, profile, watch=True, echo=echo)
+
+

@@ -1,0 +1,261 @@
+"""The one owner of retries: watch an attempt, classify what went wrong, tear it down at
+once, and resubmit from the latest complete checkpoint away from the failed node.
+
+Why tear down at once: survivors of a lost peer block in their collective for 10 (NCCL) to
+30 (gloo) minutes and a live torchrun agent does not notice a vanished node, so waiting for
+the job to fail on its own wastes the cluster.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import failures as F
+from .backends import base as b
+from .plan import AttemptContext
+from .state import AttemptRecord, RunRecord, RunStore
+
+POLL_INTERVAL_S = 0.25
+
+
+@dataclass
+class AttemptTracker:
+    """Folds an attempt's observations into what the supervisor decides on."""
+
+    started_at: float
+    events: list[b.Event] = field(default_factory=list)
+    nodes: list[b.NodeStatus] = field(default_factory=list)
+    last_heartbeat: float = 0.0
+    last_step: int | None = None
+    last_checkpoint_step: int | None = None
+    resumed_from_step: int | None = None
+    first_progress_at: float | None = None
+    first_step_at: float | None = None
+    seen_exit: bool = False
+
+    def __post_init__(self) -> None:
+        self.last_heartbeat = self.started_at
+
+    def feed(self, obs: b.Observation, now: float) -> list[b.Event]:
+        self.events += obs.events
+        self.nodes = obs.nodes
+        for ev in obs.events:
+            if ev.kind != b.PROGRESS or not ev.progress:
+                continue
+            self.last_heartbeat = max(self.last_heartbeat, now)
+            p = ev.progress
+            self.first_progress_at = self.first_progress_at or now
+            if isinstance(p.get("step"), int):
+                if p.get("event") == "step":
+                    self.first_step_at = self.first_step_at or now
+                self.last_step = max(self.last_step or 0, p["step"])
+            if p.get("event") == "checkpoint" and isinstance(p.get("step"), int):
+                self.last_checkpoint_step = max(self.last_checkpoint_step or 0, p["step"])
+            if p.get("event") == "resume" and isinstance(p.get("step"), int):
+                self.resumed_from_step = p["step"]
+            if p.get("event") == "exit":
+                self.seen_exit = True
+        return obs.events
+
+    @property
+    def succeeded(self) -> bool:
+        return bool(self.nodes) and all(n.phase == b.SUCCEEDED for n in self.nodes)
+
+    def failure(self, now: float, heartbeat_timeout: float) -> F.Failure | None:
+        found = F.root_cause(self.events)
+        if found is not None:
+            return found
+        if self.succeeded:
+            return None
+        return F.hang_failure(self.last_heartbeat, now, heartbeat_timeout)
+
+
+@dataclass
+class Outcome:
+    status: str          # succeeded | failed
+    report: str
+    exit_code: int
+
+
+class Supervisor:
+    def __init__(self, spec, profile, backend, store: RunStore, record: RunRecord, *,
+                 auto_resume: bool, plan_fn: Callable[..., Any] | None = None,
+                 echo: Callable[[str], None] = print, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep, poll_interval: float = POLL_INTERVAL_S):
+        self.spec, self.profile, self.backend = spec, profile, backend
+        self.store, self.record = store, record
+        self.auto_resume = auto_resume
+        self.plan_fn = plan_fn
+        self.echo, self.clock, self.sleep = echo, clock, sleep
+        self.poll_interval = poll_interval
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> Outcome:
+        rec = self._current_or_new_attempt()
+        while True:
+            ref = b.AttemptRef(self.backend.name, self.spec.name, rec.attempt, self.spec.kubernetes.namespace)
+            tracker, failure = self._watch(ref, rec)
+            if failure is None:
+                return self._finish(rec, tracker, "succeeded", f"run {self.spec.name} succeeded on attempt "
+                                    f"{rec.attempt} at step {tracker.last_step}", 0)
+            teardown_started = self.clock()
+            self.backend.cancel(ref)
+            rec.timings["teardown_s"] = round(self.clock() - teardown_started, 3)
+            rec.timings["detect_s"] = round(max(0.0, teardown_started - failure.time), 3)
+            decision = F.decide(failure, retry_on_oom=self.spec.restart.retry_on_oom,
+                                exclude_failed_nodes=self.spec.restart.exclude_failed_nodes)
+            self._record_failure(rec, tracker, failure, decision)
+            self.echo(f"attempt {rec.attempt} failed: {failure.describe()} -> torn down in "
+                      f"{rec.timings['teardown_s']:.2f} s; decision: {decision}")
+            stop = self._why_stop(rec, failure, decision)
+            if stop:
+                return self._finish(rec, tracker, "failed", stop, 7)
+            backoff = self.spec.restart.backoff_s if failure.kind != F.PREEMPTED else 0.0
+            if backoff:
+                self.echo(f"backing off {backoff:.0f} s before attempt {rec.attempt + 1}")
+                self.sleep(backoff)
+            rec = self._submit(rec.attempt + 1, parent=rec)
+
+    def _why_stop(self, rec: AttemptRecord, failure: F.Failure, decision: str) -> str | None:
+        used = rec.attempt + 1
+        if decision == F.STOP:
+            return f"stopped: {failure.describe()} is not retried ({failure.kind})"
+        if not self.auto_resume:
+            return f"stopped: {failure.describe()}; run with --auto-resume to resubmit from the latest checkpoint"
+        if used >= self.spec.restart.max_attempts:
+            return (f"stopped: retry budget spent ({used} of restart.max_attempts={self.spec.restart.max_attempts} "
+                    f"attempts); last failure: {failure.describe()}")
+        made_progress = rec.last_checkpoint_step is not None and (
+            rec.resumed_from_step is None or rec.last_checkpoint_step > rec.resumed_from_step)
+        if rec.attempt > 0 and not made_progress:
+            return (f"stopped: attempt {rec.attempt} committed no new checkpoint (resumed from step "
+                    f"{rec.resumed_from_step}); retrying would loop. Last failure: {failure.describe()}")
+        return None
+
+    def _watch(self, ref: b.AttemptRef, rec: AttemptRecord) -> tuple[AttemptTracker, F.Failure | None]:
+        tracker = AttemptTracker(started_at=rec.submitted_at)
+        timeout = self.spec.restart.heartbeat_timeout_s
+        while True:
+            now = self.clock()
+            for ev in tracker.feed(self.backend.poll(ref), now):
+                self._show(rec, ev, tracker, now)
+            if tracker.first_step_at and "first_step_s" not in rec.timings:
+                rec.timings["first_step_s"] = round(tracker.first_step_at - rec.submitted_at, 3)
+                self._sync(rec, tracker)
+            failure = tracker.failure(now, timeout)
+            if failure is not None:
+                return tracker, failure
+            if tracker.succeeded:
+                return tracker, None
+            self.sleep(self.poll_interval)
+
+    def _show(self, rec: AttemptRecord, ev: b.Event, tracker: AttemptTracker, now: float) -> None:
+        if ev.kind == b.PROGRESS and ev.progress:
+            p = ev.progress
+            kind = p.get("event")
+            if kind == "checkpoint":
+                self.echo(f"attempt {rec.attempt}: checkpoint committed at step {p.get('step')}")
+                self._sync(rec, tracker)
+            elif kind == "resume":
+                self.echo(f"attempt {rec.attempt}: resumed from step {p.get('step')}")
+                self._sync(rec, tracker)
+            elif kind == "step":
+                loss = p.get("loss")
+                self.echo(f"attempt {rec.attempt}: step {p.get('step')}" + (f" loss {loss:.4f}" if isinstance(loss, float) else ""))
+            elif kind in ("start", "exit", "preempted"):
+                self.echo(f"attempt {rec.attempt}: {kind} " + ", ".join(f"{k}={v}" for k, v in p.items()
+                                                                       if k not in ("event", "time")))
+        elif ev.kind != b.PROGRESS:
+            detail = f" exit {ev.exit_code}" if ev.exit_code is not None else ""
+            self.echo(f"attempt {rec.attempt}: node {ev.node} {ev.kind}{detail}" + (f" ({ev.message})" if ev.message else ""))
+
+    # -- attempts ------------------------------------------------------------------------------
+    def _current_or_new_attempt(self) -> AttemptRecord:
+        known = {r.attempt for r in self.backend.attempts(self.spec.name)}
+        if self.record.attempts:
+            last = self.record.attempts[-1]
+            newer = sorted(a for a in known if a > last.attempt)
+            if newer:   # a watcher died between submitting and saving: adopt what exists
+                return self._submit(newer[-1], parent=last)
+            if last.outcome is None:
+                self.echo(f"adopting attempt {last.attempt} of {self.spec.name}")
+                return last
+            if last.decision in (F.RETRY, F.RETRY_ELSEWHERE) and self.auto_resume:
+                return self._submit(last.attempt + 1, parent=last)
+            raise RuntimeError("nothing to watch: the run already ended")  # callers check status first
+        return self._submit(0, parent=None)
+
+    def _submit(self, attempt: int, parent: AttemptRecord | None) -> AttemptRecord:
+        excluded = list(parent.excluded_nodes) if parent else []
+        if parent and parent.decision == F.RETRY_ELSEWHERE and parent.failed_host and parent.failed_host not in excluded:
+            excluded.append(parent.failed_host)
+        existing = next((r for r in self.record.attempts if r.attempt == attempt), None)
+        rec = existing or AttemptRecord(attempt=attempt, submitted_at=self.clock(), excluded_nodes=excluded)
+        if existing is None:
+            self.record.attempts.append(rec)
+            self.store.save(self.record)      # recorded before submitting: a restart adopts, never duplicates
+        ctx = AttemptContext(attempt=attempt, excluded_nodes=tuple(excluded), resume=attempt > 0 or self.auto_resume,
+                             parent=parent.attempt if parent else None)
+        started = self.clock()
+        plan = self.plan_fn(self.spec, self.profile, ctx)
+        self.backend.submit(plan)
+        rec.timings["submit_s"] = round(self.clock() - started, 3)
+        self.store.save(self.record)
+        where = f", excluding {', '.join(excluded)}" if excluded else ""
+        self.echo(f"attempt {attempt} submitted on {self.backend.name} ({self.spec.nodes} node(s){where})")
+        return rec
+
+    def _record_failure(self, rec: AttemptRecord, tracker: AttemptTracker, failure: F.Failure, decision: str) -> None:
+        self._sync(rec, tracker)
+        rec.ended_at = self.clock()
+        rec.outcome, rec.evidence, rec.decision = failure.kind, failure.evidence, decision
+        rec.failed_node, rec.failed_host = failure.node, failure.host
+        self.store.save(self.record)
+
+    def _sync(self, rec: AttemptRecord, tracker: AttemptTracker) -> None:
+        rec.last_step = tracker.last_step
+        rec.last_checkpoint_step = tracker.last_checkpoint_step
+        rec.resumed_from_step = tracker.resumed_from_step
+        self.store.save(self.record)
+
+    def _finish(self, rec: AttemptRecord, tracker: AttemptTracker, status: str, report: str, code: int) -> Outcome:
+        self._sync(rec, tracker)
+        if status == "succeeded":
+            rec.outcome, rec.ended_at = "succeeded", self.clock()
+        self.record.status = status
+        self.record.final_report = report + "\n" + summary(self.record)
+        self.store.save(self.record)
+        self.echo(self.record.final_report)
+        return Outcome(status, self.record.final_report, code)
+
+
+def steps_redone(record: RunRecord) -> list[int]:
+    """Per failure: steps the next attempt computed again (last step reached - resumed step)."""
+    out = []
+    for prev, nxt in zip(record.attempts, record.attempts[1:]):
+        if prev.last_step is not None:
+            out.append(max(0, prev.last_step - (nxt.resumed_from_step or 0)))
+    return out
+
+
+def summary(record: RunRecord) -> str:
+    lines = [f"run {record.run} ({record.backend}): {record.status}, {len(record.attempts)} attempt(s)"]
+    for a in record.attempts:
+        parts = [f"  attempt {a.attempt}: {a.outcome or 'running'}"]
+        if a.resumed_from_step is not None:
+            parts.append(f"resumed from step {a.resumed_from_step}")
+        if a.last_step is not None:
+            parts.append(f"reached step {a.last_step}")
+        if a.last_checkpoint_step is not None:
+            parts.append(f"last checkpoint {a.last_checkpoint_step}")
+        if a.evidence:
+            parts.append(a.evidence)
+        if a.excluded_nodes:
+            parts.append(f"excluded {','.join(a.excluded_nodes)}")
+        lines.append("; ".join(parts))
+    redone = steps_redone(record)
+    if redone:
+        lines.append(f"  steps redone per failure: {redone}")
+    return "\n".join(lines)

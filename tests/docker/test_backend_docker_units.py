@@ -1,0 +1,98 @@
+"""The Docker backend's pure pieces: container state -> node phase -> events, timestamps, plan keys.
+
+No engine needed (they sit here, beside the engine tests, because they test the same module).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import failures
+from orchestrator.backends import base as b
+from orchestrator.backends.docker import (DockerBackend, container_kwargs, node_status, parse_docker_ns,
+                                          parse_docker_time, transition_events)
+from orchestrator.errors import BackendError
+from orchestrator.plan import Plan
+
+
+def test_parse_docker_ns_is_exact_to_the_nanosecond():
+    assert parse_docker_ns("2024-05-01T10:00:00.000000001Z") - parse_docker_ns("2024-05-01T10:00:00Z") == 1
+    assert parse_docker_ns("2024-05-01T10:00:00.1Z") > parse_docker_ns("2024-05-01T10:00:00.012Z")
+    assert parse_docker_ns("2024-05-01T12:00:00.5+02:00") == parse_docker_ns("2024-05-01T10:00:00.5Z")
+    assert parse_docker_ns("not a time") is None
+    assert parse_docker_time("0001-01-01T00:00:00Z") is None
+    assert parse_docker_time("1970-01-01T00:00:01.25Z") == pytest.approx(1.25)
+
+
+def _state(status, code=0, oom=False):
+    return {"Status": status, "ExitCode": code, "OOMKilled": oom}
+
+
+@pytest.mark.parametrize("state, signal, phase, code, reason", [
+    (_state("created"), None, b.PENDING, None, None),
+    (_state("running"), None, b.RUNNING, None, None),
+    (_state("paused"), None, b.PAUSED, None, "paused"),
+    (_state("exited", 0), None, b.SUCCEEDED, 0, None),
+    (_state("exited", 1), None, b.FAILED, 1, None),
+    (_state("exited", 137), 9, b.FAILED, 137, "SIGKILL"),
+    (_state("exited", 137), None, b.FAILED, 137, "SIGKILL"),     # kill event dropped: the code says it
+    (_state("exited", 143), 15, b.FAILED, 143, "SIGTERM"),
+    (_state("exited", 137, oom=True), None, b.FAILED, 137, "OOMKilled"),
+    (_state("exited", 1, oom=True), None, b.FAILED, 1, "OOMKilled"),  # a worker OOMed, torchrun exited 1
+    (_state("dead", 0), None, b.FAILED, 0, "dead"),
+    (None, None, b.LOST, None, "ContainerRemoved"),
+    (_state("removing"), None, b.LOST, None, "ContainerRemoved"),
+])
+def test_node_status_table(state, signal, phase, code, reason):
+    got = node_status(1, "c-1", state, signal=signal, cancelled=False, previous=None)
+    assert (got.phase, got.exit_code, got.reason, got.host) == (phase, code, reason, "c-1")
+
+
+def test_a_terminal_phase_sticks_and_our_own_cancel_is_not_a_failure():
+    done = node_status(0, "c-0", _state("exited", 0), signal=None, cancelled=False, previous=None)
+    assert node_status(0, "c-0", None, signal=None, cancelled=False, previous=done) == done
+    running = b.NodeStatus(0, b.RUNNING, "c-0")
+    gone = node_status(0, "c-0", None, signal=9, cancelled=True, previous=running)
+    assert (gone.phase, gone.reason) == (b.FAILED, "cancelled")
+    assert transition_events(running, gone, started_at=1.0, finished_at=None, event_time=None, name="c-0") == []
+
+
+def test_transition_events_cover_a_missed_start_and_use_engine_times():
+    cur = node_status(1, "c-1", _state("exited", 137), signal=9, cancelled=False, previous=None)
+    evs = transition_events(None, cur, started_at=10.0, finished_at=12.5, event_time=12.4, name="c-1")
+    assert [e.kind for e in evs] == [b.NODE_STARTED, b.NODE_EXITED]
+    assert (evs[0].time, evs[1].time, evs[1].exit_code, evs[1].reason) == (10.0, 12.5, 137, "SIGKILL")
+    # The classifier reads exit 137 with reason SIGKILL as a lost node, not an app error.
+    assert failures.classify_event(evs[1]).kind == failures.NODE_LOST
+    assert transition_events(cur, cur, started_at=10.0, finished_at=12.5, event_time=None, name="c-1") == []
+
+
+def test_transition_events_pause_unpause_oom_and_removal():
+    running = b.NodeStatus(0, b.RUNNING, "c-0")
+    paused = b.NodeStatus(0, b.PAUSED, "c-0", None, "paused")
+    [ev] = transition_events(running, paused, started_at=1.0, finished_at=None, event_time=5.0, name="c-0")
+    assert (ev.kind, ev.time) == (b.NODE_PAUSED, 5.0)
+    assert failures.classify_event(ev).kind == failures.HANG
+    [ev] = transition_events(paused, running, started_at=1.0, finished_at=None, event_time=6.0, name="c-0")
+    assert (ev.kind, ev.reason, ev.time) == (b.NODE_STARTED, "unpaused", 6.0)
+    oom = node_status(0, "c-0", _state("exited", 137, oom=True), signal=None, cancelled=False, previous=running)
+    [ev] = transition_events(running, oom, started_at=1.0, finished_at=7.0, event_time=None, name="c-0")
+    assert (ev.kind, ev.exit_code, ev.reason) == (b.OOM_KILLED, 137, "OOMKilled")
+    assert failures.classify_event(ev).kind == failures.OOM
+    lost = node_status(0, "c-0", None, signal=None, cancelled=False, previous=running)
+    [ev] = transition_events(running, lost, started_at=1.0, finished_at=None, event_time=8.0, name="c-0")
+    assert (ev.kind, ev.reason, ev.time) == (b.NODE_LOST, "ContainerRemoved", 8.0)
+
+
+def test_container_kwargs_split_and_unknown_keys_are_refused():
+    config, host, net = container_kwargs({"name": "n", "image": "i", "command": ["x"], "shm_size": 1,
+                                          "cpuset_cpus": "0", "network": "net", "stop_timeout": 9})
+    assert config == {"name": "n", "image": "i", "command": ["x"], "stop_timeout": 9}
+    assert host == {"shm_size": 1, "cpuset_cpus": "0"} and net == "net"
+    with pytest.raises(BackendError, match="gpus_magic"):
+        container_kwargs({"name": "n", "image": "i", "gpus_magic": 1})
+
+
+def test_submit_refuses_a_plan_for_another_backend_without_touching_the_engine():
+    with pytest.raises(BackendError, match="kubernetes plan cannot be submitted to Docker"):
+        DockerBackend(client=object()).submit(Plan(backend="kubernetes", run="r", attempt=0, spec_hash="h"))

@@ -1,0 +1,135 @@
+"""Drive real `wmctl submit --auto-resume` runs on the local backend and inject faults.
+
+Faults are real signals to real processes: every process of a local node carries
+WMCTL_LOCAL_TAG, so "kill node 1" SIGKILLs its keeper, torchrun agent and workers at once,
+the way a machine dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from orchestrator.backends.local import tagged_pids
+from orchestrator.runtime.protocol import parse_progress
+
+JOBS = Path(__file__).parent / "jobs"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_spec(tmp: Path, name: str, *, nodes: int = 2, steps: int = 40, every: int = 5, sleep: float = 0.1,
+               job_args: list[str] | None = None, restart: dict | None = None, job: str = "counter.py") -> Path:
+    spec = {
+        "name": name, "nodes": nodes, "nproc_per_node": 1, "affinity": "none",
+        "image": {"vendor": "cpu", "context": str(JOBS)},
+        "command": ["python", job, "--steps", str(steps), "--every", str(every), "--sleep", str(sleep),
+                    *(job_args or [])],
+        "checkpoint": {"dir": str(tmp / f"ckpt-{name}"), "every_steps": every},
+        "restart": {"max_attempts": 4, "backoff": "0s", "heartbeat_timeout": "25s", **(restart or {})},
+        "rendezvous": {"join_timeout": "60s"},
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+class Watch:
+    """A `wmctl submit --auto-resume` process and the run folder it writes."""
+
+    def __init__(self, spec: Path, home: Path, *extra: str, command: str = "submit"):
+        self.home = home
+        self.env = {**os.environ, "WMCTL_HOME": str(home), "PYTHONPATH": str(REPO)}
+        self.out_path = home / f"watch-{int(time.time() * 1000)}.out"
+        home.mkdir(parents=True, exist_ok=True)
+        self.out = open(self.out_path, "w")
+        args = [str(spec), "--auto-resume"] if command == "submit" else list(extra[:1])
+        rest = extra if command == "submit" else extra[1:]
+        self.proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", command, *args, *rest],
+                                     stdout=self.out, stderr=subprocess.STDOUT, env=self.env, cwd=str(REPO),
+                                     start_new_session=True)
+
+    def wait(self, timeout: float = 240) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self.out.close()
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.out.close()
+
+    @property
+    def output(self) -> str:
+        return self.out_path.read_text()
+
+
+def run_folder(home: Path, run: str) -> Path:
+    return home / "runs" / run
+
+
+def progress(home: Path, run: str, attempt: int) -> list[dict]:
+    """Progress lines of an attempt, from whichever node hosts global rank 0."""
+    out = []
+    for log in sorted((run_folder(home, run) / f"attempt-{attempt}").glob("node-*.log")):
+        out += [p for p in map(parse_progress, log.read_text(errors="replace").splitlines()) if p]
+    return out
+
+
+def wait_until(predicate, timeout: float = 120, what: str = "condition") -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_checkpoint(home: Path, run: str, attempt: int, step: int, timeout: float = 120) -> None:
+    wait_until(lambda: any(p["event"] == "checkpoint" and p["step"] >= step for p in progress(home, run, attempt)),
+               timeout, f"checkpoint >= {step} in attempt {attempt}")
+
+
+def wait_step(home: Path, run: str, attempt: int, step: int, timeout: float = 120) -> None:
+    wait_until(lambda: any(p["event"] == "step" and p["step"] >= step for p in progress(home, run, attempt)),
+               timeout, f"step >= {step} in attempt {attempt}")
+
+
+def node_pids(run: str, attempt: int, node: int) -> list[int]:
+    return tagged_pids(f"{run}-a{attempt}/{node}", exact=True)
+
+
+def kill_node(run: str, attempt: int, node: int, sig: int = signal.SIGKILL) -> int:
+    pids = node_pids(run, attempt, node)
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    return len(pids)
+
+
+def signal_agent(home: Path, run: str, attempt: int, node: int, sig: int) -> None:
+    pid_file = run_folder(home, run) / f"attempt-{attempt}" / f"node-{node}.pid.json"
+    wait_until(pid_file.exists, 30, "pid file")
+    os.kill(json.loads(pid_file.read_text())["agent"], sig)
+
+
+def record(home: Path, run: str) -> dict:
+    return json.loads((run_folder(home, run) / "run.json").read_text())
+
+
+def final_state(spec: Path) -> str:
+    ckpt = Path(yaml.safe_load(spec.read_text())["checkpoint"]["dir"])
+    return (ckpt / "final.txt").read_text()
+
+
+def leftover_processes(run: str) -> list[int]:
+    return tagged_pids(f"{run}-a")

@@ -1,0 +1,112 @@
+"""A tiny deterministic torchrun job for the supervisor's fault matrix.
+
+Each step every rank adds f(step, rank) to a float64 state and all-reduces it (gloo), so the
+final state depends on every step having run exactly once after the last restore. It keeps
+wmctl's contract: progress lines on rank 0, checkpoints committed by marker, resume from the
+newest committed one, SIGTERM -> checkpoint -> exit 83. Knobs via argv: --steps, --every,
+--sleep (seconds per step), --fail-at (exit 1 at that step on rank 1, test hook),
+--alloc-mb (allocate that much at start: the OOM case).
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from orchestrator.runtime.protocol import PREEMPTED_EXIT_CODE, emit_progress
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=40)
+p.add_argument("--every", type=int, default=5)
+p.add_argument("--sleep", type=float, default=0.1)
+p.add_argument("--fail-at", type=int, default=-1)
+p.add_argument("--alloc-mb", type=int, default=0)
+p.add_argument("--slow-commit", type=float, default=0.0)
+args = p.parse_args()
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+rank, world = dist.get_rank(), dist.get_world_size()
+ckpt_dir = os.environ["WMCTL_CHECKPOINT_DIR"]
+stop = {"flag": False}
+signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("flag", True))
+if args.alloc_mb:
+    hog = bytearray(args.alloc_mb * 2**20)
+    for i in range(0, len(hog), 4096):
+        hog[i] = 1
+
+
+def latest():
+    best = None
+    if os.path.isdir(ckpt_dir):
+        for name in os.listdir(ckpt_dir):
+            if name.startswith("step-") and os.path.exists(os.path.join(ckpt_dir, name, "COMMITTED")):
+                step = int(name.split("-")[1])
+                best = step if best is None or step > best else best
+    return best
+
+
+def save(step, state):
+    d = os.path.join(ckpt_dir, f"step-{step:08d}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"rank-{rank}.json"), "w") as fh:
+        json.dump({"step": step, "state": state.item().hex()}, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    dist.barrier()
+    if rank == 0:
+        time.sleep(args.slow_commit)
+        tmp = os.path.join(d, "COMMITTED.tmp")
+        with open(tmp, "w") as fh:
+            fh.write("ok")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.rename(tmp, os.path.join(d, "COMMITTED"))
+        emit_progress("checkpoint", step=step, path=d)
+    dist.barrier()
+
+
+state = torch.zeros(1, dtype=torch.float64)
+start = 0
+found = latest()
+if found is not None:
+    with open(os.path.join(ckpt_dir, f"step-{found:08d}", f"rank-{rank}.json")) as fh:
+        state = torch.tensor([float.fromhex(json.load(fh)["state"])], dtype=torch.float64)
+    start = found
+    if rank == 0:
+        emit_progress("resume", step=start)
+if rank == 0:
+    emit_progress("start", world_size=world, attempt=os.environ.get("WMCTL_ATTEMPT"))
+
+step = start
+while step < args.steps:
+    flag = torch.tensor([1.0 if stop["flag"] else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() > 0:
+        save(step, state)
+        if rank == 0:
+            emit_progress("preempted", step=step)
+        sys.exit(PREEMPTED_EXIT_CODE)
+    if step == args.fail_at and rank == world - 1:
+        print("injected application error", file=sys.stderr, flush=True)
+        sys.exit(1)
+    contrib = torch.tensor([((step + 1) * 0.1 + rank) / 3.0], dtype=torch.float64)
+    dist.all_reduce(contrib)
+    state = state * 0.999 + contrib
+    step += 1
+    time.sleep(args.sleep)
+    if rank == 0:
+        emit_progress("step", step=step, loss=float(state.item()))
+    if step % args.every == 0:
+        save(step, state)
+
+if rank == 0:
+    with open(os.path.join(ckpt_dir, "final.txt"), "w") as fh:
+        fh.write(state.item().hex())
+    emit_progress("exit", status="completed", step=step)
+dist.destroy_process_group()

@@ -1,0 +1,147 @@
+"""Fault matrix on the local backend: real torchrun agents (2 nodes x 1 rank, gloo) driven by a
+real `wmctl submit --auto-resume`, with faults injected as real signals.
+
+Each completed run's final state is compared bit for bit (float.hex) with an uninterrupted
+run; each test prints how many steps were redone.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from . import harness as h
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("wmctl-home")
+
+
+@pytest.fixture(scope="module")
+def reference(home):
+    spec = h.write_spec(home, "reference")
+    w = h.Watch(spec, home)
+    assert w.wait() == 0, w.output
+    return h.final_state(spec)
+
+
+def _redone(home, run):
+    rec = h.record(home, run)
+    out = []
+    for prev, nxt in zip(rec["attempts"], rec["attempts"][1:]):
+        out.append((prev["last_step"] or 0) - (nxt["resumed_from_step"] or 0))
+    print(f"{run}: steps redone per failure {out}")
+    return out
+
+
+@pytest.mark.parametrize("node", [1, 0], ids=["worker-node", "rank0-rendezvous-node"])
+def test_sigkill_of_a_node_resumes_and_matches_uninterrupted(home, reference, node):
+    run = f"kill-node{node}"
+    spec = h.write_spec(home, run)
+    w = h.Watch(spec, home)
+    h.wait_checkpoint(home, run, 0, 10)
+    assert h.kill_node(run, 0, node) > 0
+    assert w.wait() == 0, w.output
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["node_lost", "succeeded"]
+    assert rec["attempts"][1]["resumed_from_step"] >= 10
+    assert h.final_state(spec) == reference
+    assert not h.leftover_processes(run)
+    _redone(home, run)
+
+
+def test_sigterm_is_graceful_and_loses_no_step(home, reference):
+    run = "sigterm"
+    spec = h.write_spec(home, run, every=1000)   # no periodic checkpoints: only the SIGTERM one
+    w = h.Watch(spec, home)
+    h.wait_step(home, run, 0, 12)
+    h.signal_agent(home, run, 0, 0, signal.SIGTERM)
+    h.signal_agent(home, run, 0, 1, signal.SIGTERM)
+    assert w.wait() == 0, w.output
+    rec = h.record(home, run)
+    assert rec["attempts"][0]["outcome"] == "preempted"
+    assert _redone(home, run) == [0]
+    assert h.final_state(spec) == reference
+
+
+def test_app_error_is_not_retried(home):
+    run = "apperror"
+    spec = h.write_spec(home, run, job_args=["--fail-at", "7"])
+    w = h.Watch(spec, home)
+    assert w.wait() == 7, w.output
+    rec = h.record(home, run)
+    assert len(rec["attempts"]) == 1 and rec["attempts"][0]["outcome"] == "app_error"
+    assert "not retried" in rec["final_report"]
+    assert not h.leftover_processes(run)
+
+
+def test_paused_node_is_a_hang_detected_by_heartbeat(home, reference):
+    run = "paused"
+    spec = h.write_spec(home, run, restart={"heartbeat_timeout": "6s"})
+    w = h.Watch(spec, home)
+    h.wait_checkpoint(home, run, 0, 10)
+    for pid in h.node_pids(run, 0, 1):
+        import os
+        os.kill(pid, signal.SIGSTOP)
+    assert w.wait() == 0, w.output
+    rec = h.record(home, run)
+    assert rec["attempts"][0]["outcome"] == "hang"
+    assert h.final_state(spec) == reference
+    _redone(home, run)
+
+
+def test_kill_during_checkpoint_write_resumes_from_previous(home, reference):
+    run = "torn"
+    spec = h.write_spec(home, run, job_args=["--slow-commit", "3"], every=10)
+    w = h.Watch(spec, home)
+    h.wait_checkpoint(home, run, 0, 10)
+    # The next save (step 20) sleeps between the rank files and COMMITTED: kill inside it.
+    h.wait_until(lambda: (spec.parent / f"ckpt-{run}" / "step-00000020").exists(), 60, "step 20 write")
+    h.kill_node(run, 0, 0)
+    assert w.wait() == 0, w.output
+    rec = h.record(home, run)
+    assert rec["attempts"][1]["resumed_from_step"] == 10
+    assert h.final_state(spec) == reference
+
+
+def test_watcher_killed_and_restarted_continues_without_duplicate(home, reference):
+    run = "rewatch"
+    spec = h.write_spec(home, run, sleep=0.15)
+    w = h.Watch(spec, home)
+    h.wait_checkpoint(home, run, 0, 5)
+    w.kill()                                   # the job keeps running without its watcher
+    w2 = h.Watch(spec, home, run, command="watch")
+    h.wait_step(home, run, 0, 15)
+    h.kill_node(run, 0, 1)
+    assert w2.wait() == 0, w2.output
+    rec = h.record(home, run)
+    assert [a["attempt"] for a in rec["attempts"]] == [0, 1]
+    assert h.final_state(spec) == reference
+
+
+def test_retry_budget_spent_reports_clearly(home):
+    run = "budget"
+    spec = h.write_spec(home, run, restart={"max_attempts": 2}, sleep=0.15)
+    w = h.Watch(spec, home)
+    for attempt in range(2):
+        h.wait_checkpoint(home, run, attempt, 5 * (attempt + 2))
+        h.kill_node(run, attempt, 1)
+    assert w.wait() == 7, w.output
+    rec = h.record(home, run)
+    assert "retry budget spent" in rec["final_report"] and len(rec["attempts"]) == 2
+
+
+def test_failure_without_new_checkpoint_stops(home):
+    run = "noprogress"
+    spec = h.write_spec(home, run, sleep=0.15)
+    w = h.Watch(spec, home)
+    h.wait_checkpoint(home, run, 0, 5)
+    h.kill_node(run, 0, 1)
+    h.wait_until(lambda: any(p["event"] == "resume" for p in h.progress(home, run, 1)), 90, "attempt 1 resume")
+    h.kill_node(run, 1, 1)                     # before attempt 1 commits anything new
+    assert w.wait() == 7, w.output
+    assert "committed no new checkpoint" in h.record(home, run)["final_report"]

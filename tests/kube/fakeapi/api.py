@@ -1,0 +1,293 @@
+"""The API server's logic (admission, defaulting, validation, deletion semantics), no HTTP.
+
+Both the HTTP layer (server.py) and the scripted cluster's controllers (cluster.py) go
+through this, so a controller's delete behaves exactly like a client's.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from .store import ApiError, Obj, Store, now_rfc3339
+
+DEFAULT_TOLERATION_SECONDS = 300
+DEFAULT_GRACE_SECONDS = 30
+
+
+@dataclass(frozen=True)
+class Resource:
+    group_version: str        # "v1", "batch/v1", "scheduling.volcano.sh/v1beta1"
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return self.group_version
+
+
+RESOURCES: dict[tuple[str, str], Resource] = {
+    (r.group_version, r.plural): r for r in [
+        Resource("v1", "pods", "Pod"),
+        Resource("v1", "services", "Service"),
+        Resource("v1", "events", "Event"),
+        Resource("v1", "configmaps", "ConfigMap"),
+        Resource("v1", "nodes", "Node", namespaced=False),
+        Resource("v1", "namespaces", "Namespace", namespaced=False),
+        Resource("batch/v1", "jobs", "Job"),
+        Resource("scheduling.volcano.sh/v1beta1", "podgroups", "PodGroup"),
+    ]
+}
+
+
+def _invalid(kind: str, name: str, fld: str, msg: str) -> ApiError:
+    return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {fld}: {msg}',
+                    {"name": name, "kind": kind,
+                     "causes": [{"field": fld, "reason": "FieldValueInvalid", "message": msg}]})
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """JSON merge patch, with strategic-merge style merging of lists keyed by name/type."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, list) and isinstance(out.get(k), list) and k in _LIST_KEYS:
+            key = _LIST_KEYS[k]
+            merged = [copy.deepcopy(x) for x in out[k]]
+            for item in v:
+                idx = next((i for i, x in enumerate(merged)
+                            if isinstance(x, dict) and isinstance(item, dict)
+                            and x.get(key) == item.get(key)), None)
+                if idx is None:
+                    merged.append(copy.deepcopy(item))
+                else:
+                    merged[idx] = merge_patch(merged[idx], item)
+            out[k] = merged
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+_LIST_KEYS = {"conditions": "type", "containers": "name", "containerStatuses": "name",
+              "env": "name", "ports": "containerPort", "taints": "key"}
+
+
+def json_patch(obj: Obj, ops: list[Obj]) -> Obj:
+    obj = copy.deepcopy(obj)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent: Any = obj
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent.setdefault(p, {})
+        last = parts[-1]
+        if op["op"] in ("add", "replace"):
+            if isinstance(parent, list):
+                if last == "-":
+                    parent.append(op["value"])
+                elif op["op"] == "add":
+                    parent.insert(int(last), op["value"])
+                else:
+                    parent[int(last)] = op["value"]
+            else:
+                parent[last] = op["value"]
+        elif op["op"] == "remove":
+            if isinstance(parent, list):
+                parent.pop(int(last))
+            else:
+                parent.pop(last, None)
+        else:
+            raise ApiError(422, "Invalid", f"unsupported json patch op {op['op']!r}")
+    return obj
+
+
+@dataclass
+class Api:
+    store: Store
+    # pod logs: (namespace, pod, container) -> lines (no newline)
+    logs: dict[tuple[str, str, str], list[str]] = field(default_factory=dict)
+    requests: list[Obj] = field(default_factory=list)
+    requests_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # --- admission and defaulting ------------------------------------------------
+    def _admit(self, res: Resource, obj: Obj) -> None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name") or meta.get("generateName") or ""
+        if not isinstance(obj.get("metadata"), dict) or not (meta.get("name") or meta.get("generateName")):
+            raise _invalid(res.kind, "", "metadata.name",
+                           "Required value: name or generateName is required")
+        obj["apiVersion"], obj["kind"] = res.api_version, res.kind
+        if res.plural == "pods":
+            spec = obj.get("spec") or {}
+            if not spec.get("containers"):
+                raise _invalid("Pod", name, "spec.containers", "Required value")
+            spec.setdefault("restartPolicy", "Always")
+            spec.setdefault("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+            spec.setdefault("schedulerName", "default-scheduler")
+            spec.setdefault("dnsPolicy", "ClusterFirst")
+            # DefaultTolerationSeconds admission plugin
+            tols = spec.setdefault("tolerations", [])
+            for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+                if not any(t.get("key") == key and t.get("effect", "NoExecute") == "NoExecute"
+                           or (t.get("operator") == "Exists" and not t.get("key")) for t in tols):
+                    tols.append({"key": key, "operator": "Exists", "effect": "NoExecute",
+                                 "tolerationSeconds": DEFAULT_TOLERATION_SECONDS})
+            obj["spec"] = spec
+            obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
+        elif res.plural == "jobs":
+            spec = obj.get("spec") or {}
+            tmpl = spec.get("template")
+            if not tmpl or not (tmpl.get("spec") or {}).get("containers"):
+                raise _invalid("Job", name, "spec.template.spec.containers", "Required value")
+            rp = tmpl["spec"].get("restartPolicy")
+            if rp not in ("Never", "OnFailure"):
+                raise _invalid("Job", name, "spec.template.spec.restartPolicy",
+                               f'Unsupported value: "{rp}": supported values: "OnFailure", "Never"')
+            spec.setdefault("completions", 1)
+            spec.setdefault("parallelism", spec["completions"])
+            spec.setdefault("backoffLimit", 6)
+            spec.setdefault("completionMode", "NonIndexed")
+            spec.setdefault("suspend", False)
+            obj["spec"] = spec
+            obj["status"] = {}
+        elif res.plural == "services":
+            spec = obj.setdefault("spec", {})
+            spec.setdefault("type", "ClusterIP")
+            spec.setdefault("clusterIP", "10.96.0.10")
+        elif res.plural == "nodes":
+            obj.setdefault("spec", {})
+            obj.setdefault("status", {})
+
+    def create(self, res: Resource, namespace: str | None, obj: Obj) -> Obj:
+        obj = copy.deepcopy(obj)
+        self._admit(res, obj)
+        body_ns = (obj.get("metadata") or {}).get("namespace")
+        if res.namespaced and body_ns and namespace and body_ns != namespace:
+            raise ApiError(400, "BadRequest", "the namespace of the provided object does "
+                           "not match the namespace sent on the request")
+        created = self.store.create(res.plural, namespace if res.namespaced else None, obj)
+        if res.plural == "jobs":
+            # the job controller's selector and labels keyed by the job's uid (manualSelector off)
+            uid, jname = created["metadata"]["uid"], created["metadata"]["name"]
+
+            def add_selector(j: Obj) -> None:
+                labels = {"batch.kubernetes.io/controller-uid": uid, "controller-uid": uid,
+                          "batch.kubernetes.io/job-name": jname, "job-name": jname}
+                j["spec"]["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+                tm = j["spec"]["template"].setdefault("metadata", {})
+                tm.setdefault("labels", {}).update(labels)
+            created = self.store.update("jobs", namespace, jname, add_selector)
+        return created
+
+    # --- updates -----------------------------------------------------------------
+    def replace(self, res: Resource, namespace: str | None, name: str, body: Obj,
+                subresource: str | None) -> Obj:
+        expect = (body.get("metadata") or {}).get("resourceVersion") or None
+
+        def apply(cur: Obj) -> None:
+            if subresource == "status":
+                cur["status"] = copy.deepcopy(body.get("status") or {})
+            else:
+                status = cur.get("status")
+                cur.clear()
+                cur.update(copy.deepcopy(body))
+                if status is not None and res.plural in ("pods", "jobs", "nodes"):
+                    cur["status"] = status
+        return self.store.update(res.plural, namespace, name, apply, expect_rv=expect)
+
+    def patch(self, res: Resource, namespace: str | None, name: str, body: Any,
+              content_type: str, subresource: str | None) -> Obj:
+        def apply(cur: Obj) -> None:
+            new = json_patch(cur, body) if "json-patch" in content_type else merge_patch(cur, body)
+            if subresource == "status":
+                cur["status"] = new.get("status", {})
+            else:
+                status = cur.get("status")
+                cur.clear()
+                cur.update(new)
+                if status is not None and res.plural in ("pods", "jobs"):
+                    cur["status"] = status
+        return self.store.update(res.plural, namespace, name, apply)
+
+    # --- deletion ----------------------------------------------------------------
+    def delete(self, res: Resource, namespace: str | None, name: str,
+               grace: int | None = None, propagation: str | None = None) -> Obj:
+        """Returns the object (still there, with deletionTimestamp) or a Success Status."""
+        cur = self.store.get(res.plural, namespace, name)
+        if res.plural == "pods":
+            return self.delete_pod(namespace, name, grace)
+        if propagation is None:
+            # batch/v1 Jobs default to orphaning their pods (a legacy REST default)
+            propagation = "Orphan" if res.plural == "jobs" else "Background"
+        if propagation == "Foreground":
+            def mark(o: Obj) -> None:
+                m = o["metadata"]
+                m.setdefault("deletionTimestamp", now_rfc3339())
+                m.setdefault("deletionGracePeriodSeconds", 0)
+                fins = m.setdefault("finalizers", [])
+                if "foregroundDeletion" not in fins:
+                    fins.append("foregroundDeletion")
+            return self.store.update(res.plural, namespace, name, mark)
+        if propagation == "Orphan":
+            self._orphan_dependents(cur["metadata"]["uid"])
+        gone = self.store.remove(res.plural, namespace, name)
+        if res.plural == "services":
+            return gone         # services return the deleted object, like pods
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "details": {"name": name, "group": res.group_version.rpartition("/")[0],
+                            "kind": res.plural, "uid": gone["metadata"]["uid"]}}
+
+    def _orphan_dependents(self, owner_uid: str) -> None:
+        pods, _ = self.store.list("pods", None, lambda p: any(
+            r.get("uid") == owner_uid for r in p["metadata"].get("ownerReferences") or []))
+        for p in pods:
+            def strip(o: Obj) -> None:
+                o["metadata"]["ownerReferences"] = [
+                    r for r in o["metadata"].get("ownerReferences") or [] if r.get("uid") != owner_uid]
+            self.store.update("pods", p["metadata"]["namespace"], p["metadata"]["name"], strip)
+
+    def delete_pod(self, namespace: str | None, name: str, grace: int | None) -> Obj:
+        with self.store.cond:
+            pod = self.store.get("pods", namespace, name)
+            spec, status = pod.get("spec") or {}, pod.get("status") or {}
+            if grace is None:
+                grace = spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+            # unscheduled or terminal pods need no kubelet confirmation
+            if not spec.get("nodeName") or status.get("phase") in ("Succeeded", "Failed"):
+                grace = 0
+            if grace <= 0:
+                return self.store.remove("pods", namespace, name)
+            meta = pod["metadata"]
+            if meta.get("deletionTimestamp") and meta.get("deletionGracePeriodSeconds", 1e9) <= grace:
+                return pod      # already terminating with a shorter or equal grace period
+
+            def mark(o: Obj) -> None:
+                when = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=grace)
+                o["metadata"]["deletionTimestamp"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+                o["metadata"]["deletionGracePeriodSeconds"] = grace
+            return self.store.update("pods", namespace, name, mark)
+
+    # --- logs ----------------------------------------------------------------------
+    def append_log(self, namespace: str, pod: str, container: str, line: str) -> None:
+        with self.store.cond:
+            self.logs.setdefault((namespace, pod, container), []).append(line)
+            self.store.cond.notify_all()
+
+    def log_lines(self, namespace: str, pod: str, container: str) -> list[str]:
+        with self.store.cond:
+            return list(self.logs.get((namespace, pod, container), []))
+
+    def record(self, entry: Obj) -> None:
+        with self.requests_lock:
+            self.requests.append(entry)
+
+    def sent(self, verb: str | None = None, path_contains: str = "") -> list[Obj]:
+        with self.requests_lock:
+            return [r for r in self.requests
+                    if (verb is None or r["verb"] == verb) and path_contains in r["path"]]

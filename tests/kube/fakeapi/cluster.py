@@ -1,0 +1,725 @@
+"""A scripted cluster behind the fake API server: Job controller, garbage collector,
+scheduler, kubelets, node lifecycle controller, taint manager and pod GC.
+
+Controllers act on the store through ``Api`` (the same code path as a client's request) once
+per ``tick()``; tests call ``tick()`` themselves or ``start()`` a background thread. Every
+Kubernetes duration (node-monitor-grace-period, tolerationSeconds, image pull back-off) is
+multiplied by ``Timings.scale`` so a node failure plays out in seconds. Per-pod behaviour
+(how long a container runs, its exit code, OOM, log lines) is scripted in real seconds.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .api import RESOURCES, Api
+from .store import ApiError, Obj, now_rfc3339
+
+POD = RESOURCES[("v1", "pods")]
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+UNREACHABLE = "node.kubernetes.io/unreachable"
+NOT_READY = "node.kubernetes.io/not-ready"
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+
+
+@dataclass
+class Timings:
+    scale: float = 0.01                     # real seconds per Kubernetes second
+    node_monitor_grace_period: float = 40.0  # Kubernetes seconds (50 from 1.32)
+    image_pull_backoff_after: float = 10.0   # ErrImagePull -> ImagePullBackOff
+
+    def real(self, k8s_seconds: float) -> float:
+        return k8s_seconds * self.scale
+
+
+@dataclass
+class PodScript:
+    """What a pod's containers do once started (real seconds)."""
+
+    run_seconds: float | None = 0.2          # None: run until deleted
+    exit_code: int = 0
+    reason: str | None = None                # e.g. "OOMKilled"; default Completed / Error
+    logs: list[tuple[float, str]] = field(default_factory=list)   # (offset s, line)
+    start_delay: float = 0.0                 # bound -> running
+    sigterm_exit_code: int = 143
+
+
+@dataclass
+class NodeState:
+    alive: bool = True                        # kubelet posting status
+    last_heartbeat: float = field(default_factory=time.monotonic)
+    taint_times: dict[str, float] = field(default_factory=dict)  # taint key -> monotonic
+
+
+@dataclass
+class PodRuntime:
+    script: PodScript
+    bound_at: float
+    started_at: float | None = None
+    logs_sent: int = 0
+    pull_failed_at: float | None = None
+
+
+_QTY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
+_SUFFIX = {"": 1, "m": 1e-3, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def quantity(q: Any) -> float:
+    if isinstance(q, (int, float)):
+        return float(q)
+    m = _QTY.match(str(q).strip())
+    if not m or m.group(2) not in _SUFFIX:
+        return 0.0
+    return float(m.group(1)) * _SUFFIX[m.group(2)]
+
+
+def pod_requests(pod: Obj) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        req = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        for k, v in req.items():
+            total[k] = total.get(k, 0.0) + quantity(v)
+    return total
+
+
+def _match_expr(labels: dict[str, str], expr: Obj) -> bool:
+    key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+    val = labels.get(key)
+    if op == "In":
+        return val in values
+    if op == "NotIn":
+        return val not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    if op in ("Gt", "Lt") and val is not None and values:
+        try:
+            return int(val) > int(values[0]) if op == "Gt" else int(val) < int(values[0])
+        except ValueError:
+            return False
+    return False
+
+
+def node_fits_affinity(pod: Obj, node: Obj) -> bool:
+    labels = dict((node.get("metadata") or {}).get("labels") or {})
+    name = node["metadata"]["name"]
+    spec = pod.get("spec") or {}
+    for k, v in (spec.get("nodeSelector") or {}).items():
+        if labels.get(k) != v:
+            return False
+    req = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+           .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    if req:
+        terms = req.get("nodeSelectorTerms") or []
+        ok = False
+        for term in terms:
+            exprs = term.get("matchExpressions") or []
+            fields = term.get("matchFields") or []
+            if all(_match_expr(labels, e) for e in exprs) and \
+                    all(_match_expr({"metadata.name": name}, f) for f in fields):
+                ok = True
+                break
+        if not ok:
+            return False
+    return True
+
+
+def tolerates(pod: Obj, taint: Obj) -> Obj | None:
+    """The toleration that tolerates ``taint``, or None."""
+    for t in (pod.get("spec") or {}).get("tolerations") or []:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        if t.get("operator") == "Exists":
+            if not t.get("key") or t.get("key") == taint.get("key"):
+                return t
+        elif t.get("key") == taint.get("key") and t.get("value", "") == taint.get("value", ""):
+            return t
+    return None
+
+
+def _set_condition(conds: list[Obj], cond: Obj) -> list[Obj]:
+    out = [c for c in conds if c.get("type") != cond["type"]]
+    old = next((c for c in conds if c.get("type") == cond["type"]), None)
+    if old and old.get("status") == cond.get("status") and old.get("reason") == cond.get("reason"):
+        return conds
+    cond.setdefault("lastTransitionTime", now_rfc3339())
+    out.append(cond)
+    return out
+
+
+def _compress_indexes(idx: list[int]) -> str:
+    idx = sorted(set(idx))
+    parts, i = [], 0
+    while i < len(idx):
+        j = i
+        while j + 1 < len(idx) and idx[j + 1] == idx[j] + 1:
+            j += 1
+        parts.append(str(idx[i]) if i == j else f"{idx[i]}-{idx[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _is_terminal(pod: Obj) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+class Cluster:
+    def __init__(self, api: Api, timings: Timings | None = None):
+        self.api = api
+        self.store = api.store
+        self.timings = timings or Timings()
+        self.nodes: dict[str, NodeState] = {}
+        self.pods: dict[str, PodRuntime] = {}
+        self.bad_images: set[str] = set()
+        self.default_script = PodScript()
+        self._scripts: list[tuple[Callable[[Obj], bool], PodScript]] = []
+        self._job_pods: dict[str, dict[str, bool]] = {}   # job uid -> pod uid -> counted failed
+        self.timeline: list[tuple[float, str, str]] = []   # (time.time(), what, detail)
+        self._lock = threading.RLock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # --- scripting -----------------------------------------------------------------
+    def script(self, *, job: str | None = None, index: int | None = None,
+               when: Callable[[Obj], bool] | None = None, **kw: Any) -> PodScript:
+        """Behaviour for pods matching job name / completion index / predicate (last wins)."""
+        s = PodScript(**kw)
+
+        def pred(pod: Obj) -> bool:
+            labels = pod["metadata"].get("labels") or {}
+            if job is not None and labels.get("job-name") != job:
+                return False
+            if index is not None and labels.get(INDEX_KEY) != str(index):
+                return False
+            return when(pod) if when else True
+        with self._lock:
+            self._scripts.append((pred, s))
+        return s
+
+    def _script_for(self, pod: Obj) -> PodScript:
+        for pred, s in reversed(self._scripts):
+            if pred(pod):
+                return s
+        return self.default_script
+
+    def note(self, what: str, detail: str = "") -> None:
+        self.timeline.append((time.time(), what, detail))
+
+    # --- nodes -----------------------------------------------------------------------
+    def add_node(self, name: str, labels: dict[str, str] | None = None,
+                 capacity: dict[str, str] | None = None) -> Obj:
+        cap = {"cpu": "16", "memory": "64Gi", "pods": "110", **(capacity or {})}
+        node = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name,
+                                                      "kubernetes.io/os": "linux",
+                                                      **(labels or {})}},
+                "spec": {},
+                "status": {"capacity": cap, "allocatable": dict(cap),
+                           "conditions": [self._ready_cond("True", "KubeletReady",
+                                                           "kubelet is posting ready status")],
+                           "addresses": [{"type": "InternalIP", "address": f"10.0.0.{len(self.nodes) + 1}"},
+                                         {"type": "Hostname", "address": name}]}}
+        with self._lock:
+            self.nodes[name] = NodeState()
+            return self.api.create(RESOURCES[("v1", "nodes")], None, node)
+
+    @staticmethod
+    def _ready_cond(status: str, reason: str, message: str) -> Obj:
+        now = now_rfc3339()
+        return {"type": "Ready", "status": status, "reason": reason, "message": message,
+                "lastHeartbeatTime": now, "lastTransitionTime": now}
+
+    def kill_node(self, name: str) -> None:
+        """The machine dies: its kubelet stops posting status; pod statuses freeze."""
+        with self._lock:
+            self.nodes[name].alive = False
+            self.note("node_killed", name)
+
+    def set_node_ready(self, name: str, ready: bool, reason: str = "KubeletNotReady") -> None:
+        """A live kubelet reports Ready=False (e.g. runtime down) or True again."""
+        with self._lock:
+            st = "True" if ready else "False"
+            msg = "kubelet is posting ready status" if ready else "container runtime is down"
+            self._update_node_ready(name, st, "KubeletReady" if ready else reason, msg)
+            self.note("node_ready" if ready else "node_not_ready", name)
+
+    def delete_node(self, name: str) -> None:
+        with self._lock:
+            self.store.remove("nodes", None, name)
+            self.nodes.pop(name, None)
+            self.note("node_deleted", name)
+
+    def taint_out_of_service(self, name: str) -> None:
+        with self._lock:
+            taint = {"key": OUT_OF_SERVICE, "value": "nodeshutdown", "effect": "NoExecute",
+                     "timeAdded": now_rfc3339()}
+            self.store.update("nodes", None, name, lambda n: n["spec"].setdefault(
+                "taints", []).append(taint))
+
+    def _update_node_ready(self, name: str, status: str, reason: str, message: str) -> None:
+        def mut(n: Obj) -> None:
+            conds = n["status"].get("conditions") or []
+            n["status"]["conditions"] = _set_condition(
+                conds, self._ready_cond(status, reason, message))
+            taints = [t for t in n["spec"].get("taints") or []
+                      if t["key"] not in (UNREACHABLE, NOT_READY)]
+            key = None if status == "True" else UNREACHABLE if status == "Unknown" else NOT_READY
+            if key:
+                for effect in ("NoSchedule", "NoExecute"):
+                    taints.append({"key": key, "effect": effect, "timeAdded": now_rfc3339()})
+            if taints:
+                n["spec"]["taints"] = taints
+            else:
+                n["spec"].pop("taints", None)
+        state = self.nodes.get(name)
+        if state is not None:
+            now = time.monotonic()
+            keep = {k: v for k, v in state.taint_times.items() if k not in (UNREACHABLE, NOT_READY)}
+            if status == "Unknown":
+                keep[UNREACHABLE] = state.taint_times.get(UNREACHABLE, now)
+            elif status == "False":
+                keep[NOT_READY] = state.taint_times.get(NOT_READY, now)
+            state.taint_times = keep
+        self.store.update("nodes", None, name, mut)
+
+    # --- driving ---------------------------------------------------------------------
+    def start(self, interval: float = 0.02) -> "Cluster":
+        if self._thread is not None and self._thread.is_alive():
+            return self
+        self._stop.clear()
+
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                try:
+                    self.tick()
+                except ApiError:
+                    continue      # raced with a client's delete; the next tick converges
+        self._thread = threading.Thread(target=loop, name="fake-cluster", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+        self._thread = None
+
+    def tick(self) -> None:
+        with self._lock:
+            self._job_controller()
+            self._garbage_collector()
+            self._scheduler()
+            self._kubelets()
+            self._node_lifecycle()
+            self._taint_manager()
+            self._pod_gc()
+
+    def run_until(self, predicate: Callable[[], bool], timeout: float = 10.0,
+                  interval: float = 0.01) -> bool:
+        """Tick (when no background thread runs) until ``predicate()`` holds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._thread is None:
+                self.tick()
+            if predicate():
+                return True
+            time.sleep(interval)
+        return predicate()
+
+    # --- job controller ----------------------------------------------------------------
+    def _job_controller(self) -> None:
+        jobs, _ = self.store.list("jobs")
+        for job in jobs:
+            try:
+                self._sync_job(job)
+            except ApiError as err:
+                if err.code not in (404, 409):
+                    raise
+
+    def _sync_job(self, job: Obj) -> None:
+        meta, spec, status = job["metadata"], job["spec"], job.get("status") or {}
+        ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        pods, _ = self.store.list("pods", ns, lambda p: any(
+            r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or []))
+        seen = self._job_pods.setdefault(uid, {})
+        present = {p["metadata"]["uid"] for p in pods}
+        # a pod that vanished or is terminating before succeeding counts as failed
+        for puid in list(seen):
+            if puid not in present and not seen[puid]:
+                seen[puid] = True
+        for p in pods:
+            puid = p["metadata"]["uid"]
+            phase = (p.get("status") or {}).get("phase")
+            failed = phase == "Failed" or (bool(p["metadata"].get("deletionTimestamp"))
+                                           and phase != "Succeeded")
+            seen[puid] = seen.get(puid, False) or failed
+        conds = status.get("conditions") or []
+        finished = any(c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in conds)
+        active = [p for p in pods if not _is_terminal(p) and not p["metadata"].get("deletionTimestamp")]
+        completions = int(spec.get("completions") or 1)
+        succeeded_idx = sorted({int((p["metadata"].get("annotations") or {}).get(INDEX_KEY, -1))
+                                for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"})
+        n_failed = sum(1 for v in seen.values() if v)
+        new_conds = list(conds)
+        if meta.get("deletionTimestamp"):
+            return
+        if not finished and n_failed > int(spec.get("backoffLimit", 6)):
+            for ctype in ("FailureTarget", "Failed"):
+                new_conds = _set_condition(new_conds, {
+                    "type": ctype, "status": "True", "reason": "BackoffLimitExceeded",
+                    "message": "Job has reached the specified backoff limit",
+                    "lastProbeTime": now_rfc3339()})
+            finished = True
+            self.note("job_failed", name)
+        if finished or spec.get("suspend"):
+            for p in active:
+                self.api.delete_pod(ns, p["metadata"]["name"], None)
+            active = []
+            if spec.get("suspend") and not finished:
+                new_conds = _set_condition(new_conds, {"type": "Suspended", "status": "True",
+                                                       "reason": "JobSuspended",
+                                                       "message": "Job suspended"})
+        else:
+            active_idx = {int((p["metadata"].get("annotations") or {}).get(INDEX_KEY, -1))
+                          for p in active}
+            for idx in range(completions):
+                if idx in succeeded_idx or idx in active_idx:
+                    continue
+                if len(active) >= int(spec.get("parallelism") or completions):
+                    break
+                created = self.api.create(POD, ns, self._pod_from_template(job, idx))
+                seen[created["metadata"]["uid"]] = False
+                active.append(created)
+            if len(succeeded_idx) >= completions:
+                for ctype in ("SuccessCriteriaMet", "Complete"):
+                    new_conds = _set_condition(new_conds, {
+                        "type": ctype, "status": "True", "reason": "CompletionsReached",
+                        "message": "Reached expected number of succeeded pods",
+                        "lastProbeTime": now_rfc3339()})
+                self.note("job_complete", name)
+        new_status: Obj = {
+            "active": len(active), "succeeded": len(succeeded_idx), "failed": n_failed,
+            "ready": sum(1 for p in active if (p.get("status") or {}).get("phase") == "Running"),
+            "startTime": status.get("startTime") or now_rfc3339(),
+        }
+        if spec.get("completionMode") == "Indexed" and succeeded_idx:
+            new_status["completedIndexes"] = _compress_indexes(succeeded_idx)
+        if new_conds:
+            new_status["conditions"] = new_conds
+        if any(c["type"] == "Complete" and c["status"] == "True" for c in new_conds):
+            new_status["completionTime"] = status.get("completionTime") or now_rfc3339()
+        for k, v in list(new_status.items()):
+            if v == 0 and k in ("active", "succeeded", "failed", "ready"):
+                new_status.pop(k)      # the real controller omits zero counters
+        if new_status != {k: v for k, v in status.items()}:
+            self.store.update("jobs", ns, name, lambda j: j.__setitem__("status", new_status))
+
+    def _pod_from_template(self, job: Obj, idx: int) -> Obj:
+        import copy
+        meta, spec = job["metadata"], job["spec"]
+        tmpl = copy.deepcopy(spec["template"])
+        tmeta, tspec = tmpl.get("metadata") or {}, tmpl["spec"]
+        indexed = spec.get("completionMode") == "Indexed"
+        labels = dict(tmeta.get("labels") or {})
+        annotations = dict(tmeta.get("annotations") or {})
+        if indexed:
+            labels[INDEX_KEY] = str(idx)
+            annotations[INDEX_KEY] = str(idx)
+            tspec.setdefault("hostname", f"{meta['name']}-{idx}")
+            for c in tspec.get("containers") or []:
+                env = c.setdefault("env", [])
+                if not any(e.get("name") == "JOB_COMPLETION_INDEX" for e in env):
+                    env.append({"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
+                        "apiVersion": "v1",
+                        "fieldPath": f"metadata.annotations['{INDEX_KEY}']"}}})
+        return {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"generateName": f"{meta['name']}-{idx}-" if indexed else f"{meta['name']}-",
+                             "namespace": meta["namespace"], "labels": labels,
+                             "annotations": annotations,
+                             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                                  "name": meta["name"], "uid": meta["uid"],
+                                                  "controller": True, "blockOwnerDeletion": True}]},
+                "spec": tspec}
+
+    # --- garbage collector ---------------------------------------------------------------
+    def _garbage_collector(self) -> None:
+        jobs, _ = self.store.list("jobs")
+        live = {j["metadata"]["uid"] for j in jobs}
+        pods, _ = self.store.list("pods")
+        for job in jobs:
+            m = job["metadata"]
+            if not m.get("deletionTimestamp") or "foregroundDeletion" not in (m.get("finalizers") or []):
+                continue
+            deps = [p for p in pods if any(r.get("uid") == m["uid"]
+                                           for r in p["metadata"].get("ownerReferences") or [])]
+            for p in deps:
+                if not p["metadata"].get("deletionTimestamp"):
+                    self._try(lambda p=p: self.api.delete_pod(p["metadata"]["namespace"],
+                                                               p["metadata"]["name"], None))
+            if not deps:
+                self._try(lambda: self.store.remove("jobs", m["namespace"], m["name"]))
+        for p in pods:
+            refs = [r for r in p["metadata"].get("ownerReferences") or [] if r.get("kind") == "Job"]
+            if refs and not any(r["uid"] in live for r in refs) and not p["metadata"].get("deletionTimestamp"):
+                self._try(lambda p=p: self.api.delete_pod(p["metadata"]["namespace"],
+                                                           p["metadata"]["name"], None))
+
+    @staticmethod
+    def _try(fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except ApiError as err:
+            if err.code != 404:
+                raise
+
+    # --- scheduler -----------------------------------------------------------------------
+    def _scheduler(self) -> None:
+        pods, _ = self.store.list("pods")
+        nodes, _ = self.store.list("nodes")
+        usage: dict[str, dict[str, float]] = {n["metadata"]["name"]: {} for n in nodes}
+        count: dict[str, int] = {n["metadata"]["name"]: 0 for n in nodes}
+        for p in pods:
+            nn = p["spec"].get("nodeName")
+            if nn in usage and not _is_terminal(p):
+                count[nn] += 1
+                for k, v in pod_requests(p).items():
+                    usage[nn][k] = usage[nn].get(k, 0.0) + v
+        for p in pods:
+            if p["spec"].get("nodeName") or p["metadata"].get("deletionTimestamp") or _is_terminal(p):
+                continue
+            fits = []
+            for n in nodes:
+                name = n["metadata"]["name"]
+                ready = next((c["status"] for c in n["status"].get("conditions") or []
+                              if c["type"] == "Ready"), "Unknown")
+                if ready != "True" or n["spec"].get("unschedulable"):
+                    continue
+                if any(t["effect"] in ("NoSchedule", "NoExecute") and not tolerates(p, t)
+                       for t in n["spec"].get("taints") or []):
+                    continue
+                if not node_fits_affinity(p, n):
+                    continue
+                alloc = {k: quantity(v) for k, v in (n["status"].get("allocatable") or {}).items()}
+                req = pod_requests(p)
+                if any(v > alloc.get(k, 0.0) - usage[name].get(k, 0.0) + 1e-9 for k, v in req.items()):
+                    continue
+                fits.append((count[name], name))
+            if not fits:
+                msg = f"0/{len(nodes)} nodes are available"
+                self.store.update("pods", p["metadata"]["namespace"], p["metadata"]["name"],
+                                  lambda o, msg=msg: o["status"].__setitem__("conditions", _set_condition(
+                                      o["status"].get("conditions") or [],
+                                      {"type": "PodScheduled", "status": "False",
+                                       "reason": "Unschedulable", "message": msg})))
+                continue
+            _, chosen = min(fits)
+            count[chosen] += 1
+            for k, v in pod_requests(p).items():
+                usage[chosen][k] = usage[chosen].get(k, 0.0) + v
+
+            def bind(o: Obj, chosen: str = chosen) -> None:
+                o["spec"]["nodeName"] = chosen
+                o["status"]["conditions"] = _set_condition(
+                    o["status"].get("conditions") or [], {"type": "PodScheduled", "status": "True"})
+            self.store.update("pods", p["metadata"]["namespace"], p["metadata"]["name"], bind)
+
+    # --- kubelets -----------------------------------------------------------------------------
+    def _kubelets(self) -> None:
+        pods, _ = self.store.list("pods")
+        now = time.monotonic()
+        for p in pods:
+            nn = p["spec"].get("nodeName")
+            state = self.nodes.get(nn or "")
+            if state is None or not state.alive:
+                continue      # unscheduled, or the kubelet is gone: status frozen
+            uid = p["metadata"]["uid"]
+            rt = self.pods.get(uid)
+            if rt is None:
+                rt = self.pods[uid] = PodRuntime(self._script_for(p), bound_at=now)
+            try:
+                self._run_pod(p, rt, now)
+            except ApiError as err:
+                if err.code != 404:
+                    raise
+
+    def _container_statuses(self, p: Obj, state: Obj, ready: bool) -> list[Obj]:
+        return [{"name": c["name"], "image": c.get("image", ""), "imageID": "",
+                 "ready": ready, "restartCount": 0, "started": "running" in state,
+                 "state": state} for c in p["spec"]["containers"]]
+
+    def _run_pod(self, p: Obj, rt: PodRuntime, now: float) -> None:
+        ns, name = p["metadata"]["namespace"], p["metadata"]["name"]
+        status = p.get("status") or {}
+        s = rt.script
+        if p["metadata"].get("deletionTimestamp"):
+            # graceful deletion: stop containers, report a terminal phase, confirm removal
+            if not _is_terminal(p):
+                running = status.get("phase") == "Running"
+                code = s.sigterm_exit_code if running else 0
+                term = {"terminated": {"exitCode": code, "reason": "Error" if code else "Completed",
+                                       "startedAt": now_rfc3339(), "finishedAt": now_rfc3339()}}
+
+                def stop(o: Obj) -> None:
+                    o["status"]["phase"] = "Failed" if code or not running else "Succeeded"
+                    o["status"]["containerStatuses"] = self._container_statuses(o, term, False)
+                self.store.update("pods", ns, name, stop)
+            self.store.remove("pods", ns, name)
+            self.pods.pop(p["metadata"]["uid"], None)
+            return
+        if _is_terminal(p):
+            return
+        container = p["spec"]["containers"][0]["name"]
+        if status.get("phase") == "Pending":
+            if any(c.get("image") in self.bad_images for c in p["spec"]["containers"]):
+                rt.pull_failed_at = rt.pull_failed_at or now
+                late = now - rt.pull_failed_at >= self.timings.real(self.timings.image_pull_backoff_after)
+                reason = "ImagePullBackOff" if late else "ErrImagePull"
+                image = p["spec"]["containers"][0].get("image")
+                msg = (f'Back-off pulling image "{image}"' if late else
+                       f'failed to pull and unpack image "{image}": not found')
+                wait = {"waiting": {"reason": reason, "message": msg}}
+                self.store.update("pods", ns, name, lambda o: o["status"].__setitem__(
+                    "containerStatuses", self._container_statuses(o, wait, False)))
+                return
+            if now - rt.bound_at < s.start_delay:
+                return
+            rt.started_at = now
+            started = now_rfc3339()
+
+            def run(o: Obj) -> None:
+                st = o["status"]
+                st["phase"] = "Running"
+                st["startTime"] = started
+                st["hostIP"] = "10.0.0.1"
+                st["podIP"] = f"10.244.0.{len(self.pods) % 250 + 2}"
+                st["containerStatuses"] = self._container_statuses(
+                    o, {"running": {"startedAt": started}}, True)
+                conds = st.get("conditions") or []
+                for t in ("Initialized", "ContainersReady", "Ready"):
+                    conds = _set_condition(conds, {"type": t, "status": "True"})
+                st["conditions"] = conds
+            self.store.update("pods", ns, name, run)
+            self.note("pod_running", name)
+        if rt.started_at is None:
+            rt.started_at = now
+        elapsed = now - rt.started_at
+        done = s.run_seconds is not None and elapsed >= s.run_seconds
+        while rt.logs_sent < len(s.logs) and (done or s.logs[rt.logs_sent][0] <= elapsed):
+            self.api.append_log(ns, name, container, s.logs[rt.logs_sent][1])
+            rt.logs_sent += 1
+        if not done:
+            return
+        code = s.exit_code if s.reason != "OOMKilled" or s.exit_code else 137
+        reason = s.reason or ("Completed" if code == 0 else "Error")
+        started = (status.get("startTime") or now_rfc3339())
+        term = {"terminated": {"exitCode": code, "reason": reason, "startedAt": started,
+                               "finishedAt": now_rfc3339()}}
+
+        def finish(o: Obj) -> None:
+            o["status"]["phase"] = "Succeeded" if code == 0 else "Failed"
+            o["status"]["containerStatuses"] = self._container_statuses(o, term, False)
+            conds = o["status"].get("conditions") or []
+            for t in ("ContainersReady", "Ready"):
+                conds = _set_condition(conds, {"type": t, "status": "False",
+                                               "reason": "PodCompleted" if code == 0 else "PodFailed"})
+            o["status"]["conditions"] = conds
+        self.store.update("pods", ns, name, finish)
+        self.note("pod_exited", f"{name} {code} {reason}")
+
+    # --- node lifecycle controller --------------------------------------------------------------
+    def _node_lifecycle(self) -> None:
+        now = time.monotonic()
+        grace = self.timings.real(self.timings.node_monitor_grace_period)
+        for name, st in list(self.nodes.items()):
+            if st.alive:
+                st.last_heartbeat = now
+                continue
+            try:
+                node = self.store.get("nodes", None, name)
+            except ApiError:
+                continue
+            ready = next((c for c in node["status"].get("conditions") or [] if c["type"] == "Ready"), {})
+            if ready.get("status") != "Unknown" and now - st.last_heartbeat > grace:
+                self._update_node_ready(name, "Unknown", "NodeStatusUnknown",
+                                        "Kubelet stopped posting node status.")
+                self.note("node_unknown", name)
+                # MarkPodsNotReady
+                pods, _ = self.store.list("pods", None, lambda p: p["spec"].get("nodeName") == name)
+                for p in pods:
+                    if _is_terminal(p):
+                        continue
+                    self.store.update("pods", p["metadata"]["namespace"], p["metadata"]["name"],
+                                      lambda o: o["status"].__setitem__("conditions", _set_condition(
+                                          o["status"].get("conditions") or [],
+                                          {"type": "Ready", "status": "False"})))
+
+    # --- taint manager -------------------------------------------------------------------------
+    def _taint_manager(self) -> None:
+        now = time.monotonic()
+        nodes, _ = self.store.list("nodes")
+        for n in nodes:
+            taints = [t for t in n["spec"].get("taints") or [] if t["effect"] == "NoExecute"]
+            if not taints:
+                continue
+            name = n["metadata"]["name"]
+            st = self.nodes.get(name)
+            pods, _ = self.store.list("pods", None, lambda p: p["spec"].get("nodeName") == name)
+            for p in pods:
+                if p["metadata"].get("deletionTimestamp"):
+                    continue
+                evict_at = None
+                for t in taints:
+                    tol = tolerates(p, t)
+                    if tol is None:
+                        evict_at = now
+                        break
+                    if tol.get("tolerationSeconds") is not None:
+                        added = (st.taint_times.get(t["key"], now) if st else now)
+                        at = added + self.timings.real(float(tol["tolerationSeconds"]))
+                        evict_at = at if evict_at is None else min(evict_at, at)
+                if evict_at is None or now < evict_at:
+                    continue
+                ns, pname = p["metadata"]["namespace"], p["metadata"]["name"]
+                self.store.update("pods", ns, pname, lambda o: o["status"].__setitem__(
+                    "conditions", _set_condition(o["status"].get("conditions") or [], {
+                        "type": "DisruptionTarget", "status": "True",
+                        "reason": "DeletionByTaintManager",
+                        "message": "Taint manager: deleting due to NoExecute taint"})))
+                self.api.delete_pod(ns, pname, None)
+                self.note("taint_evicted", pname)
+
+    # --- pod GC --------------------------------------------------------------------------------
+    def _pod_gc(self) -> None:
+        nodes, _ = self.store.list("nodes")
+        by_name = {n["metadata"]["name"]: n for n in nodes}
+        pods, _ = self.store.list("pods")
+        for p in pods:
+            nn = p["spec"].get("nodeName")
+            if not nn:
+                continue
+            node = by_name.get(nn)
+            orphaned = node is None
+            oos = node is not None and any(t["key"] == OUT_OF_SERVICE for t in node["spec"].get("taints") or []) \
+                and p["metadata"].get("deletionTimestamp") is not None
+            if not (orphaned or oos):
+                continue
+            ns, pname = p["metadata"]["namespace"], p["metadata"]["name"]
+
+            def mark(o: Obj) -> None:
+                o["status"]["conditions"] = _set_condition(o["status"].get("conditions") or [], {
+                    "type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC",
+                    "message": "PodGC: node no longer exists" if orphaned else
+                    "PodGC: node is out of service"})
+                if not _is_terminal(o):
+                    o["status"]["phase"] = "Failed"
+            self._try(lambda: self.store.update("pods", ns, pname, mark))
+            self._try(lambda: self.store.remove("pods", ns, pname))
+            self.pods.pop(p["metadata"]["uid"], None)
+            self.note("podgc_deleted", pname)

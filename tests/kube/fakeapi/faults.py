@@ -1,0 +1,75 @@
+"""Faults a test injects into the fake API server.
+
+Each rule matches requests by HTTP verb and a regex on the path, and fires for the next N
+matching requests: an error Status (5xx, 409 Conflict, 429), or a lost response (the server
+performs the request, then drops the connection without answering, as a timeout looks to a
+client). Watch drops close every open watch stream mid-way (no terminating chunk).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Rule:
+    verb: str | None          # GET, POST, PUT, PATCH, DELETE; None = any
+    path: re.Pattern[str]
+    remaining: int
+    action: str               # "error" | "lose_response"
+    code: int = 503
+    reason: str = "ServiceUnavailable"
+    watch: bool | None = None  # restrict to watch (True) / non-watch (False) requests
+    fired: int = 0
+
+
+@dataclass
+class Faults:
+    rules: list[Rule] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    watch_generation: int = 0   # bumped by drop_watches(); open streams compare and close
+
+    def fail_next(self, n: int = 1, *, code: int = 503, verb: str | None = None,
+                  path: str = ".*", watch: bool | None = None) -> Rule:
+        reason = {500: "InternalError", 503: "ServiceUnavailable", 502: "BadGateway",
+                  504: "Timeout", 429: "TooManyRequests", 409: "Conflict"}.get(code, "Unknown")
+        return self._add(Rule(verb, re.compile(path), n, "error", code, reason, watch))
+
+    def conflict_next(self, n: int = 1, *, verb: str | None = None, path: str = ".*") -> Rule:
+        return self.fail_next(n, code=409, verb=verb, path=path)
+
+    def lose_response_next(self, n: int = 1, *, verb: str | None = None,
+                           path: str = ".*") -> Rule:
+        return self._add(Rule(verb, re.compile(path), n, "lose_response"))
+
+    def drop_watches(self) -> None:
+        with self.lock:
+            self.watch_generation += 1
+
+    def _add(self, rule: Rule) -> Rule:
+        with self.lock:
+            self.rules.append(rule)
+        return rule
+
+    def match(self, verb: str, path: str, is_watch: bool) -> Rule | None:
+        """The first armed rule for this request (consumes one of its shots)."""
+        with self.lock:
+            for rule in self.rules:
+                if rule.remaining <= 0:
+                    continue
+                if rule.verb and rule.verb != verb:
+                    continue
+                if rule.watch is not None and rule.watch != is_watch:
+                    continue
+                if not rule.path.search(path):
+                    continue
+                rule.remaining -= 1
+                rule.fired += 1
+                return rule
+            return None
+
+    def clear(self) -> None:
+        with self.lock:
+            self.rules.clear()

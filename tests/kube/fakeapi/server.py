@@ -1,0 +1,382 @@
+"""HTTP layer of the fake Kubernetes API server (standard library only).
+
+Speaks the REST paths the official client uses: /api/v1/..., /apis/<group>/<version>/...,
+get/list/watch/create/replace/patch/delete, pods/log (follow), status subresources. Watches
+stream newline-delimited JSON events over chunked transfer encoding, like the real server.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from .api import RESOURCES, Api, Resource
+from .faults import Faults
+from .selectors import SelectorError, field_matcher, label_matcher
+from .store import ApiError, Gone, Obj, Store
+
+MAX_WATCH_SECONDS = 1800
+
+
+class _Dropped(Exception):
+    """The connection was cut on purpose (fault injection)."""
+
+
+def parse_path(path: str) -> tuple[Resource, str | None, str | None, str | None]:
+    """-> (resource, namespace, name, subresource); ApiError 404 for unknown paths."""
+    parts = [p for p in path.split("/") if p]
+    if parts[:2] == ["api", "v1"]:
+        gv, rest = "v1", parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        gv, rest = f"{parts[1]}/{parts[2]}", parts[3:]
+    else:
+        raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+    namespace = None
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    if not rest:
+        raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+    res = RESOURCES.get((gv, rest[0]))
+    if res is None:
+        raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
+    name = rest[1] if len(rest) > 1 else None
+    sub = rest[2] if len(rest) > 2 else None
+    return res, namespace, name, sub
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "FakeApiServer"
+
+    def log_message(self, fmt: str, *args: Any) -> None:   # keep test output quiet
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        # headers and body go out in separate writes: without NODELAY, Nagle + delayed ACK
+        # would add ~40 ms to every request, which a real apiserver does not
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    # --- plumbing ------------------------------------------------------------------
+    def _body(self) -> Any:
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ApiError(400, "BadRequest", "request body is not valid JSON")
+
+    def _send(self, code: int, payload: Any, content_type: str = "application/json") -> None:
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _start_stream(self, content_type: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):X}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def _end_stream(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    def _drop(self) -> None:
+        """Cut the connection without a proper end (what a dying server/LB does)."""
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    # --- dispatch ------------------------------------------------------------------
+    def _dispatch(self, verb: str) -> None:
+        api: Api = self.server.api
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        is_watch = verb == "GET" and query.get("watch") in ("true", "1")
+        body: Any = None
+        try:
+            body = self._body()
+        except ApiError as err:
+            self._send(err.code, err.status())
+            return
+        api.record({"verb": verb, "path": url.path, "query": query, "body": body,
+                    "time": time.time()})
+        if url.path in ("/version", "/version/"):
+            self._send(200, {"major": "1", "minor": "34", "gitVersion": "v1.34.0-fake"})
+            return
+        rule = self.server.faults.match(verb, url.path, is_watch)
+        if rule is not None and rule.action == "error":
+            err = ApiError(rule.code, rule.reason, f"injected fault: {rule.code} {rule.reason}")
+            self._send(rule.code, err.status())
+            return
+        lose = rule is not None and rule.action == "lose_response"
+        try:
+            res, ns, name, sub = parse_path(url.path)
+            if verb == "GET" and sub == "log":
+                if lose:
+                    self._drop()
+                    return
+                self._logs(res, ns, name, query)
+                return
+            if is_watch:
+                if lose:
+                    self._drop()
+                    return
+                self._watch(res, ns, query)
+                return
+            code, payload = self._handle(verb, res, ns, name, sub, query, body)
+        except ApiError as err:
+            code, payload = err.code, err.status()
+        except SelectorError as err:
+            code, payload = 400, ApiError(400, "BadRequest", str(err)).status()
+        except _Dropped:
+            return
+        if lose:
+            self._drop()
+            return
+        self._send(code, payload)
+
+    def _handle(self, verb: str, res: Resource, ns: str | None, name: str | None,
+                sub: str | None, query: dict[str, str], body: Any) -> tuple[int, Obj]:
+        api: Api = self.server.api
+        if res.namespaced and name is None and verb == "POST" and ns is None:
+            raise ApiError(405, "MethodNotAllowed", "create needs a namespace in the path")
+        if verb == "GET" and name is None:
+            return 200, self._list(res, ns, query)
+        if verb == "GET" and res.plural == "namespaces":
+            try:
+                return 200, api.store.get("namespaces", None, name)
+            except ApiError:    # namespaces exist implicitly
+                return 200, {"apiVersion": "v1", "kind": "Namespace",
+                             "metadata": {"name": name}, "status": {"phase": "Active"}}
+        if verb == "GET":
+            return 200, api.store.get(res.plural, ns, name)
+        if verb == "POST":
+            if not isinstance(body, dict):
+                raise ApiError(400, "BadRequest", "a JSON object body is required")
+            return 201, api.create(res, ns, body)
+        if verb == "PUT":
+            return 200, api.replace(res, ns, name, body or {}, sub)
+        if verb == "PATCH":
+            return 200, api.patch(res, ns, name, body, self.headers.get("Content-Type", ""), sub)
+        if verb == "DELETE":
+            opts = body if isinstance(body, dict) else {}
+            grace = opts.get("gracePeriodSeconds", query.get("gracePeriodSeconds"))
+            prop = opts.get("propagationPolicy", query.get("propagationPolicy"))
+            if opts.get("orphanDependents") is True and prop is None:
+                prop = "Orphan"
+            obj = api.delete(res, ns, name, None if grace is None else int(grace), prop)
+            # deletion pending (finalizers, foreground GC): 202 Accepted with the object
+            pending = obj.get("kind") != "Status" and res.plural != "pods" \
+                and bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+            return (202 if pending else 200), obj
+        raise ApiError(405, "MethodNotAllowed", f"{verb} is not supported")
+
+    def _matcher(self, res: Resource, query: dict[str, str]):
+        lm = label_matcher(query.get("labelSelector"))
+        fm = field_matcher(res.plural, query.get("fieldSelector"))
+        return lambda o: lm(o) and fm(o)
+
+    def _list(self, res: Resource, ns: str | None, query: dict[str, str]) -> Obj:
+        store: Store = self.server.api.store
+        match = self._matcher(res, query)
+        rv = query.get("resourceVersion")
+        # resourceVersionMatch=NotOlderThan / Exact on a compacted RV is 410 like the real server
+        if rv not in (None, "", "0") and query.get("resourceVersionMatch") == "Exact" \
+                and int(rv) < store.oldest_rv:
+            raise Gone(int(rv), store.oldest_rv)
+        items, cur = store.list(res.plural, ns if res.namespaced else None, match)
+        return {"apiVersion": res.api_version, "kind": res.kind + "List",
+                "metadata": {"resourceVersion": str(cur)}, "items": items}
+
+    # --- watch -------------------------------------------------------------------
+    def _watch(self, res: Resource, ns: str | None, query: dict[str, str]) -> None:
+        store: Store = self.server.api.store
+        faults: Faults = self.server.faults
+        match = self._matcher(res, query)   # raises SelectorError before headers go out
+        timeout = min(float(query.get("timeoutSeconds") or MAX_WATCH_SECONDS), MAX_WATCH_SECONDS)
+        deadline = time.monotonic() + timeout
+        generation = faults.watch_generation
+        rv_param = query.get("resourceVersion")
+        self._start_stream("application/json")
+
+        def send(kind: str, obj: Obj) -> None:
+            self._chunk(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+
+        def in_ns(change_ns: str) -> bool:
+            return not res.namespaced or ns is None or change_ns == ns
+
+        try:
+            with store.cond:
+                if rv_param in (None, "", "0"):
+                    items, cursor = store.list(res.plural, ns if res.namespaced else None, match)
+                    initial = items
+                else:
+                    cursor, initial = int(rv_param), []
+            for obj in initial:
+                send("ADDED", obj)
+            while not self.server.stopping.is_set():
+                if faults.watch_generation != generation:
+                    self._drop()
+                    return
+                try:
+                    with store.cond:
+                        changes = store.changes_since(cursor, res.plural)
+                        seen = store.rv
+                except Gone as err:
+                    send("ERROR", err.status())
+                    break
+                for c in changes:
+                    cursor = c.rv
+                    if not in_ns(c.namespace):
+                        continue
+                    new_ok = match(c.obj)
+                    old_ok = c.old is not None and match(c.old)
+                    if c.type == "DELETED":
+                        kind = "DELETED" if old_ok else None
+                    elif c.type == "ADDED":
+                        kind = "ADDED" if new_ok else None
+                    else:
+                        kind = ("MODIFIED" if old_ok and new_ok else "ADDED" if new_ok
+                                else "DELETED" if old_ok else None)
+                    if kind:
+                        send(kind, c.obj)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                store.wait(seen, min(0.05, remaining))
+            self._end_stream()
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True
+
+    # --- logs --------------------------------------------------------------------
+    def _logs(self, res: Resource, ns: str | None, name: str | None, query: dict[str, str]) -> None:
+        api: Api = self.server.api
+        pod = api.store.get("pods", ns, name or "")
+        containers = [c["name"] for c in pod["spec"]["containers"]]
+        container = query.get("container")
+        if not container:
+            if len(containers) != 1:
+                raise ApiError(400, "BadRequest", f"a container name must be specified for pod "
+                               f"{name}, choose one of: [{' '.join(containers)}]")
+            container = containers[0]
+        if container not in containers:
+            raise ApiError(400, "BadRequest",
+                           f"container {container} is not valid for pod {name}")
+        if not _container_started(pod, container):
+            raise ApiError(400, "BadRequest", f'container "{container}" in pod "{name}" is '
+                           "waiting to start: ContainerCreating")
+        lines = api.log_lines(ns or "default", name or "", container)
+        tail = query.get("tailLines")
+        if tail is not None:
+            lines = lines[-int(tail):] if int(tail) else []
+        if query.get("follow") not in ("true", "1"):
+            self._send(200, "".join(l + "\n" for l in lines).encode(), "text/plain")
+            return
+        self._start_stream("text/plain")
+        sent = len(api.log_lines(ns or "default", name or "", container)) - len(lines)
+        generation = self.server.faults.watch_generation
+        try:
+            while not self.server.stopping.is_set():
+                if self.server.faults.watch_generation != generation:
+                    self._drop()
+                    return
+                with api.store.cond:
+                    all_lines = api.log_lines(ns or "default", name or "", container)
+                    try:
+                        cur = api.store.get("pods", ns, name or "")
+                        done = _container_terminated(cur, container)
+                    except ApiError:
+                        done = True
+                    seen = api.store.rv
+                for line in all_lines[sent:]:
+                    self._chunk(line.encode() + b"\n")
+                sent = len(all_lines)
+                if done:
+                    break
+                with api.store.cond:
+                    if len(api.log_lines(ns or "default", name or "", container)) == sent:
+                        api.store.cond.wait(0.05) if api.store.rv == seen else None
+            self._end_stream()
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True
+
+
+def _container_status(pod: Obj, container: str) -> Obj | None:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") == container:
+            return cs
+    return None
+
+
+def _container_started(pod: Obj, container: str) -> bool:
+    cs = _container_status(pod, container)
+    state = (cs or {}).get("state") or {}
+    return "running" in state or "terminated" in state
+
+
+def _container_terminated(pod: Obj, container: str) -> bool:
+    cs = _container_status(pod, container)
+    return "terminated" in ((cs or {}).get("state") or {})
+
+
+class FakeApiServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, history_limit: int = 10_000):
+        super().__init__((host, port), Handler)
+        self.api = Api(Store(history_limit=history_limit))
+        self.faults = Faults()
+        self.stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> "FakeApiServer":
+        self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="fake-kube-api", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.api.store.close()
+        self.shutdown()
+        self.server_close()
+        if self._thread:
+            self._thread.join(timeout=5)

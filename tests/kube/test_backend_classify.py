@@ -1,0 +1,89 @@
+"""Table tests of the pure pod/node -> Event classification (orchestrator/kube/classify_pod)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.backends import base
+from orchestrator.kube.classify_pod import (
+    node_statuses, pod_deleted_event, pod_events)
+
+
+def pod(phase="Running", *, idx=0, uid="u1", node="n1", state=None, conds=None, reason=None):
+    status = {"phase": phase, "conditions": conds or []}
+    if reason:
+        status["reason"] = reason
+    if state is not None:
+        status["containerStatuses"] = [{"name": "trainer", "state": state}]
+    return {"metadata": {"uid": uid, "name": f"p-{uid}", "creationTimestamp": "2026-01-01T00:00:00Z",
+                         "annotations": {"batch.kubernetes.io/job-completion-index": str(idx)}},
+            "spec": {"nodeName": node, "containers": [{"name": "trainer"}]},
+            "status": status}
+
+
+def node(ready="True", reason="KubeletReady"):
+    return {"metadata": {"name": "n1"},
+            "status": {"conditions": [{"type": "Ready", "status": ready, "reason": reason}]}}
+
+
+TERM = lambda code, reason: {"terminated": {"exitCode": code, "reason": reason}}
+
+CASES = [
+    # (pod, node, expected (kind, exit_code, reason) facts besides NODE_STARTED)
+    (pod(state={"running": {}}), node(), []),
+    (pod("Succeeded", state=TERM(0, "Completed")), node(), [(base.NODE_EXITED, 0, "Completed")]),
+    (pod("Failed", state=TERM(1, "Error")), node(), [(base.NODE_EXITED, 1, "Error")]),
+    (pod("Failed", state=TERM(137, "OOMKilled")), node(), [(base.OOM_KILLED, 137, "OOMKilled")]),
+    (pod("Failed", state=TERM(83, "Error")), node(), [(base.NODE_EXITED, 83, "Error")]),
+    (pod("Pending", state={"waiting": {"reason": "ErrImagePull"}}), node(),
+     [(base.IMAGE_PULL_FAILED, None, "ErrImagePull")]),
+    (pod("Pending", state={"waiting": {"reason": "ImagePullBackOff"}}), node(),
+     [(base.IMAGE_PULL_FAILED, None, "ImagePullBackOff")]),
+    (pod("Pending", state={"waiting": {"reason": "ContainerCreating"}}), node(), []),
+    (pod(conds=[{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]),
+     node("Unknown", "NodeStatusUnknown"), [(base.NODE_LOST, None, "DeletionByTaintManager")]),
+    (pod(conds=[{"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}]),
+     node(), [(base.EVICTED, None, "EvictionByEvictionAPI")]),
+    (pod(conds=[{"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}]),
+     node(), [(base.EVICTED, None, "PreemptionByScheduler")]),
+    (pod("Failed", reason="Evicted"), node(), [(base.EVICTED, None, "Evicted")]),
+    (pod(state={"running": {}}), node("Unknown", "NodeStatusUnknown"), [(base.NODE_LOST, None, "NodeStatusUnknown")]),
+    (pod(state={"running": {}}), node("False", "KubeletNotReady"), [(base.NODE_LOST, None, "KubeletNotReady")]),
+    (pod(state={"running": {}}), None, [(base.NODE_LOST, None, "NodeDeleted")]),
+    # an exited pod on a node that later dies is not lost: its result is known
+    (pod("Succeeded", state=TERM(0, "Completed")), node("Unknown"), [(base.NODE_EXITED, 0, "Completed")]),
+]
+
+
+@pytest.mark.parametrize("p,n,expected", CASES)
+def test_pod_events_table(p, n, expected):
+    facts = [(e.kind, e.exit_code, e.reason) for _, e in pod_events(p, n) if e.kind != base.NODE_STARTED]
+    assert facts == expected
+
+
+def test_one_loss_fact_however_it_is_seen():
+    dt = [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]
+    keys = {k for k, e in pod_events(pod(conds=dt), node("Unknown")) if e.kind == base.NODE_LOST}
+    deleted = pod_deleted_event(pod(), cancelled=False, job_finished=False)
+    assert keys == {("lost", "u1")} and deleted[0] == ("lost", "u1")
+
+
+@pytest.mark.parametrize("kw,lost", [
+    ({"cancelled": False, "job_finished": False}, True),
+    ({"cancelled": True, "job_finished": False}, False),
+    ({"cancelled": False, "job_finished": True}, False),
+])
+def test_pod_deleted(kw, lost):
+    assert (pod_deleted_event(pod(), **kw) is not None) == lost
+    # a pod whose exit is known is not lost when its object goes
+    assert pod_deleted_event(pod("Failed", state=TERM(1, "Error")), **kw) is None
+
+
+def test_node_statuses_newest_pod_per_index():
+    old = pod("Failed", idx=0, uid="a", state=TERM(1, "Error"))
+    new = pod("Running", idx=0, uid="b", state={"running": {}})
+    new["metadata"]["creationTimestamp"] = "2026-01-01T00:00:05Z"
+    lost = pod("Running", idx=1, uid="c", node="n2", state={"running": {}})
+    out = node_statuses([old, new, lost], 3, lost={"c"})
+    assert [(n.node, n.phase, n.host) for n in out] == [
+        (0, base.RUNNING, "n1"), (1, base.LOST, "n2"), (2, base.PENDING, None)]

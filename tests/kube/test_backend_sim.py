@@ -1,0 +1,326 @@
+"""Simulations of the Kubernetes backend against the fake API server (tests/kube/fakeapi)
+with a scripted cluster: the real `kubernetes` client, real HTTP, real watches. No real
+cluster is involved; Kubernetes durations are scaled (40 s grace period -> 0.2 s)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+import kubernetes_validate
+import pytest
+from kubernetes import client
+
+from orchestrator.backends import base
+from orchestrator.backends.kubernetes import KubernetesBackend
+from orchestrator.errors import BackendError
+
+from .manifests import attempt_manifests, rendered_plan
+from .simhelpers import Collector
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def backend(fake_api):
+    b = KubernetesBackend(fake_api.client, watch_timeout=2)
+    try:
+        yield b
+    finally:
+        b.close()
+    # close() leaves no watcher or log-follower thread behind
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _wmctl_threads():
+        time.sleep(0.05)
+    assert not _wmctl_threads()
+
+
+def _wmctl_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("wmctl-") and t.is_alive()]
+
+
+def _submit(fake_api, backend, run="sim", attempt=0, **kw):
+    fake_api.cluster.start()
+    ref = backend.submit(rendered_plan(run, attempt, **kw))
+    return ref, Collector(backend, ref)
+
+
+def test_sim_submit_creates_service_then_job_and_second_submit_adopts(fake_api, backend):
+    """Simulation: Service is created before the Job; resubmitting the same attempt (a
+    retry, a second watcher) adopts both, creating nothing twice."""
+    plan = rendered_plan("sim", 0)
+    ref = backend.submit(plan)
+    posts = [r["path"].rsplit("/", 1)[-1] for r in fake_api.api.sent("POST")]
+    assert posts == ["services", "jobs"]
+    again = KubernetesBackend(fake_api.client, watch_timeout=2)
+    try:
+        ref2 = again.submit(plan)
+    finally:
+        again.close()
+    assert ref2 == ref and ref.attempt_name == "sim-a0"
+    assert len(fake_api.store.list("jobs")[0]) == 1 and len(fake_api.store.list("services")[0]) == 1
+    svc = fake_api.store.get("services", "default", "sim-a0")
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"] == {"wmctl.io/run": "sim", "wmctl.io/attempt": "0"}
+
+
+def test_sim_adoption_refuses_a_foreign_object(fake_api, backend):
+    """Simulation: a Job with the attempt's name but another run's labels is an error."""
+    svc, job = attempt_manifests("sim", 0)
+    job["metadata"]["labels"]["wmctl.io/run"] = "someone-else"
+    client.BatchV1Api(fake_api.client).create_namespaced_job("default", job)
+    with pytest.raises(BackendError) as err:
+        backend.submit(rendered_plan("sim", 0))
+    assert "already exists" in str(err.value) and "kubectl" in str(err.value)
+
+
+def test_sim_pods_succeed_and_progress_lines_arrive(fake_api, backend):
+    """Simulation: both pods run and exit 0 -> Observation finished, every node SUCCEEDED;
+    rank 0's WMCTL-PROGRESS lines come back as PROGRESS events, in order, once each."""
+    lines = [(0.0, "torchrun noise"), (0.02, 'WMCTL-PROGRESS {"event":"start","step":0}'),
+             (0.1, 'WMCTL-PROGRESS {"event":"step","step":10}'),
+             (0.2, 'WMCTL-PROGRESS {"event":"checkpoint","step":20}')]
+    fake_api.cluster.script(job="sim-a0", index=0, run_seconds=0.4, logs=lines)
+    fake_api.cluster.script(job="sim-a0", index=1, run_seconds=0.3,
+                            logs=[(0.0, 'WMCTL-PROGRESS {"event":"start","step":0}')])
+    ref, col = _submit(fake_api, backend)
+    assert col.until(lambda c: c.last.finished and len(c.kinds(base.PROGRESS)) == 3)
+    assert [n.phase for n in col.last.nodes] == [base.SUCCEEDED, base.SUCCEEDED]
+    assert [e.progress["event"] for e in col.kinds(base.PROGRESS)] == ["start", "step", "checkpoint"]
+    assert all(e.node == 0 for e in col.kinds(base.PROGRESS))      # only rank 0's log
+    exits = col.kinds(base.NODE_EXITED)
+    assert sorted(e.node for e in exits) == [0, 1] and {e.exit_code for e in exits} == {0}
+    assert len(col.kinds(base.NODE_STARTED)) == 2
+    assert list(backend.logs(ref, 0))[0] == "torchrun noise"
+
+
+@pytest.mark.parametrize("script,kind,code,reason", [
+    ({"exit_code": 1}, base.NODE_EXITED, 1, "Error"),
+    ({"exit_code": 137, "reason": "OOMKilled"}, base.OOM_KILLED, 137, "OOMKilled"),
+    ({"exit_code": 83}, base.NODE_EXITED, 83, "Error"),
+])
+def test_sim_container_failures_are_classified(fake_api, backend, script, kind, code, reason):
+    """Simulation: node 1's container fails; the event names the kind, exit code and node."""
+    fake_api.cluster.script(job="sim-a0", index=0, run_seconds=None)
+    fake_api.cluster.script(job="sim-a0", index=1, run_seconds=0.1, **script)
+    ref, col = _submit(fake_api, backend)
+    assert col.until(lambda c: c.kinds(kind))
+    ev = c_first(col.kinds(kind))
+    assert (ev.node, ev.exit_code, ev.reason) == (1, code, reason)
+    assert ev.host in ("node-a", "node-b", "node-c")
+    assert col.until(lambda c: c.last.nodes[1].phase == base.FAILED)
+
+
+def c_first(events):
+    assert events, "no such event"
+    return events[0]
+
+
+def test_sim_bad_image_reports_image_pull_failed(fake_api, backend):
+    """Simulation: an image the registry does not have -> IMAGE_PULL_FAILED (ErrImagePull)."""
+    fake_api.cluster.bad_images.add("registry.example.com/team/missing:v1")
+    ref, col = _submit(fake_api, backend, image="registry.example.com/team/missing:v1")
+    assert col.until(lambda c: len(c.kinds(base.IMAGE_PULL_FAILED)) == 2)
+    assert {e.reason for e in col.kinds(base.IMAGE_PULL_FAILED)} == {"ErrImagePull"}
+    assert [n.phase for n in col.last.nodes] == [base.PENDING, base.PENDING]
+    assert not col.kinds(base.NODE_STARTED)
+
+
+def test_sim_node_lost_from_node_conditions_before_taint_manager(fake_api, backend):
+    """Simulation: kill node 1's machine -> NODE_LOST (host = that node) as soon as the API
+    reports Ready=Unknown after the scaled grace period, before the taint manager's
+    DisruptionTarget; exactly one loss event although three signals follow."""
+    c = fake_api.cluster
+    c.default_script.run_seconds = None
+    ref, col = _submit(fake_api, backend)
+    assert col.until(lambda col: [n.phase for n in col.last.nodes] == [base.RUNNING] * 2)
+    host = col.last.nodes[1].host
+    c.kill_node(host)
+    assert col.until(lambda col: col.kinds(base.NODE_LOST))
+    lost = col.kinds(base.NODE_LOST)[0]
+    assert (lost.node, lost.host, lost.reason) == (1, host, "NodeStatusUnknown")
+    # the taint manager acts later: still one loss. Its deletion counts as a pod failure,
+    # so the Job (backoffLimit 0) fails and the controller terminates node 0: a consequence,
+    # reported after the loss, as on a real cluster.
+    assert c.run_until(lambda: any(w == "taint_evicted" for _, w, _ in c.timeline))
+    assert col.until(lambda col: col.last.nodes[0].phase == base.FAILED)
+    assert len(col.kinds(base.NODE_LOST)) == 1
+    assert col.last.nodes[1].phase == base.LOST
+    (term,) = [e for e in col.kinds(base.NODE_EXITED) if e.node == 0]
+    assert term.exit_code == 143 and term.time > lost.time
+    when = {w: t for t, w, _ in c.timeline}
+    assert lost.time < when["taint_evicted"]
+
+
+def test_sim_node_not_ready_reported_by_kubelet(fake_api, backend):
+    """Simulation: a live kubelet posts Ready=False -> NODE_LOST with its reason at once."""
+    c = fake_api.cluster
+    c.default_script.run_seconds = None
+    ref, col = _submit(fake_api, backend)
+    assert col.until(lambda col: [n.phase for n in col.last.nodes] == [base.RUNNING] * 2)
+    host = col.last.nodes[0].host
+    c.set_node_ready(host, False, reason="KubeletNotReady")
+    assert col.until(lambda col: col.kinds(base.NODE_LOST))
+    assert (col.kinds(base.NODE_LOST)[0].node, col.kinds(base.NODE_LOST)[0].reason) == (0, "KubeletNotReady")
+
+
+def test_sim_cancel_force_deletes_pod_stuck_terminating_and_next_attempt_runs(fake_api, backend):
+    """Simulation: a pod left Terminating on a dead node (taint manager deleted it, no
+    kubelet to confirm) is force-deleted by cancel; the Job and Service go (Foreground);
+    the next attempt, excluding the node, lands on the other nodes and runs."""
+    c = fake_api.cluster
+    c.default_script.run_seconds = None
+    ref, col = _submit(fake_api, backend)
+    assert col.until(lambda col: [n.phase for n in col.last.nodes] == [base.RUNNING] * 2)
+    host = col.last.nodes[1].host
+    c.kill_node(host)
+    stuck = lambda: [p for p in fake_api.store.list("pods")[0]
+                     if p["spec"].get("nodeName") == host and p["metadata"].get("deletionTimestamp")]
+    assert c.run_until(lambda: stuck())
+    for _ in range(10):
+        c.tick()
+    assert stuck(), "the pod should be stuck Terminating without a kubelet"
+    assert col.until(lambda col: col.kinds(base.NODE_LOST))
+    col.until(lambda col: False, timeout=0.2)
+    seen = len(col.events)
+    backend.cancel(ref)
+    deletes = fake_api.api.sent("DELETE", "/pods/")
+    assert any(str((r["body"] or {}).get("gracePeriodSeconds", r["query"].get("gracePeriodSeconds"))) == "0"
+               and host_of(fake_api, r) == host for r in deletes)
+    assert c.run_until(lambda: not fake_api.store.list("pods")[0] and not fake_api.store.list("jobs")[0])
+    assert not fake_api.store.list("services")[0]
+    backend.cancel(ref)                        # idempotent: everything is 404 now
+    col.poll()
+    assert [e.kind for e in col.events[seen:]] == [base.CANCELLED]   # teardown is not a failure
+    ref1 = backend.submit(rendered_plan("sim", 1, excluded_nodes=(host,), parent=0))
+    col1 = Collector(backend, ref1)
+    assert col1.until(lambda col: [n.phase for n in col.last.nodes] == [base.RUNNING] * 2)
+    assert host not in {n.host for n in col1.last.nodes}
+    assert [r.attempt for r in backend.attempts("sim")] == [1]
+
+
+def host_of(fake_api, request) -> str | None:
+    """The node of the pod a recorded DELETE addressed (from the store's history)."""
+    name = request["path"].rsplit("/", 1)[-1]
+    with fake_api.store.cond:
+        hosts = [ch.obj["spec"].get("nodeName") for ch in fake_api.store._history
+                 if ch.resource == "pods" and ch.obj["metadata"]["name"] == name]
+    return next((h for h in reversed(hosts) if h), None)
+
+
+def test_sim_watch_drop_and_410_lose_and_duplicate_nothing(fake_api, backend):
+    """Simulation: watch streams cut mid-run and history compacted (410 Gone) while pods
+    change -> the backend reconnects / re-lists; every fact arrives exactly once."""
+    c = fake_api.cluster
+    c.script(job="sim-a0", index=0, run_seconds=1.2,
+             logs=[(0.05 * i, f'WMCTL-PROGRESS {{"event":"step","step":{i}}}') for i in range(20)])
+    c.script(job="sim-a0", index=1, run_seconds=0.8)
+    ref, col = _submit(fake_api, backend)
+    assert col.until(lambda col: col.kinds(base.NODE_STARTED))
+    fake_api.faults.drop_watches()
+    col.until(lambda col: len(col.kinds(base.PROGRESS)) >= 8)
+    c.stop()                      # freeze the cluster, change things while watches are down
+    fake_api.faults.fail_next(3, code=503, verb="GET", watch=True)
+    fake_api.faults.drop_watches()
+    c.tick()
+    fake_api.store.compact()
+    c.start()
+    assert col.until(lambda col: col.last.finished, timeout=20)
+    assert col.until(lambda col: len(col.kinds(base.PROGRESS)) == 20)
+    stats = backend.watch_stats(ref)
+    assert sum(s["reconnects"] for s in stats.values()) >= 3
+    assert sum(s["relists"] for s in stats.values()) >= 1
+    steps = [e.progress["step"] for e in col.kinds(base.PROGRESS)]
+    assert steps == list(range(20))
+    assert sorted((e.node, e.exit_code) for e in col.kinds(base.NODE_EXITED)) == [(0, 0), (1, 0)]
+    assert len(col.kinds(base.NODE_STARTED)) == 2
+    assert not col.kinds(base.NODE_LOST)
+
+
+def test_sim_lost_create_response_then_409_is_adopted(fake_api, backend):
+    """Simulation: the Job create succeeds on the server but its response is lost; the
+    backend's retry gets 409 AlreadyExists and adopts the Job: one Job, no error."""
+    fake_api.faults.lose_response_next(1, verb="POST", path="/jobs")
+    ref = backend.submit(rendered_plan("sim", 0))
+    assert len(fake_api.api.sent("POST", "/jobs")) == 2
+    assert [j["metadata"]["name"] for j in fake_api.store.list("jobs")[0]] == ["sim-a0"]
+    assert ref.attempt == 0
+
+
+def test_sim_5xx_on_create_is_retried_then_gives_up_clearly(fake_api, backend):
+    """Simulation: two 503s on create are retried inside the API helper; a persistent 500
+    ends in a BackendError naming the operation, not a traceback from the client."""
+    fake_api.faults.fail_next(2, code=503, verb="POST", path="/services")
+    backend.submit(rendered_plan("sim", 0))
+    assert len(fake_api.api.sent("POST", "/services")) == 3
+    fake_api.faults.fail_next(100, code=500, verb="POST", path="/services")
+    with pytest.raises(BackendError) as err:
+        backend.submit(rendered_plan("sim", 1))
+    assert "create Service default/sim-a1" in str(err.value)
+
+
+def test_sim_pod_deleted_by_someone_else_is_node_lost(fake_api, backend):
+    """Simulation: a pod force-deleted behind our back (not by cancel) -> NODE_LOST."""
+    c = fake_api.cluster
+    c.default_script.run_seconds = None
+    ref, col = _submit(fake_api, backend)
+    assert col.until(lambda col: [n.phase for n in col.last.nodes] == [base.RUNNING] * 2)
+    pod = next(p for p in fake_api.store.list("pods")[0]
+               if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1")
+    client.CoreV1Api(fake_api.client).delete_namespaced_pod(pod["metadata"]["name"], "default",
+                                                            grace_period_seconds=0)
+    assert col.until(lambda col: col.kinds(base.NODE_LOST))
+    assert (col.kinds(base.NODE_LOST)[0].node, col.kinds(base.NODE_LOST)[0].reason) == (1, "PodDeleted")
+
+
+VERSIONS = ["1.30", "1.34"]
+
+
+def test_sim_every_manifest_sent_passes_strict_schema(fake_api, backend):
+    """Simulation: every object body the backend POSTed (submit of two attempts, with an
+    excluded node) validates strictly against the official 1.30 and 1.34 schemas."""
+    fake_api.faults.lose_response_next(1, verb="POST", path="/jobs")
+    backend.submit(rendered_plan("sim", 0))
+    backend.submit(rendered_plan("sim", 1, excluded_nodes=("node-a",), parent=0))
+    backend.submit(attempt_manifests("other", 0, excluded_nodes=["node-b"]))
+    bodies = [r["body"] for r in fake_api.api.sent("POST")]
+    assert len(bodies) == 7 and {b["kind"] for b in bodies} == {"Service", "Job"}
+    for body in bodies:
+        for version in VERSIONS:
+            kubernetes_validate.validate(body, version, strict=True)
+
+
+def test_sim_watcher_restart_picks_up_a_running_attempt(fake_api, backend):
+    """Simulation: a fresh backend (a restarted watcher) finds the attempt by its labels
+    and observes its nodes without submitting anything."""
+    fake_api.cluster.default_script.run_seconds = None
+    ref, col = _submit(fake_api, backend)
+    assert col.until(lambda col: [n.phase for n in col.last.nodes] == [base.RUNNING] * 2)
+    fresh = KubernetesBackend(fake_api.client, watch_timeout=2)
+    try:
+        (found,) = fresh.attempts("sim")
+        assert found == ref
+        col2 = Collector(fresh, found)
+        assert col2.until(lambda c: [n.phase for n in c.last.nodes] == [base.RUNNING] * 2)
+        assert len(col2.kinds(base.NODE_STARTED)) == 2
+    finally:
+        fresh.close()
+    assert len(fake_api.api.sent("POST")) == 2
+
+
+def test_sim_volcano_podgroup_is_created_before_the_job_and_cancelled(fake_api, backend):
+    """Simulation: a Volcano-scheduled plan creates Service, PodGroup (custom object), then
+    the Job; cancel deletes the PodGroup too."""
+    plan = rendered_plan("sim", 0, kube={"scheduler": "volcano", "queue": "research"},
+                         namespace="team")
+    ref = backend.submit(plan)
+    posts = [r["path"].rsplit("/", 1)[-1] for r in fake_api.api.sent("POST")]
+    assert posts == ["services", "podgroups", "jobs"]
+    assert ref.namespace == "team"
+    pg = fake_api.store.get("podgroups", "team", "sim-a0")
+    assert pg["spec"]["minMember"] == 2
+    backend.submit(plan)                       # adopts all three
+    assert len(fake_api.api.sent("POST")) == 6 and len(fake_api.store.list("podgroups")[0]) == 1
+    backend.cancel(ref)
+    assert not fake_api.store.exists("podgroups", "team", "sim-a0")

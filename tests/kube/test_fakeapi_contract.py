@@ -1,0 +1,331 @@
+"""Contract tests of the fake Kubernetes API server itself, through the real `kubernetes`
+client over HTTP. Simulations: there is no real cluster here; these pin the behaviours the
+backend relies on (selectors, resourceVersion, watch timeouts, 410 Gone, 409, faults)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import urllib3
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from .manifests import attempt_manifests
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _pod(name: str, labels: dict[str, str] | None = None, node: str | None = None) -> dict:
+    spec = {"containers": [{"name": "c", "image": "busybox"}]}
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": labels or {}}, "spec": spec}
+
+
+def _status(exc: ApiException) -> dict:
+    return json.loads(exc.body)
+
+
+def test_sim_label_and_field_selectors(fake_api):
+    """Simulation: list with every label selector operator and the common field selectors."""
+    core = client.CoreV1Api(fake_api.client)
+    core.create_namespaced_pod("default", _pod("p1", {"app": "a", "tier": "x"}))
+    core.create_namespaced_pod("default", _pod("p2", {"app": "b"}))
+    core.create_namespaced_pod("default", _pod("p3", {"app": "c", "tier": "y"}, node="node-a"))
+    core.create_namespaced_pod("other", _pod("p4", {"app": "a"}))
+
+    def names(**kw):
+        return sorted(p.metadata.name for p in core.list_namespaced_pod("default", **kw).items)
+
+    assert names(label_selector="app=a") == ["p1"]
+    assert names(label_selector="app==b") == ["p2"]
+    assert names(label_selector="app!=a") == ["p2", "p3"]
+    assert names(label_selector="app in (a, c)") == ["p1", "p3"]
+    assert names(label_selector="app notin (a,c)") == ["p2"]
+    assert names(label_selector="tier") == ["p1", "p3"]
+    assert names(label_selector="!tier") == ["p2"]
+    assert names(label_selector="app in (a,c),tier=y") == ["p3"]
+    assert names(field_selector="metadata.name=p2") == ["p2"]
+    assert names(field_selector="spec.nodeName=node-a") == ["p3"]
+    assert names(field_selector="status.phase=Pending,metadata.name!=p1") == ["p2", "p3"]
+    assert sorted(p.metadata.name for p in core.list_pod_for_all_namespaces(
+        label_selector="app=a").items) == ["p1", "p4"]
+    with pytest.raises(ApiException) as err:
+        core.list_namespaced_pod("default", field_selector="spec.bogus=1")
+    assert err.value.status == 400 and "field label not supported" in _status(err.value)["message"]
+    with pytest.raises(ApiException) as err:
+        core.list_namespaced_pod("default", label_selector="app in (a")
+    assert err.value.status == 400
+
+
+def test_sim_resource_version_increases_on_every_change(fake_api):
+    """Simulation: a global, strictly increasing resourceVersion on create, update, delete."""
+    core = client.CoreV1Api(fake_api.client)
+    rvs = [int(core.create_namespaced_pod("default", _pod(f"p{i}")).metadata.resource_version)
+           for i in range(3)]
+    patched = core.patch_namespaced_pod("p0", "default", {"metadata": {"labels": {"x": "1"}}})
+    rvs.append(int(patched.metadata.resource_version))
+    assert rvs == sorted(rvs) and len(set(rvs)) == len(rvs)
+    listed = core.list_namespaced_pod("default")
+    assert int(listed.metadata.resource_version) >= rvs[-1]
+    assert patched.metadata.uid and patched.metadata.creation_timestamp
+    # an unchanged patch does not bump it
+    again = core.patch_namespaced_pod("p0", "default", {"metadata": {"labels": {"x": "1"}}})
+    assert again.metadata.resource_version == patched.metadata.resource_version
+    # generateName gets a random suffix
+    gen = core.create_namespaced_pod("default", {"metadata": {"generateName": "w-"},
+                                                 "spec": {"containers": [{"name": "c", "image": "i"}]}})
+    assert gen.metadata.name.startswith("w-") and len(gen.metadata.name) == 7
+
+
+def test_sim_watch_from_resource_version_and_timeout_closes(fake_api):
+    """Simulation: watch from a list's resourceVersion sees exactly the later changes, with
+    label filtering, and the stream closes by itself at timeoutSeconds."""
+    core = client.CoreV1Api(fake_api.client)
+    core.create_namespaced_pod("default", _pod("before", {"w": "1"}))
+    rv = core.list_namespaced_pod("default").metadata.resource_version
+    core.create_namespaced_pod("default", _pod("p", {"w": "1"}))
+    core.create_namespaced_pod("default", _pod("ignored", {"w": "2"}))
+    core.patch_namespaced_pod("p", "default", {"metadata": {"annotations": {"a": "b"}}})
+    core.delete_namespaced_pod("p", "default")
+    seen = [(e["type"], e["object"].metadata.name) for e in watch.Watch().stream(
+        core.list_namespaced_pod, "default", label_selector="w=1", resource_version=rv,
+        timeout_seconds=1)]
+    assert seen == [("ADDED", "p"), ("MODIFIED", "p"), ("DELETED", "p")]
+    # without a resourceVersion: synthetic ADDED for what exists, then live changes
+    seen = [(e["type"], e["object"].metadata.name) for e in watch.Watch().stream(
+        core.list_namespaced_pod, "default", label_selector="w=1", timeout_seconds=1)]
+    assert seen == [("ADDED", "before")]
+
+
+def test_sim_watch_gets_410_on_compacted_resource_version(fake_api):
+    """Simulation: after compaction a watch from an old resourceVersion receives an ERROR
+    event with a 410 Status (the client raises ApiException 410); a fresh list recovers."""
+    core = client.CoreV1Api(fake_api.client)
+    rv = core.list_namespaced_pod("default").metadata.resource_version
+    core.create_namespaced_pod("default", _pod("p"))
+    fake_api.store.compact()
+    with pytest.raises(ApiException) as err:
+        list(watch.Watch().stream(core.list_namespaced_pod, "default", resource_version=rv,
+                                  timeout_seconds=1))
+    assert err.value.status == 410
+    fresh = core.list_namespaced_pod("default").metadata.resource_version
+    assert list(watch.Watch().stream(core.list_namespaced_pod, "default",
+                                     resource_version=fresh, timeout_seconds=1)) == []
+
+
+@pytest.mark.fake_api(history_limit=3)
+def test_sim_small_history_window_expires_old_versions(fake_api):
+    """Simulation: with a 3-change window, an RV more than 3 changes old is Gone."""
+    core = client.CoreV1Api(fake_api.client)
+    rv = core.list_namespaced_pod("default").metadata.resource_version
+    for i in range(5):
+        core.create_namespaced_pod("default", _pod(f"p{i}"))
+    with pytest.raises(ApiException) as err:
+        list(watch.Watch().stream(core.list_namespaced_pod, "default", resource_version=rv,
+                                  timeout_seconds=1))
+    assert err.value.status == 410
+
+
+def test_sim_duplicate_create_409_and_missing_404_and_invalid_422(fake_api):
+    """Simulation: proper Status objects for AlreadyExists, NotFound and Invalid."""
+    core = client.CoreV1Api(fake_api.client)
+    core.create_namespaced_pod("default", _pod("p"))
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod("default", _pod("p"))
+    st = _status(err.value)
+    assert err.value.status == 409 and st["kind"] == "Status" and st["reason"] == "AlreadyExists"
+    with pytest.raises(ApiException) as err:
+        core.read_namespaced_pod("nope", "default")
+    assert err.value.status == 404 and _status(err.value)["reason"] == "NotFound"
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod("default", {"metadata": {}, "spec": {"containers": [
+            {"name": "c", "image": "i"}]}})
+    assert err.value.status == 422 and _status(err.value)["reason"] == "Invalid"
+    # same name in another namespace is fine
+    assert core.create_namespaced_pod("other", _pod("p")).metadata.namespace == "other"
+
+
+def test_sim_injected_5xx_conflict_and_lost_response(fake_api):
+    """Simulation: injected 503s hit the next N matching requests only; a lost response
+    still performs the create, so the retry sees 409."""
+    core = client.CoreV1Api(fake_api.client)
+    fake_api.faults.fail_next(2, code=503, verb="POST", path="/pods")
+    for _ in range(2):
+        with pytest.raises(ApiException) as err:
+            core.create_namespaced_pod("default", _pod("p"))
+        assert err.value.status == 503
+    core.create_namespaced_pod("default", _pod("p"))
+    fake_api.faults.conflict_next(1, verb="PATCH")
+    with pytest.raises(ApiException) as err:
+        core.patch_namespaced_pod("p", "default", {"metadata": {"labels": {"a": "b"}}})
+    assert err.value.status == 409
+    fake_api.faults.lose_response_next(1, verb="POST")
+    with pytest.raises(urllib3.exceptions.ProtocolError):
+        core.create_namespaced_pod("default", _pod("q"))
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod("default", _pod("q"))
+    assert err.value.status == 409
+
+
+def test_sim_watch_drop_cuts_the_stream(fake_api):
+    """Simulation: drop_watches() cuts open watch streams mid-way (no clean end)."""
+    core = client.CoreV1Api(fake_api.client)
+    core.create_namespaced_pod("default", _pod("p"))
+    w = watch.Watch()
+    got = []
+    with pytest.raises(urllib3.exceptions.ProtocolError):
+        for ev in w.stream(core.list_namespaced_pod, "default", timeout_seconds=20):
+            got.append(ev["type"])
+            fake_api.faults.drop_watches()
+    assert got == ["ADDED"]
+
+
+def test_sim_indexed_job_pods_and_completion(fake_api):
+    """Simulation: the Job controller makes indexed pods with the real labels, annotation,
+    hostname and subdomain; the kubelet runs them; the Job becomes Complete."""
+    batch = client.BatchV1Api(fake_api.client)
+    core = client.CoreV1Api(fake_api.client)
+    svc, job = attempt_manifests("r", 0, nodes=3)
+    core.create_namespaced_service("default", svc)
+    batch.create_namespaced_job("default", job)
+    c = fake_api.cluster
+    assert c.run_until(lambda: len(fake_api.store.list("pods")[0]) == 3)
+    pods = {p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]: p
+            for p in fake_api.store.list("pods")[0]}
+    assert sorted(pods) == ["0", "1", "2"]
+    p1 = pods["1"]
+    assert p1["metadata"]["name"].startswith("r-a0-1-")
+    assert p1["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1"
+    assert p1["metadata"]["labels"]["job-name"] == "r-a0"
+    assert p1["metadata"]["labels"]["controller-uid"] == job_uid(batch)
+    assert p1["spec"]["hostname"] == "r-a0-1" and p1["spec"]["subdomain"] == "r-a0"
+    env = {e["name"] for e in p1["spec"]["containers"][0]["env"]}
+    assert {"JOB_COMPLETION_INDEX", "WMCTL_RUN"} <= env
+    assert c.run_until(lambda: any(
+        cd.type == "Complete" and cd.status == "True"
+        for cd in batch.read_namespaced_job("r-a0", "default").status.conditions or []))
+    st = batch.read_namespaced_job("r-a0", "default").status
+    assert st.succeeded == 3 and st.completed_indexes == "0-2"
+    # spread over the three nodes by the scheduler
+    assert len({p["spec"]["nodeName"] for p in fake_api.store.list("pods")[0]}) == 3
+
+
+def job_uid(batch) -> str:
+    return batch.read_namespaced_job("r-a0", "default").metadata.uid
+
+
+def test_sim_backoff_limit_zero_fails_job_on_first_pod_failure(fake_api):
+    """Simulation: backoffLimit 0 -> one failed pod marks the Job Failed; the others are
+    terminated by the controller."""
+    batch = client.BatchV1Api(fake_api.client)
+    _, job = attempt_manifests("r", 0, nodes=2)
+    fake_api.cluster.script(job="r-a0", index=1, run_seconds=0.05, exit_code=1)
+    fake_api.cluster.script(job="r-a0", index=0, run_seconds=None)
+    batch.create_namespaced_job("default", job)
+    assert fake_api.cluster.run_until(lambda: any(
+        cd.type == "Failed" and cd.status == "True"
+        for cd in batch.read_namespaced_job("r-a0", "default").status.conditions or []))
+    assert fake_api.cluster.run_until(lambda: [
+        p["status"]["phase"] for p in fake_api.store.list("pods")[0]] == ["Failed"])
+
+
+def test_sim_job_deletion_propagation(fake_api):
+    """Simulation: Job deletion orphans pods by default (batch/v1's legacy default);
+    Foreground deletes the pods first, then the Job."""
+    batch = client.BatchV1Api(fake_api.client)
+    fake_api.cluster.default_script.run_seconds = None
+    for attempt in (0, 1):
+        batch.create_namespaced_job("default", attempt_manifests("r", attempt, nodes=2)[1])
+    c = fake_api.cluster
+    assert c.run_until(lambda: len(fake_api.store.list("pods")[0]) == 4)
+    batch.delete_namespaced_job("r-a0", "default")
+    for _ in range(5):
+        c.tick()
+    assert len([p for p in fake_api.store.list("pods")[0]
+                if p["metadata"]["name"].startswith("r-a0-")]) == 2
+    resp = batch.delete_namespaced_job("r-a1", "default", propagation_policy="Foreground",
+                                       _preload_content=False)
+    assert resp.status == 202
+    assert json.loads(resp.data)["metadata"]["finalizers"] == ["foregroundDeletion"]
+    assert c.run_until(lambda: not fake_api.store.exists("jobs", "default", "r-a1"))
+    assert not [p for p in fake_api.store.list("pods")[0] if p["metadata"]["name"].startswith("r-a1-")]
+
+
+def test_sim_node_loss_timeline_and_stuck_terminating(fake_api):
+    """Simulation: kill a node -> after the (scaled) grace period Ready=Unknown and the
+    unreachable NoExecute taint -> after tolerationSeconds the taint manager sets
+    DisruptionTarget/DeletionByTaintManager and deletes the pod -> it stays Terminating with
+    a stale Running phase -> a force delete (grace 0) removes it."""
+    core = client.CoreV1Api(fake_api.client)
+    c = fake_api.cluster
+    c.default_script.run_seconds = None
+    core.create_namespaced_pod("default", _pod("p", node="node-a"))
+    assert c.run_until(lambda: core.read_namespaced_pod("p", "default").status.phase == "Running")
+    c.kill_node("node-a")
+    assert c.run_until(lambda: any(
+        t.key == "node.kubernetes.io/unreachable" and t.effect == "NoExecute"
+        for t in core.read_node("node-a").spec.taints or []))
+    ready = next(x for x in core.read_node("node-a").status.conditions if x.type == "Ready")
+    assert ready.status == "Unknown" and ready.reason == "NodeStatusUnknown"
+    assert c.run_until(lambda: core.read_namespaced_pod("p", "default").metadata.deletion_timestamp)
+    pod = core.read_namespaced_pod("p", "default")
+    dt = next(x for x in pod.status.conditions if x.type == "DisruptionTarget")
+    assert dt.reason == "DeletionByTaintManager" and pod.status.phase == "Running"
+    for _ in range(20):
+        c.tick()
+    assert fake_api.store.exists("pods", "default", "p")     # stuck: no kubelet to confirm
+    core.delete_namespaced_pod("p", "default", grace_period_seconds=0)
+    assert not fake_api.store.exists("pods", "default", "p")
+
+
+def test_sim_out_of_service_taint_releases_stuck_pods(fake_api):
+    """Simulation: tainting a dead node out-of-service lets pod GC force-delete its pods."""
+    core = client.CoreV1Api(fake_api.client)
+    c = fake_api.cluster
+    c.default_script.run_seconds = None
+    core.create_namespaced_pod("default", _pod("p", node="node-b"))
+    assert c.run_until(lambda: core.read_namespaced_pod("p", "default").status.phase == "Running")
+    c.kill_node("node-b")
+    assert c.run_until(lambda: core.read_namespaced_pod("p", "default").metadata.deletion_timestamp)
+    c.taint_out_of_service("node-b")
+    assert c.run_until(lambda: not fake_api.store.exists("pods", "default", "p"))
+
+
+def test_sim_pod_logs_follow_and_container_choice(fake_api):
+    """Simulation: pods/log returns scripted lines; follow streams until the container ends."""
+    core = client.CoreV1Api(fake_api.client)
+    c = fake_api.cluster
+    c.script(when=lambda p: p["metadata"]["name"] == "p", run_seconds=0.3,
+             logs=[(0.0, "one"), (0.1, "two"), (0.2, "three")])
+    core.create_namespaced_pod("default", _pod("p", node="node-a"))
+    with pytest.raises(ApiException) as err:
+        core.read_namespaced_pod_log("p", "default")
+    assert err.value.status == 400 and "waiting to start" in _status(err.value)["message"]
+    c.start()
+    assert c.run_until(lambda: core.read_namespaced_pod("p", "default").status.phase == "Running")
+    lines = list(watch.Watch().stream(core.read_namespaced_pod_log, "p", "default"))
+    assert lines == ["one", "two", "three"]
+    assert core.read_namespaced_pod_log("p", "default", tail_lines=1) == "three\n"
+
+
+def test_sim_scheduler_respects_node_affinity_and_resources(fake_api):
+    """Simulation: required node affinity NotIn and resource requests steer binding."""
+    core = client.CoreV1Api(fake_api.client)
+    c = fake_api.cluster
+    pod = _pod("p")
+    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "kubernetes.io/hostname",
+                                                     "operator": "NotIn",
+                                                     "values": ["node-a", "node-b"]}]}]}}}
+    core.create_namespaced_pod("default", pod)
+    big = _pod("big")
+    big["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "64"}}
+    core.create_namespaced_pod("default", big)
+    c.tick()
+    assert core.read_namespaced_pod("p", "default").spec.node_name == "node-c"
+    big_pod = core.read_namespaced_pod("big", "default")
+    assert big_pod.spec.node_name is None
+    assert next(x for x in big_pod.status.conditions if x.type == "PodScheduled").reason == "Unschedulable"
