@@ -34,6 +34,7 @@ class AttemptTracker:
     first_progress_at: float | None = None
     first_step_at: float | None = None
     seen_exit: bool = False
+    preempted: bool = False
 
     def __post_init__(self) -> None:
         self.last_heartbeat = self.started_at
@@ -57,6 +58,8 @@ class AttemptTracker:
                 self.resumed_from_step = p["step"]
             if p.get("event") == "exit":
                 self.seen_exit = True
+            if p.get("event") == "preempted":
+                self.preempted = True
         return obs.events
 
     @property
@@ -65,6 +68,11 @@ class AttemptTracker:
 
     def failure(self, now: float, heartbeat_timeout: float) -> F.Failure | None:
         found = F.root_cause(self.events)
+        if found is not None and found.kind == F.APP_ERROR and self.preempted:
+            # torchrun's agent exits 1 whatever its workers' codes: the job's own `preempted`
+            # line says the exit was the graceful, checkpointed stop.
+            return F.Failure(F.PREEMPTED, found.node, found.host, found.time,
+                              f"checkpointed and stopped on SIGTERM at step {self.last_step} ({found.evidence})")
         if found is not None:
             return found
         if self.succeeded:

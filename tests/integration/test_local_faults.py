@@ -79,21 +79,6 @@ def test_app_error_is_not_retried(home):
     assert not h.leftover_processes(run)
 
 
-def test_paused_node_is_a_hang_detected_by_heartbeat(home, reference):
-    run = "paused"
-    spec = h.write_spec(home, run, restart={"heartbeat_timeout": "6s"})
-    w = h.Watch(spec, home)
-    h.wait_checkpoint(home, run, 0, 10)
-    for pid in h.node_pids(run, 0, 1):
-        import os
-        os.kill(pid, signal.SIGSTOP)
-    assert w.wait() == 0, w.output
-    rec = h.record(home, run)
-    assert rec["attempts"][0]["outcome"] == "hang"
-    assert h.final_state(spec) == reference
-    _redone(home, run)
-
-
 def test_kill_during_checkpoint_write_resumes_from_previous(home, reference):
     run = "torn"
     spec = h.write_spec(home, run, job_args=["--slow-commit", "3"], every=10)
