@@ -1,0 +1,309 @@
+"""Train the example world model, one process or under torchrun (DDP), with exact resume.
+
+    torchrun --standalone --nproc_per_node 2 examples/worldmodel/train.py \
+        --batch_size 4 --gradient_accumulation_steps 8 --max_steps 300 --checkpoint-dir /tmp/ckpt
+
+Resumes automatically from the newest complete checkpoint in the checkpoint folder. SIGTERM
+(Kubernetes, docker stop, torchrun forwarding it) makes every rank save at the next optimizer
+step and exit with code 83. Rank 0 prints ``WMCTL-PROGRESS {json}`` lines for the supervisor.
+
+Test hooks (used by tests/runtime, harmless otherwise): --record-samples, --dump-final,
+--fail-at-step, --sleep-per-step, --pause-at/--pause-file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+try:
+    import orchestrator  # noqa: F401  (installed wmctl)
+except ImportError:   # running from a source checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from orchestrator.runtime import dist  # noqa: E402
+from orchestrator.runtime.checkpoint import CheckpointManager  # noqa: E402
+from orchestrator.runtime.data import ResumableDistributedSampler  # noqa: E402
+from orchestrator.runtime.preflight import DtypeGuard  # noqa: E402
+from orchestrator.runtime.preemption import PreemptionHandler  # noqa: E402
+from orchestrator.runtime.progress import Progress  # noqa: E402
+from orchestrator.runtime.timing import StepTimer  # noqa: E402
+from orchestrator.runtime.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_EVERY,  # noqa: E402
+                                           ENV_CHECKPOINT_KEEP, PREEMPTED_EXIT_CODE)
+
+from data import ClipDataset, worker_init_fn  # noqa: E402
+from make_data import ensure_dataset  # noqa: E402
+from model import build_model  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = ap.add_argument
+    # data (the report: 96x96, 16 frames, batch 4, workers 8, prefetch 4, pin_memory)
+    a("--data-dir", "--data_dir", default=os.environ.get("WMCTL_DATA_DIR", "data/worldmodel"))
+    a("--num-clips", "--num_clips", type=int, default=256)
+    a("--frames", type=int, default=16)
+    a("--size", type=int, default=96)
+    a("--cache-in-memory", "--cache_in_memory", action="store_true", help="load every clip into RAM first")
+    a("--num-workers", "--num_workers", type=int, default=2)
+    a("--prefetch-factor", "--prefetch_factor", type=int, default=4)
+    a("--pin-memory", "--pin_memory", action="store_true", help="pin host memory (only used when a device exists)")
+    # model
+    a("--vision-tower", "--vision_tower", choices=["conv", "llava"], default="conv")
+    a("--vision-tower-path", "--vision_tower_path", default=None, help="local LLaVA / CLIP folder for --vision-tower llava")
+    a("--d-model", "--d_model", type=int, default=64)
+    a("--nhead", type=int, default=4)
+    a("--layers", type=int, default=2)
+    # optimisation
+    a("--batch-size", "--batch_size", type=int, default=4)
+    a("--gradient-accumulation-steps", "--gradient_accumulation_steps", type=int, default=1)
+    a("--max-steps", "--max_steps", type=int, default=300)
+    a("--lr", type=float, default=3e-4)
+    a("--warmup-steps", "--warmup_steps", type=int, default=20)
+    a("--seed", type=int, default=1234)
+    a("--dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
+      help="auto: bf16 on a device that supports it, else fp32; steps down on NaN/inf")
+    # checkpointing (flags win over the WMCTL_* environment the orchestrator sets)
+    a("--checkpoint-dir", "--checkpoint_dir", default=os.environ.get(ENV_CHECKPOINT_DIR) or None)
+    a("--checkpoint-every", "--checkpoint_every", type=int, default=int(os.environ.get(ENV_CHECKPOINT_EVERY) or 50))
+    a("--checkpoint-keep", "--checkpoint_keep", type=int, default=int(os.environ.get(ENV_CHECKPOINT_KEEP) or 3))
+    a("--async-checkpoint", "--async_checkpoint", action="store_true")
+    a("--no-resume", "--no_resume", action="store_true", help="start fresh even if a checkpoint exists")
+    # test hooks
+    a("--dump-final", "--dump_final", default=None, help="rank 0 saves final params + optimizer state here")
+    a("--record-samples", "--record_samples", default=None,
+      help="append the sample indices each rank consumed to PATH.rank-N (JSON lines)")
+    a("--fail-at-step", "--fail_at_step", type=int, default=None, help="test hook: rank 0 crashes after this step")
+    a("--sleep-per-step", "--sleep_per_step", type=float, default=0.0, help="test hook: slow every step down")
+    a("--pause-at", "--pause_at", default=None,
+      help="test hook STEP:MICRO: rank 0 touches --pause-file and hangs before micro-batch MICRO of step STEP")
+    a("--pause-file", "--pause_file", default=None)
+    args = ap.parse_args(argv)
+    for name in ("batch_size", "gradient_accumulation_steps", "max_steps", "frames", "size", "num_clips"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be at least 1")
+    if args.frames < 2:
+        ap.error("--frames must be at least 2 (the model predicts the next frame)")
+    if args.num_workers < 0:
+        ap.error("--num_workers must be 0 or more")
+    if args.pause_at and not args.pause_file:
+        ap.error("--pause-at needs --pause-file")
+    return args
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def lr_lambda_factory(warmup: int, total: int):
+    def lr_lambda(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return lr_lambda
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    # The loader's generator only feeds the per-epoch worker base seed. Reseeding it from the
+    # epoch makes that seed the same whether the epoch started fresh or from a checkpoint.
+    return seed * 100_003 + epoch
+
+
+def make_dtype_guard(choice: str, device_mod: Any) -> DtypeGuard:
+    preferred = choice if choice != "auto" else ("bf16" if device_mod is not None else "fp32")
+    return DtypeGuard(preferred=preferred, device_module=device_mod)
+
+
+def guard_state(guard: DtypeGuard) -> str:
+    return guard.name
+
+
+def restore_guard(guard: DtypeGuard, name: str) -> None:
+    """Put the guard back on the precision the checkpointed run had stepped down to, so the
+    resumed run computes in the same dtype. DtypeGuard has no state_dict (yet): use its ladder."""
+    if hasattr(guard, "load_state_dict"):
+        guard.load_state_dict(name)
+        return
+    ladder = list(getattr(guard, "_ladder", []))
+    if name in ladder:
+        guard._index = ladder.index(name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    distributed = dist.init_from_env()
+    rank, world = dist.rank(), dist.world_size()
+    progress = Progress()
+    device_mod = dist.device_module()
+    device = torch.device(dist.torch_module_name(), dist.local_rank()) if device_mod else torch.device("cpu")
+    if device_mod is not None and hasattr(device_mod, "set_device"):
+        device_mod.set_device(device)
+
+    if rank == 0:
+        ensure_dataset(args.data_dir, args.num_clips, args.frames, args.size, seed=args.seed)
+    dist.barrier()
+    dataset = ClipDataset(args.data_dir, cache_in_memory=args.cache_in_memory)
+
+    # Same init on every rank (DDP also broadcasts rank 0's), then per-rank streams for dropout.
+    seed_everything(args.seed)
+    model = build_model(args.vision_tower, args.vision_tower_path, args.frames, args.d_model, args.nhead,
+                        args.layers).to(device)
+    seed_everything(args.seed + 7919 * rank)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_factory(args.warmup_steps, args.max_steps))
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
+
+    sampler = ResumableDistributedSampler(len(dataset), seed=args.seed)
+    loader_gen = torch.Generator()
+    loader_kw: dict[str, Any] = {}
+    if args.num_workers > 0:
+        loader_kw = {"prefetch_factor": args.prefetch_factor, "worker_init_fn": worker_init_fn}
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers,
+                        pin_memory=args.pin_memory and device_mod is not None, generator=loader_gen,
+                        drop_last=False, **loader_kw)
+
+    guard = make_dtype_guard(args.dtype, device_mod)
+    # Times the optimizer step as "comm" (DDP's all-reduce overlaps backward; see timing.py).
+    timer = StepTimer(device_module=device_mod, warn_comm_share=0.30)
+    # fp16 (the guard's middle rung on devices) needs loss scaling; on CPU the ladder skips fp16.
+    scaler = torch.amp.GradScaler(device.type) if device_mod is not None else None
+    ckpt = None
+    if args.checkpoint_dir:
+        ckpt = CheckpointManager(args.checkpoint_dir, keep=args.checkpoint_keep, every_steps=args.checkpoint_every,
+                                 async_save=args.async_checkpoint, progress=progress)
+        ckpt.register(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, sampler=sampler,
+                      generators={"loader": loader_gen})
+
+    progress.start(world_size=world, max_steps=args.max_steps, batch_size=args.batch_size,
+                   gradient_accumulation_steps=args.gradient_accumulation_steps, num_workers=args.num_workers)
+    step, samples = 0, 0
+    resumed = ckpt.restore() if ckpt is not None and not args.no_resume else None
+    if resumed is not None:
+        step, samples = resumed.step, resumed.samples
+        if resumed.extra.get("dtype"):
+            restore_guard(guard, resumed.extra["dtype"])
+        progress.resume(step=step, path=str(resumed.path), epoch=sampler.epoch, samples=samples,
+                        exact=resumed.exact, reason=resumed.reason)
+
+    record = open(f"{args.record_samples}.rank-{rank}", "a", encoding="utf-8") if args.record_samples else None
+    pause_at = tuple(int(x) for x in args.pause_at.split(":")) if args.pause_at else None
+    attempt = os.environ.get(ENV_ATTEMPT, "")
+    preempt = PreemptionHandler().install()
+    global_batch = args.batch_size * args.gradient_accumulation_steps * world
+
+    def fresh_iterator() -> Iterator[Any]:
+        loader_gen.manual_seed(epoch_seed(args.seed, sampler.epoch))
+        return iter(loader)
+
+    batches = fresh_iterator()
+
+    def next_batch() -> Any:
+        nonlocal batches
+        while True:
+            try:
+                return next(batches)
+            except StopIteration:
+                sampler.set_epoch(sampler.epoch + 1)
+                batches = fresh_iterator()
+
+    ddp.train()
+    status = "completed"
+    try:
+        while step < args.max_steps:
+            accum = args.gradient_accumulation_steps
+            loss_sum = 0.0
+            use_scaler = scaler is not None and guard.needs_grad_scaler
+            for micro in range(accum):
+                if pause_at and (step + 1, micro) == pause_at and rank == 0:
+                    if ckpt is not None:
+                        ckpt.wait()   # an async checkpoint in flight commits first
+                    Path(args.pause_file).write_text(f"{step + 1}:{micro}\n")
+                    while True:   # the test kills us here
+                        time.sleep(3600)
+                with timer.data():
+                    clips, idx = next_batch()
+                sampler.advance(len(idx))
+                if record is not None:
+                    record.write(json.dumps({"step": step + 1, "micro": micro, "epoch": sampler.epoch,
+                                             "indices": idx.tolist(), "attempt": attempt}) + "\n")
+                    record.flush()
+                clips = clips.to(device, non_blocking=True)
+                # DDP all-reduces in backward; skip that for all but the last micro-batch.
+                sync_ctx = ddp.no_sync() if distributed and micro < accum - 1 else contextlib.nullcontext()
+                with sync_ctx, timer.compute():
+                    with guard.autocast(device.type):
+                        loss = ddp(clips) / accum
+                    (scaler.scale(loss) if use_scaler else loss).backward()
+                loss_sum += float(loss.detach())
+            with timer.comm():
+                if use_scaler:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+            step += 1
+            samples += global_batch
+            timing = timer.end_step()
+            # Every rank sees the same mean loss, so all guards step down together (and NaN
+            # anywhere is NaN everywhere).
+            mean_loss = dist.all_reduce_mean(loss_sum)
+            guard.observe(torch.tensor(mean_loss))   # reports a step-down itself
+            progress.step(step=step, loss=round(mean_loss, 6) if math.isfinite(mean_loss) else str(mean_loss),
+                          samples=samples, timing=timing, epoch=sampler.epoch, dtype=guard.name)
+            if args.sleep_per_step:
+                time.sleep(args.sleep_per_step)
+            extra = {"dtype": guard_state(guard)}
+            if ckpt is not None and ckpt.should_save(step):
+                ckpt.save(step, epoch=sampler.epoch, samples=samples, extra=extra)
+            if preempt.should_stop():
+                if ckpt is not None:
+                    ckpt.save(step, epoch=sampler.epoch, samples=samples, extra=extra, sync=True)
+                progress.preempted(step=step, signal=preempt.received)
+                status = "preempted"
+                break
+            if args.fail_at_step is not None and step == args.fail_at_step and rank == 0:
+                raise RuntimeError(f"--fail-at-step {step}: injected failure")
+    except BaseException:
+        status = "failed"
+        raise
+    finally:
+        if ckpt is not None and status != "failed":
+            ckpt.close()
+        if record is not None:
+            record.close()
+        progress.exit(status=status, step=step)
+
+    if status == "preempted":
+        batches = None   # shuts the DataLoader workers down
+        # Leave at once: once one worker exits, torchrun SIGTERMs the others, and a rank still
+        # shutting down must not die of it (exit code -15 instead of 83).
+        preempt.exit_now()
+    if args.dump_final and rank == 0 and status == "completed":
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "step": step}, args.dump_final)
+    dist.barrier()
+    preempt.uninstall()
+    dist.destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,524 @@
+"""Exact, atomic checkpoints for torchrun jobs, and their discovery from outside the job.
+
+Layout under the checkpoint root::
+
+    step-00000120/            a checkpoint is complete only when COMMITTED exists in it
+        shared.pt             model / optimizer / scheduler / scaler, written once by rank 0
+        rank-00000.pt         per-rank RNG, private generators, sampler position
+        rank-00001.pt
+        meta.json             step, epoch, samples, world size, caller's extra (JSON)
+        COMMITTED             written last: temp file + fsync + rename, then fsync of the folder
+
+Commit protocol (REFERENCE.md section 5): every rank writes and fsyncs its files, all ranks
+meet at a barrier, then rank 0 writes the marker. The marker lists every file with its size, so
+a checkpoint whose files were later damaged or half-deleted is not taken for complete.
+Async saves cannot use a barrier (a collective from a background thread would interleave with
+the training loop's collectives), so each rank's writer thread drops a ``rank-N.done`` file
+and rank 0's thread waits for all of them; that needs a checkpoint folder every rank can see,
+which a resumable multi-node job needs anyway.
+
+The filesystem-only part (``latest_complete``, ``list_checkpoints``, ``apply_retention``)
+imports only the standard library: the orchestrator calls it from outside the job. torch is
+imported lazily by the parts that need it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
+COMMIT_MARKER = "COMMITTED"
+META_FILE = "meta.json"
+SHARED_FILE = "shared.pt"
+FORMAT_VERSION = 1
+MIN_KEEP = 2
+
+# Test hook: "STEP:SECONDS" makes rank 0 sleep after the barrier and before writing the commit
+# marker of checkpoint STEP, so a test can kill the job during a checkpoint write.
+ENV_TEST_SLEEP_BEFORE_COMMIT = "WMCTL_TEST_SLEEP_BEFORE_COMMIT"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def rank_file_name(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def rank_done_name(rank: int) -> str:
+    return f"rank-{rank:05d}.done"
+
+
+# ---------------------------------------------------------------- filesystem-only helpers
+
+
+def fsync_file(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str | Path) -> None:
+    # A rename or a new file is durable only once its directory entry is: fsync the folder.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Write ``data`` so that ``path`` holds either nothing/the old content or all of ``data``."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    step: int
+    path: Path
+    committed: bool
+
+    def meta(self) -> dict[str, Any]:
+        return json.loads((self.path / META_FILE).read_text(encoding="utf-8"))
+
+
+def read_marker(ckpt_dir: str | Path) -> dict[str, Any] | None:
+    try:
+        marker = json.loads((Path(ckpt_dir) / COMMIT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def is_committed(ckpt_dir: str | Path) -> bool:
+    """Marker present and every file it lists present with the recorded size."""
+    ckpt_dir = Path(ckpt_dir)
+    marker = read_marker(ckpt_dir)
+    if marker is None:
+        return False
+    files = marker.get("files")
+    if not isinstance(files, dict):
+        return False
+    for name, size in files.items():
+        try:
+            if (ckpt_dir / name).stat().st_size != size:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def list_checkpoints(root: str | Path) -> list[CheckpointInfo]:
+    """Every ``step-N`` folder under root, oldest first, committed or not."""
+    root = Path(root)
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return []
+    found = []
+    for entry in entries:
+        m = STEP_DIR_RE.match(entry.name)
+        if m and entry.is_dir(follow_symlinks=False):
+            path = Path(entry.path)
+            found.append(CheckpointInfo(int(m.group(1)), path, is_committed(path)))
+    return sorted(found, key=lambda c: c.step)
+
+
+def latest_complete(root: str | Path) -> CheckpointInfo | None:
+    """The newest committed checkpoint under root; torn or damaged ones are skipped."""
+    committed = [c for c in list_checkpoints(root) if c.committed]
+    return committed[-1] if committed else None
+
+
+def _remove_tree(path: Path) -> None:
+    # Rename first (atomic), then delete: an interrupted delete never leaves a folder that still
+    # looks like step-N.
+    doomed = path.with_name(f"{path.name}.deleting-{time.time_ns()}")
+    try:
+        os.rename(path, doomed)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def apply_retention(root: str | Path, keep: int) -> list[Path]:
+    """Keep the newest max(keep, 2) committed checkpoints; delete older ones and torn leftovers.
+
+    Call only right after a commit. Torn folders newer than the newest commit are left alone: an
+    attempt still in flight may own them, and the next save of that step replaces them.
+    """
+    root = Path(root)
+    keep = max(int(keep), MIN_KEEP)
+    ckpts = list_checkpoints(root)
+    committed = [c for c in ckpts if c.committed]
+    if not committed:
+        return []
+    newest = committed[-1].step
+    doomed = [c.path for c in committed[:-keep]] if len(committed) > keep else []
+    doomed += [c.path for c in ckpts if not c.committed and c.step < newest]
+    for path in doomed:
+        _remove_tree(path)
+    # Leftovers of interrupted deletes and of replaced torn folders.
+    for entry in os.scandir(root):
+        if entry.is_dir(follow_symlinks=False) and (".deleting-" in entry.name or ".stale-" in entry.name):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            doomed.append(Path(entry.path))
+    return doomed
+
+
+# ---------------------------------------------------------------- torch parts (lazy imports)
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def capture_rng() -> dict[str, Any]:
+    """This process's RNG states: python, numpy (if importable), torch CPU, every vendor device."""
+    from orchestrator.runtime.dist import device_module, torch_module_name
+
+    torch = _torch()
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        state["numpy"] = np.random.get_state()
+    mod = device_module()
+    if mod is not None and hasattr(mod, "get_rng_state_all"):
+        state["device_module"] = torch_module_name()
+        state["device"] = list(mod.get_rng_state_all())
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    from orchestrator.runtime.dist import device_module, torch_module_name
+
+    torch = _torch()
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        try:
+            import numpy as np
+        except ImportError:
+            np = None
+        if np is not None:
+            np.random.set_state(state["numpy"])
+    mod = device_module()
+    if "device" in state and mod is not None and state.get("device_module") == torch_module_name():
+        mod.set_rng_state_all(state["device"])
+
+
+def _unwrap(model: Any) -> Any:
+    # DDP / FSDP wrappers keep the real module in .module; torch.compile in ._orig_mod.
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if inner is None:
+            return model
+        model = inner
+
+
+def _to_cpu_copy(obj: Any) -> Any:
+    """Deep copy with every tensor cloned to CPU: the snapshot an async writer may own."""
+    torch = _torch()
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu_copy(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to_cpu_copy(v) for v in obj)
+    return obj
+
+
+def _save_fsync(obj: Any, path: Path) -> None:
+    torch = _torch()
+    with open(path, "wb") as fh:
+        torch.save(obj, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _load(path: Path) -> Any:
+    # weights_only=False: these files hold RNG tuples and numpy state, and the job wrote them
+    # itself into its own checkpoint folder.
+    return _torch().load(path, map_location="cpu", weights_only=False)
+
+
+def _test_sleep_before_commit(step: int) -> None:
+    raw = os.environ.get(ENV_TEST_SLEEP_BEFORE_COMMIT, "")
+    if ":" in raw:
+        want, seconds = raw.split(":", 1)
+        if want.strip() == str(step):
+            time.sleep(float(seconds))
+
+
+@dataclass
+class ResumeState:
+    step: int
+    epoch: int
+    samples: int
+    path: Path
+    extra: dict[str, Any] = field(default_factory=dict)
+    exact: bool = True
+    reason: str = ""
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+class CheckpointManager:
+    """Save and restore everything a bit-exact resume needs (REFERENCE.md section 5).
+
+    Call ``register`` once with the training objects, ``save(step, ...)`` at optimizer-step
+    boundaries (``should_save`` tells when), ``restore()`` once after building everything, and
+    ``close()`` at exit. Every rank calls every method at the same point of the loop.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        keep: int = 3,
+        every_steps: int = 0,
+        async_save: bool = False,
+        progress: Any | None = None,
+        commit_timeout_s: float = 600.0,
+    ) -> None:
+        from orchestrator.runtime import dist
+
+        self.root = Path(directory)
+        self.keep = max(int(keep), MIN_KEEP)
+        self.every_steps = int(every_steps)
+        self.async_save = async_save
+        self.progress = progress
+        self.commit_timeout_s = commit_timeout_s
+        self.rank = dist.rank()
+        self.world_size = dist.world_size()
+        self.last_blocking_s = 0.0   # how long the last save() held the training loop
+        self.last_saved_step: int | None = None
+        self._objects: dict[str, Any] = {}
+        self._generators: dict[str, Any] = {}
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+
+    def register(self, model: Any = None, optimizer: Any = None, scheduler: Any = None,
+                 scaler: Any = None, sampler: Any = None, generators: dict[str, Any] | None = None) -> None:
+        for name, obj in (("model", model), ("optimizer", optimizer), ("scheduler", scheduler),
+                          ("scaler", scaler), ("sampler", sampler)):
+            if obj is not None:
+                self._objects[name] = obj
+        self._generators.update(generators or {})
+
+    def should_save(self, step: int) -> bool:
+        return self.every_steps > 0 and step > 0 and step % self.every_steps == 0
+
+    # ------------------------------------------------------------ save
+
+    def save(self, step: int, epoch: int = 0, samples: int = 0, extra: dict[str, Any] | None = None,
+             sync: bool | None = None) -> Path:
+        """Checkpoint the registered state as of optimizer step ``step`` (all ranks call it)."""
+        from orchestrator.runtime import dist
+
+        started = time.perf_counter()
+        self.wait()
+        final = self.root / step_dir_name(step)
+        if self.last_saved_step == step:
+            # Preemption right after a periodic save: the state on disk is this state.
+            self.wait()
+            self.last_blocking_s = time.perf_counter() - started
+            return final
+        if self.rank == 0:
+            self.root.mkdir(parents=True, exist_ok=True)
+            if final.exists():
+                # A torn (or foreign) folder of this step from an earlier attempt: move it out of
+                # the way so no stale rank file can end up in the new checkpoint.
+                os.rename(final, final.with_name(f"{final.name}.stale-{time.time_ns()}"))
+            final.mkdir()
+            fsync_dir(self.root)
+        dist.barrier()
+
+        rank_payload = self._rank_payload()
+        shared_payload = self._shared_payload() if self.rank == 0 else None
+        meta = {
+            "format": FORMAT_VERSION, "step": step, "epoch": epoch, "samples": samples,
+            "world_size": self.world_size, "extra": extra or {}, "time": time.time(),
+        }
+        run_async = self.async_save if sync is None else not sync
+        if run_async:
+            rank_payload = _to_cpu_copy(rank_payload)
+            shared_payload = _to_cpu_copy(shared_payload)
+            self._thread = threading.Thread(
+                target=self._write_async, name=f"wmctl-ckpt-{step}",
+                args=(final, step, rank_payload, shared_payload, meta, started), daemon=True)
+            self._thread.start()
+        else:
+            self._write_files(final, rank_payload, shared_payload, meta)
+            dist.barrier()
+            if self.rank == 0:
+                self._commit(final, step, started)
+            # Nobody moves on (and maybe exits) before the checkpoint is committed.
+            dist.barrier()
+        self.last_saved_step = step
+        self.last_blocking_s = time.perf_counter() - started
+        return final
+
+    def wait(self) -> None:
+        """Block until an in-flight async save has committed; re-raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise CheckpointError(f"async checkpoint failed: {err}") from err
+
+    def close(self) -> None:
+        self.wait()
+
+    def _rank_payload(self) -> dict[str, Any]:
+        sampler = self._objects.get("sampler")
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "sampler": sampler.state_dict() if sampler is not None else None,
+            "generators": {name: g.get_state() for name, g in self._generators.items()},
+            "rng": capture_rng(),
+        }
+
+    def _shared_payload(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in ("model", "optimizer", "scheduler", "scaler"):
+            obj = self._objects.get(name)
+            if obj is not None:
+                out[name] = (_unwrap(obj) if name == "model" else obj).state_dict()
+        return out
+
+    def _write_files(self, final: Path, rank_payload: dict[str, Any], shared_payload: dict[str, Any] | None,
+                     meta: dict[str, Any]) -> None:
+        _save_fsync(rank_payload, final / rank_file_name(self.rank))
+        if self.rank == 0:
+            assert shared_payload is not None
+            _save_fsync(shared_payload, final / SHARED_FILE)
+            with open(final / META_FILE, "w", encoding="utf-8") as fh:
+                json.dump(meta, fh, sort_keys=True)
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    def _write_async(self, final: Path, step: int, rank_payload: dict[str, Any],
+                     shared_payload: dict[str, Any] | None, meta: dict[str, Any], started: float) -> None:
+        try:
+            self._write_files(final, rank_payload, shared_payload, meta)
+            write_atomic(final / rank_done_name(self.rank), b"ok\n")
+            if self.rank != 0:
+                return
+            deadline = time.monotonic() + self.commit_timeout_s
+            missing = [r for r in range(self.world_size) if not (final / rank_done_name(r)).exists()]
+            while missing:
+                if time.monotonic() > deadline:
+                    # Left torn on purpose: resume falls back to the previous checkpoint.
+                    print(f"wmctl: checkpoint {final} not committed: ranks {missing} did not finish "
+                          f"within {self.commit_timeout_s:.0f} s", file=sys.stderr, flush=True)
+                    return
+                time.sleep(0.01)
+                missing = [r for r in missing if not (final / rank_done_name(r)).exists()]
+            self._commit(final, step, started)
+        except BaseException as err:  # handed to the training thread by wait(); not swallowed
+            self._error = err
+
+    def _commit(self, final: Path, step: int, started: float) -> None:
+        _test_sleep_before_commit(step)
+        fsync_dir(final)
+        files = {e.name: e.stat().st_size for e in os.scandir(final)
+                 if e.is_file() and not e.name.startswith(".") and e.name != COMMIT_MARKER}
+        missing = [rank_file_name(r) for r in range(self.world_size) if rank_file_name(r) not in files]
+        if missing or SHARED_FILE not in files or META_FILE not in files:
+            raise CheckpointError(f"checkpoint {final} is missing {missing or [SHARED_FILE, META_FILE]}; "
+                                  "is the checkpoint folder shared by every rank?")
+        marker = {"step": step, "world_size": self.world_size, "files": files, "time": time.time()}
+        write_atomic(final / COMMIT_MARKER, json.dumps(marker, sort_keys=True).encode())
+        fsync_dir(self.root)
+        seconds = time.perf_counter() - started
+        apply_retention(self.root, self.keep)
+        if self.progress is not None:
+            self.progress.checkpoint(step=step, path=str(final), seconds=seconds)
+
+    # ------------------------------------------------------------ restore
+
+    def restore(self, path: str | Path | None = None) -> ResumeState | None:
+        """Load the newest complete checkpoint (or ``path``) into the registered objects.
+
+        Returns None when there is nothing to resume from. RNG state is put back last, after
+        every other load, so nothing that draws random numbers runs after it.
+        """
+        from orchestrator.runtime import dist
+
+        chosen = None
+        if self.rank == 0:
+            if path is not None:
+                chosen = str(path) if is_committed(path) else None
+                if chosen is None:
+                    raise CheckpointError(f"{path} is not a committed checkpoint (no valid {COMMIT_MARKER})")
+            else:
+                info = latest_complete(self.root)
+                chosen = str(info.path) if info else None
+        # Every rank must load the same checkpoint even if its view of the folder lags.
+        chosen = dist.broadcast_object(chosen)
+        if chosen is None:
+            return None
+        ckpt = Path(chosen)
+        meta = json.loads((ckpt / META_FILE).read_text(encoding="utf-8"))
+        shared = _load(ckpt / SHARED_FILE)
+        for name in ("model", "optimizer", "scheduler", "scaler"):
+            obj = self._objects.get(name)
+            if obj is not None and name in shared:
+                (_unwrap(obj) if name == "model" else obj).load_state_dict(shared[name])
+
+        exact, reason = True, ""
+        saved_world = int(meta.get("world_size", self.world_size))
+        rank_path = ckpt / rank_file_name(self.rank)
+        rank_state = _load(rank_path) if saved_world == self.world_size and rank_path.exists() else None
+        sampler = self._objects.get("sampler")
+        if rank_state is None:
+            exact = False
+            reason = f"world size changed from {saved_world} to {self.world_size}"
+            if sampler is not None:
+                src = _load(ckpt / rank_file_name(0))["sampler"]
+                if src is not None:
+                    sampler.load_state_dict(src, world_size=saved_world)
+        else:
+            if sampler is not None and rank_state["sampler"] is not None:
+                sampler.load_state_dict(rank_state["sampler"])
+            for name, gen in self._generators.items():
+                if name in rank_state["generators"]:
+                    gen.set_state(rank_state["generators"][name])
+            restore_rng(rank_state["rng"])   # last: see the docstring
+        self.last_saved_step = int(meta["step"])
+        return ResumeState(step=int(meta["step"]), epoch=int(meta.get("epoch", 0)),
+                           samples=int(meta.get("samples", 0)), path=ckpt,
+                           extra=dict(meta.get("extra") or {}), exact=exact, reason=reason)

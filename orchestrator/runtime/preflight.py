@@ -1,0 +1,388 @@
+"""Preflight checks before training starts, and the bf16 -> fp16 -> fp32 NaN/inf guard.
+
+Runs inside the job (and behind ``wmctl doctor``). Standard library at import time; torch and
+the vendor's plugin load inside the checks, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import importlib
+import os
+import re
+import shutil
+import sys
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+MiB = 1 << 20
+GiB = 1 << 30
+DOCKER_DEFAULT_SHM = 64 * MiB
+
+# vendor -> torch device module, the import that registers it, runtime libraries, SMI tools.
+# Mirrors images/*.yaml (which the runtime cannot read: no yaml in the image). Library names are
+# what ctypes.util.find_library takes (libX.so -> "X"); unverified ones are marked.
+VENDOR_RUNTIME: dict[str, dict] = {
+    "cuda": {"module": "cuda", "plugin": None, "libs": ("cuda",), "smi": ("nvidia-smi",)},
+    "rocm": {"module": "cuda", "plugin": None, "libs": ("amdhip64",), "smi": ("rocm-smi", "amd-smi")},
+    "musa": {"module": "musa", "plugin": "torch_musa", "libs": ("musa", "mthreads_core"),
+             "smi": ("mthreads-gmi", "mthreads-smi")},
+    "ascend": {"module": "npu", "plugin": "torch_npu", "libs": ("ascendcl",), "smi": ("npu-smi",)},
+    "gaudi": {"module": "hpu", "plugin": "habana_frameworks.torch.core", "libs": ("hl_thunk",),
+              "smi": ("hl-smi",), "unverified": "libs"},
+    "cambricon": {"module": "mlu", "plugin": "torch_mlu", "libs": ("cnrt",), "smi": ("cnmon",)},
+    "hygon": {"module": "cuda", "plugin": None, "libs": ("amdhip64", "galaxyhip"), "smi": ("hy-smi",),
+              "unverified": "libs, module"},
+    "metax": {"module": "cuda", "plugin": None, "libs": ("mcruntime",), "smi": ("mx-smi",),
+              "unverified": "libs, module"},
+    "iluvatar": {"module": "cuda", "plugin": None, "libs": ("cuda",), "smi": ("ixsmi",),
+                 "unverified": "libs, module"},
+    "cpu": {"module": None, "plugin": None, "libs": (), "smi": ()},
+}
+
+# The field report's troubleshooting table (SEED_NOTES section 4): symptom -> cause -> fix.
+TROUBLESHOOTING: dict[str, dict[str, str]] = {
+    "data_starvation": {
+        "symptom": "memory fine, utilisation very low",
+        "cause": "data pipeline blocked",
+        "fix": "raise DataLoader num_workers (4 -> 8 -> 16), pin_memory=True, pre-decode and cache samples in memory",
+    },
+    "communication": {
+        "symptom": "communication share too high",
+        "cause": "collective library not adapted to the card",
+        "fix": "use the vendor's collective library (nccl/mccl/hccl/cncl), larger gradient accumulation, gradient compression",
+    },
+    "random_crashes": {
+        "symptom": "random crashes in training",
+        "cause": "unstable network or PCIe link",
+        "fix": "lower communication frequency, check links",
+    },
+    "low_precision": {
+        "symptom": "loss swings or NaN under bf16",
+        "cause": "incomplete low-precision operator support",
+        "fix": "verify with fp16 / fp32 (the dtype guard steps down automatically)",
+    },
+    "resume_repeats_data": {
+        "symptom": "loss does not fall after resume",
+        "cause": "data position repeated",
+        "fix": "save and restore the DataLoader index (the runtime's resumable sampler)",
+    },
+    "numa_imbalance": {
+        "symptom": "uneven utilisation across cards",
+        "cause": "CPU binding / NUMA imbalance",
+        "fix": "bind each rank to its own core group (wmctl-bind, affinity: exclusive)",
+    },
+    "no_devices": {
+        "symptom": "the driver is visible but PyTorch sees no device",
+        "cause": "driver version does not match the image's runtime, or the vendor toolkit is not in the container",
+        "fix": "use the vendor's image matching the host driver, or mount the vendor runtime path into the container",
+    },
+}
+
+
+def hint(key: str) -> str:
+    row = TROUBLESHOOTING[key]
+    return f"{row['cause']}: {row['fix']}"
+
+
+@dataclass(frozen=True)
+class Finding:
+    level: str      # ok | warn | error
+    check: str
+    message: str
+    hint: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- device module
+
+def _vendor_row(vendor: str) -> dict:
+    from .topology import normalise_vendor
+
+    return VENDOR_RUNTIME[normalise_vendor(vendor)]
+
+
+def load_device_module(vendor: str, import_module: Callable = importlib.import_module):
+    """The vendor's torch device module (e.g. torch.cuda, torch.musa); None for cpu.
+
+    Raises ImportError (with the missing name) when torch or the vendor plugin is absent.
+    """
+    row = _vendor_row(vendor)
+    torch = import_module("torch")
+    if row["module"] is None:
+        return None
+    if row["plugin"]:
+        import_module(row["plugin"])  # registers torch.<module>
+    module = getattr(torch, row["module"], None)
+    if module is None:
+        raise ImportError(f"torch.{row['module']} is not registered", name=f"torch.{row['module']}")
+    return module
+
+
+def check_runtime_libraries(vendor: str, find_library: Callable = ctypes.util.find_library,
+                            which: Callable = shutil.which) -> list[Finding]:
+    row = _vendor_row(vendor)
+    found: list[Finding] = []
+    if row["libs"]:
+        missing = [lib for lib in row["libs"] if not find_library(lib)]
+        note = f" (library names unverified for {vendor})" if "libs" in row.get("unverified", "") else ""
+        if missing:
+            found.append(Finding(
+                "warn", "runtime-library",
+                f"vendor runtime library not found: {', '.join('lib' + m + '.so' for m in missing)}{note}",
+                "use the vendor's image, or mount its runtime path into the container and add it to "
+                "LD_LIBRARY_PATH / ldconfig",
+            ))
+        else:
+            found.append(Finding("ok", "runtime-library", f"found {', '.join('lib' + m + '.so' for m in row['libs'])}"))
+    if row["smi"]:
+        tools = [t for t in row["smi"] if which(t)]
+        if tools:
+            found.append(Finding("ok", "smi", f"{tools[0]} on PATH"))
+        else:
+            found.append(Finding(
+                "warn", "smi", f"no vendor SMI tool on PATH ({' or '.join(row['smi'])})",
+                "the driver utilities are not in the container: use the vendor runtime (e.g. --runtime) "
+                "or mount the driver's bin folder",
+            ))
+    return found
+
+
+def check_devices(vendor: str, expected: int | None, *, device_module=None,
+                  import_module: Callable = importlib.import_module,
+                  find_library: Callable = ctypes.util.find_library,
+                  which: Callable = shutil.which) -> list[Finding]:
+    """The vendor's torch module imports and sees ``expected`` devices (None: at least one)."""
+    row = _vendor_row(vendor)
+    if row["module"] is None:
+        return [Finding("ok", "devices", "vendor cpu: no accelerator expected")]
+    name = f"torch.{row['module']}"
+    if device_module is None:
+        try:
+            device_module = load_device_module(vendor, import_module)
+        except ImportError as exc:
+            what = row["plugin"] or "torch"
+            return [Finding(
+                "error", "device-module",
+                f"{name} is not available: {exc.name or what} cannot be imported",
+                f"install {what} matching the torch version (or use the vendor's PyTorch image); "
+                + hint("no_devices"),
+            ), *check_runtime_libraries(vendor, find_library, which)]
+    try:
+        available = bool(device_module.is_available())
+        count = int(device_module.device_count())
+    except RuntimeError as exc:  # e.g. a driver that is too old for the runtime
+        available, count = False, 0
+        reason = f": {exc}"
+    else:
+        reason = ""
+    want = expected if expected is not None else 1
+    if available and (count == want if expected is not None else count >= 1):
+        return [Finding("ok", "devices", f"{name} sees {count} device(s)")]
+    extra = check_runtime_libraries(vendor, find_library, which)
+    causes = [f.message for f in extra if f.level != "ok"]
+    return [Finding(
+        "error", "devices",
+        f"{name}.device_count() is {count}, expected {want if expected is not None else 'at least 1'}"
+        f" (is_available={available}){reason}",
+        hint("no_devices") + ("; also: " + "; ".join(causes) if causes else "")
+        + ("; check the visible-devices variables and the device-plugin request" if count else ""),
+    ), *extra]
+
+
+# ---------------------------------------------------------------- shared memory
+
+def check_shm(num_workers: int, prefetch_factor: int = 2, batch_bytes: int = 0, *, shm_path: str = "/dev/shm",
+              min_bytes: int | None = None, statvfs: Callable = os.statvfs) -> Finding:
+    """/dev/shm is large enough for the DataLoader's worker -> main process batches.
+
+    Rule: with workers, warn below max(1 GiB, workers x prefetch x batch x 2); error at or below
+    Docker's 64 MiB default (the report's crash within two minutes). ``min_bytes`` (the doctor's
+    --shm-min) makes anything smaller an error.
+    """
+    try:
+        st = statvfs(shm_path)
+    except OSError as exc:
+        return Finding("warn" if num_workers else "ok", "shm", f"{shm_path} cannot be read: {exc.strerror}",
+                       "mount a tmpfs at /dev/shm (resources.shm in the job spec)")
+    size = st.f_frsize * st.f_blocks
+    free = st.f_frsize * st.f_bavail
+    need = num_workers * max(prefetch_factor, 1) * max(batch_bytes, 0) * 2
+    fix = "set resources.shm in the job spec (docker --shm-size 16g; on Kubernetes an emptyDir medium Memory at /dev/shm)"
+    human = f"{shm_path} is {_size(size)} ({_size(free)} free)"
+    if min_bytes is not None and size < min_bytes:
+        return Finding("error", "shm", f"{human}, below the required {_size(min_bytes)}", fix)
+    if num_workers <= 0:
+        return Finding("ok", "shm", f"{human}; DataLoader without workers does not use it")
+    if size <= DOCKER_DEFAULT_SHM:
+        return Finding("error", "shm",
+                       f"{human}: Docker's default; DataLoader with {num_workers} workers will crash (bus error)", fix)
+    floor = max(GiB, need)
+    if size < floor:
+        return Finding("warn", "shm", f"{human}, below {_size(floor)} for {num_workers} workers"
+                       + (f" x prefetch {prefetch_factor} x {_size(batch_bytes)} batches x 2" if need else ""), fix)
+    if free < need:
+        return Finding("warn", "shm", f"{human}, less free than the {_size(need)} the DataLoader may need",
+                       "free /dev/shm (stale files of crashed runs) or raise resources.shm")
+    return Finding("ok", "shm", human)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("TiB", 1 << 40), ("GiB", GiB), ("MiB", MiB), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def parse_size(text: str) -> int:
+    """``16g``, ``64Mi``, ``1GiB``, ``512m``, ``1024`` (bytes) -> bytes (binary units)."""
+    m = _SIZE.fullmatch(str(text).strip().lower())
+    if not m:
+        raise ValueError(f"bad size {text!r}: use e.g. 16g, 512Mi or 1GiB")
+    scale = {"": 1, "k": 1 << 10, "m": MiB, "g": GiB, "t": 1 << 40}[m.group(2)]
+    return int(float(m.group(1)) * scale)
+
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b|i)?")
+
+
+# ---------------------------------------------------------------- dtype support
+
+def check_bf16(vendor: str, device_module=None) -> Finding:
+    if _vendor_row(vendor)["module"] is None or device_module is None:
+        return Finding("ok", "bf16", "cpu: bf16 autocast available (fp16 is not used on cpu)")
+    fn = getattr(device_module, "is_bf16_supported", None)
+    try:
+        supported = bool(fn()) if fn is not None else None
+    except RuntimeError as exc:
+        return Finding("warn", "bf16", f"is_bf16_supported() failed: {exc}", "the guard will start at fp16")
+    if supported:
+        return Finding("ok", "bf16", "bf16 supported")
+    if supported is None:
+        return Finding("warn", "bf16", "the device module cannot say whether bf16 works",
+                       "the dtype guard falls back to fp16 then fp32 on NaN/inf loss")
+    return Finding("warn", "bf16", "bf16 not supported by this device (e.g. MTT S80)",
+                   "train in fp16 with a GradScaler; the dtype guard starts at fp16")
+
+
+def run_preflight(expected_devices: int | None = None, vendor: str = "cpu", *, device_module=None,
+                  num_workers: int = 0, prefetch_factor: int = 2, batch_bytes: int = 0,
+                  shm_path: str = "/dev/shm", shm_min_bytes: int | None = None,
+                  statvfs: Callable = os.statvfs, import_module: Callable = importlib.import_module,
+                  find_library: Callable = ctypes.util.find_library,
+                  which: Callable = shutil.which) -> list[Finding]:
+    """All checks for this machine; callers decide what an error means (doctor exits non-zero)."""
+    findings = check_devices(vendor, expected_devices, device_module=device_module,
+                             import_module=import_module, find_library=find_library, which=which)
+    if device_module is None and not any(f.level == "error" for f in findings):
+        try:
+            device_module = load_device_module(vendor, import_module)
+        except ImportError:
+            device_module = None
+    if not any(f.check == "runtime-library" for f in findings) and _vendor_row(vendor)["module"] is not None:
+        findings += [f for f in check_runtime_libraries(vendor, find_library, which)]
+    findings.append(check_shm(num_workers, prefetch_factor, batch_bytes, shm_path=shm_path,
+                              min_bytes=shm_min_bytes, statvfs=statvfs))
+    if not any(f.check in ("device-module", "devices") and f.level == "error" for f in findings):
+        findings.append(check_bf16(vendor, device_module))  # meaningless without a device
+    return findings
+
+
+# ---------------------------------------------------------------- the dtype guard
+
+class NonFiniteLossError(RuntimeError):
+    """The loss stays NaN/inf even in fp32: not a precision problem."""
+
+
+_LADDER = ("bf16", "fp16", "fp32")
+
+
+class DtypeGuard:
+    """Training precision policy bf16 -> fp16 -> fp32, stepping down on NaN/inf loss.
+
+    ``observe(loss)`` after each step: True when the loss was not finite and the guard stepped
+    down (rebuild autocast with ``guard.dtype``; add a GradScaler if ``needs_grad_scaler``).
+    At fp32, ``fp32_patience`` consecutive non-finite losses raise NonFiniteLossError.
+    """
+
+    def __init__(self, preferred: str = "bf16", device_module=None, *, fp32_patience: int = 3,
+                 report: Callable[[str], None] | None = None):
+        import torch
+
+        self._torch = torch
+        preferred = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32"}.get(preferred, preferred)
+        if preferred not in _LADDER:
+            raise ValueError(f"preferred dtype {preferred!r}: use bf16, fp16 or fp32")
+        on_device = device_module is not None and getattr(device_module, "__name__", "") != "torch.cpu"
+        self.device_module = device_module if on_device else None
+        self.events: list[dict] = []
+        self._report = report or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.fp32_patience = fp32_patience
+        self._fp32_bad = 0
+        self.steps_seen = 0
+        ladder = list(_LADDER[_LADDER.index(preferred):])
+        if not on_device and "fp16" in ladder:
+            ladder.remove("fp16")  # CPU autocast has no useful fp16 path: bf16 -> fp32
+            if preferred == "fp16":
+                self._note("fp16", ladder[0], "fp16 is not used on cpu")
+        if on_device and "bf16" in ladder and not self._bf16_supported(device_module):
+            ladder.remove("bf16")
+            self._note("bf16", ladder[0], "the device does not support bf16")
+        self._ladder = ladder
+        self._index = 0
+
+    @staticmethod
+    def _bf16_supported(module) -> bool:
+        fn = getattr(module, "is_bf16_supported", None)
+        try:
+            return bool(fn()) if fn is not None else True
+        except RuntimeError:
+            return False
+
+    @property
+    def name(self) -> str:
+        return self._ladder[self._index]
+
+    @property
+    def dtype(self):
+        t = self._torch
+        return {"bf16": t.bfloat16, "fp16": t.float16, "fp32": t.float32}[self.name]
+
+    @property
+    def needs_grad_scaler(self) -> bool:
+        return self.name == "fp16"
+
+    def autocast(self, device_type: str = "cpu"):
+        """An autocast context for the dtype in force (disabled at fp32)."""
+        return self._torch.autocast(device_type, dtype=self.dtype, enabled=self.name != "fp32")
+
+    def _note(self, old: str, new: str, why: str) -> None:
+        event = {"from": old, "to": new, "step": self.steps_seen, "reason": why}
+        self.events.append(event)
+        self._report(f"wmctl dtype guard: step {self.steps_seen}: {why}; switching {old} -> {new} "
+                     f"({TROUBLESHOOTING['low_precision']['cause']})")
+
+    def observe(self, loss) -> bool:
+        self.steps_seen += 1
+        t = self._torch
+        value = loss.detach() if isinstance(loss, t.Tensor) else t.tensor(float(loss))
+        if bool(t.isfinite(value).all()):
+            self._fp32_bad = 0
+            return False
+        if self._index + 1 < len(self._ladder):
+            old = self.name
+            self._index += 1
+            self._note(old, self.name, "loss is NaN/inf")
+            return True
+        self._fp32_bad += 1
+        if self._fp32_bad >= self.fp32_patience:
+            raise NonFiniteLossError(
+                f"loss was NaN/inf for {self._fp32_bad} consecutive steps in fp32 (step {self.steps_seen}): "
+                "not a low-precision problem. Lower the learning rate, add gradient clipping, "
+                "or check the data for NaN/inf values"
+            )
+        self._report(f"wmctl dtype guard: step {self.steps_seen}: loss is NaN/inf in fp32 "
+                     f"({self._fp32_bad}/{self.fp32_patience} before stopping)")
+        return False

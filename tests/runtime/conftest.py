@@ -1,0 +1,185 @@
+"""Helpers for the runtime tests that run the example world model under real torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "examples" / "worldmodel" / "train.py"
+
+# Tiny on purpose: 2 ranks x 3 micro-batches x batch 2 per step over 40 clips (20 per rank,
+# so optimizer steps straddle epoch boundaries and the last batch of an epoch is partial).
+MAX_STEPS = 16
+CKPT_EVERY = 4
+ACCUM = 3
+TINY = ["--num-clips", "40", "--frames", "6", "--size", "24", "--d-model", "32", "--nhead", "2",
+        "--layers", "1", "--batch_size", "2", "--gradient_accumulation_steps", str(ACCUM),
+        "--max_steps", str(MAX_STEPS), "--warmup-steps", "3", "--checkpoint-every", str(CKPT_EVERY),
+        "--checkpoint-keep", "2", "--lr", "1e-3"]
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["WMCTL_HEARTBEAT_EVERY"] = "1"
+    env["OMP_NUM_THREADS"] = "1"
+    env["WMCTL_TORCH_MODULE"] = "cpu"
+    for key in ("WMCTL_CHECKPOINT_DIR", "WMCTL_CHECKPOINT_EVERY", "WMCTL_TEST_SLEEP_BEFORE_COMMIT"):
+        env.pop(key, None)
+    env.update(extra)
+    return env
+
+
+def torchrun_cmd(args: list[str], nproc: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+            str(TRAIN), *args]
+
+
+@dataclass
+class Job:
+    proc: subprocess.Popen
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        from orchestrator.runtime.protocol import parse_progress
+
+        out = [e for e in (parse_progress(line) for line in self.text().splitlines()) if e]
+        return [e for e in out if kind is None or e["event"] == kind]
+
+    def wait(self, timeout: float = 240) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(self.proc.pid)
+            self.proc.wait(timeout=30)
+            pytest.fail(f"job did not finish within {timeout} s; log:\n{self.text()[-4000:]}")
+
+
+def start_job(args: list[str], log: Path, env: dict[str, str] | None = None, nproc: int = 2) -> Job:
+    fh = open(log, "ab")
+    # Own session: the test can signal torchrun's whole group, like a container runtime would.
+    proc = subprocess.Popen(torchrun_cmd(args, nproc), stdout=fh, stderr=subprocess.STDOUT, env=env or job_env(),
+                            cwd=str(REPO), start_new_session=True)
+    fh.close()
+    return Job(proc, log)
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL torchrun's process group and every descendant.
+
+    torchrun starts each worker in a new session, so killing torchrun's group alone leaves the
+    workers (and their DataLoader workers) running: collect the whole tree first.
+    """
+    victims = descendants(pid)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for v in victims:
+        try:
+            os.kill(v, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def wait_until(cond: Callable[[], bool], timeout: float, job: Job, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        if job.proc.poll() is not None:
+            pytest.fail(f"job exited with {job.proc.returncode} before {what}; log:\n{job.text()[-4000:]}")
+        time.sleep(0.05)
+    kill_tree(job.proc.pid)
+    pytest.fail(f"timed out waiting for {what}; log:\n{job.text()[-4000:]}")
+
+
+def effective_samples(prefix: Path, world: int = 2) -> dict[int, dict[tuple[int, int], list[int]]]:
+    """rank -> {(step, micro): indices}; a later attempt's record of a step replaces earlier ones."""
+    out: dict[int, dict[tuple[int, int], list[int]]] = {}
+    for r in range(world):
+        seq: dict[tuple[int, int], list[int]] = {}
+        path = Path(f"{prefix}.rank-{r}")
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                seq[(rec["step"], rec["micro"])] = rec["indices"]
+        out[r] = seq
+    return out
+
+
+def assert_bit_identical(a: Path, b: Path) -> None:
+    import torch
+
+    da, db = torch.load(a, weights_only=False), torch.load(b, weights_only=False)
+    assert da["step"] == db["step"]
+    assert da["model"].keys() == db["model"].keys()
+    for name, ta in da["model"].items():
+        assert torch.equal(ta, db["model"][name]), f"parameter {name} differs"
+    sa, sb = da["optimizer"]["state"], db["optimizer"]["state"]
+    assert sa.keys() == sb.keys() and len(sa) > 0
+    for pid, state in sa.items():
+        for key, ta in state.items():
+            assert torch.equal(ta, sb[pid][key]), f"optimizer state {pid}.{key} differs"
+    assert da["optimizer"]["param_groups"] == db["optimizer"]["param_groups"]
+    assert da["scheduler"] == db["scheduler"]
+
+
+@pytest.fixture(scope="session")
+def shared_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("wmdata") / "clips"
+
+
+@pytest.fixture(scope="session")
+def baseline(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Callable[[int], dict[str, Any]]:
+    """Uninterrupted run per num_workers value, run once per session and shared."""
+    cache: dict[int, dict[str, Any]] = {}
+
+    def get(num_workers: int) -> dict[str, Any]:
+        if num_workers not in cache:
+            d = tmp_path_factory.mktemp(f"baseline-nw{num_workers}")
+            # No checkpointing at all in the reference run: saving must not perturb training.
+            args = TINY + ["--data-dir", str(shared_data), "--num-workers", str(num_workers),
+                           "--dump-final", str(d / "final.pt"),
+                           "--record-samples", str(d / "samples")]
+            job = start_job(args, d / "log.txt")
+            rc = job.wait()
+            assert rc == 0, job.text()[-4000:]
+            cache[num_workers] = {"final": d / "final.pt", "samples": effective_samples(d / "samples"),
+                                  "dir": d, "job": job}
+        return cache[num_workers]
+
+    return get

@@ -1,0 +1,225 @@
+"""CheckpointManager and the filesystem-only discovery / retention helpers, single process."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from orchestrator.runtime import checkpoint as ck
+from orchestrator.runtime.checkpoint import (COMMIT_MARKER, CheckpointManager, apply_retention, latest_complete,
+                                             list_checkpoints, write_atomic)
+from orchestrator.runtime.data import ResumableDistributedSampler
+from orchestrator.runtime.progress import Progress
+from orchestrator.runtime.protocol import parse_progress
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def fake_ckpt(root: Path, step: int, committed: bool = True) -> Path:
+    d = root / ck.step_dir_name(step)
+    d.mkdir(parents=True)
+    (d / "shared.pt").write_bytes(b"x" * 10)
+    (d / "meta.json").write_text(json.dumps({"step": step}))
+    if committed:
+        files = {p.name: p.stat().st_size for p in d.iterdir()}
+        (d / COMMIT_MARKER).write_text(json.dumps({"step": step, "files": files}))
+    return d
+
+
+class Toy:
+    """A model, optimizer, scheduler, sampler and private generator: everything save() covers."""
+
+    def __init__(self, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+        self.sched = torch.optim.lr_scheduler.StepLR(self.opt, step_size=2, gamma=0.5)
+        self.sampler = ResumableDistributedSampler(10, num_replicas=1, rank=0, seed=3)
+        self.gen = torch.Generator().manual_seed(99)
+
+    def step(self) -> None:
+        x = torch.randn(5, 4) + torch.rand(1, generator=self.gen)
+        loss = self.model(x).pow(2).mean() + random.random() * 0 + float(np.random.rand()) * 0
+        loss.backward()
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad()
+        self.sampler.advance(1)
+
+    def manager(self, root: Path, **kw) -> CheckpointManager:
+        m = CheckpointManager(root, **kw)
+        m.register(model=self.model, optimizer=self.opt, scheduler=self.sched, sampler=self.sampler,
+                   generators={"g": self.gen})
+        return m
+
+    def fingerprint(self) -> dict:
+        return {"params": [p.detach().clone() for p in self.model.parameters()],
+                "opt": [t.clone() for s in self.opt.state.values() for t in s.values()],
+                "sched": self.sched.state_dict(), "sampler": self.sampler.state_dict(),
+                "draws": (torch.rand(3), torch.rand(2, generator=self.gen), random.random(), np.random.rand())}
+
+
+def same(a: dict, b: dict) -> bool:
+    eq = lambda x, y: torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y  # noqa: E731
+    return (all(eq(x, y) for x, y in zip(a["params"], b["params"])) and len(a["opt"]) == len(b["opt"])
+            and all(eq(x, y) for x, y in zip(a["opt"], b["opt"])) and a["sched"] == b["sched"]
+            and a["sampler"] == b["sampler"] and all(eq(x, y) for x, y in zip(a["draws"], b["draws"])))
+
+
+def test_latest_complete_empty_and_missing(tmp_path: Path) -> None:
+    assert latest_complete(tmp_path / "nope") is None
+    assert latest_complete(tmp_path) is None
+
+
+def test_latest_complete_skips_torn_and_falls_back(tmp_path: Path) -> None:
+    fake_ckpt(tmp_path, 4)
+    fake_ckpt(tmp_path, 8)
+    fake_ckpt(tmp_path, 12, committed=False)            # torn: no marker
+    (tmp_path / "step-00000016.stale-1").mkdir()        # not a checkpoint name
+    (tmp_path / "step-20").mkdir()
+    info = latest_complete(tmp_path)
+    assert info.step == 8 and info.path.name == "step-00000008"
+    # Damage the newest committed one (a file shrank): it no longer counts, 4 is next.
+    (tmp_path / "step-00000008" / "shared.pt").write_bytes(b"x")
+    assert latest_complete(tmp_path).step == 4
+    (tmp_path / "step-00000004" / "shared.pt").unlink()
+    assert latest_complete(tmp_path) is None
+    # A garbage marker is not a commit either.
+    d = fake_ckpt(tmp_path, 24, committed=False)
+    (d / COMMIT_MARKER).write_text("{not json")
+    assert latest_complete(tmp_path) is None
+
+
+def test_discovery_needs_only_the_standard_library(tmp_path: Path) -> None:
+    fake_ckpt(tmp_path, 3)
+    code = ("import sys; from orchestrator.runtime.checkpoint import latest_complete; "
+            f"i = latest_complete({str(tmp_path)!r}); assert i.step == 3, i; "
+            "assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_write_atomic_replaces_whole_or_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "MARK"
+    write_atomic(target, b"one")
+    assert target.read_bytes() == b"one"
+
+    def boom(src, dst):
+        raise OSError("disk gone")
+    monkeypatch.setattr(ck.os, "replace", boom)
+    with pytest.raises(OSError):
+        write_atomic(target, b"two-longer")
+    assert target.read_bytes() == b"one"   # old content intact, never a half-written marker
+
+
+def test_retention_keeps_at_least_two_and_removes_torn_leftovers(tmp_path: Path) -> None:
+    for s in (2, 4, 6):
+        fake_ckpt(tmp_path, s)
+    fake_ckpt(tmp_path, 5, committed=False)    # older torn: removed
+    fake_ckpt(tmp_path, 8, committed=False)    # newer torn: may be in flight, kept
+    apply_retention(tmp_path, keep=1)          # keep=1 is raised to 2
+    assert [(c.step, c.committed) for c in list_checkpoints(tmp_path)] == [(4, True), (6, True), (8, False)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004", "step-00000006", "step-00000008"]
+
+
+def test_save_restore_round_trip_is_exact(tmp_path: Path) -> None:
+    toy = Toy()
+    mgr = toy.manager(tmp_path, keep=2, every_steps=2)
+    for _ in range(3):
+        toy.step()
+    path = mgr.save(3, epoch=0, samples=15, extra={"dtype": "fp32"})
+    assert (path / COMMIT_MARKER).exists() and latest_complete(tmp_path).step == 3
+    expected = toy.fingerprint()   # state + the random draws that follow the save
+
+    other = Toy(seed=1)            # different init: everything must come from the checkpoint
+    other.step()
+    state = other.manager(tmp_path).restore()
+    assert (state.step, state.epoch, state.samples, state.extra, state.exact) == (3, 0, 15, {"dtype": "fp32"}, True)
+    assert same(other.fingerprint(), expected)
+
+
+def test_async_save_snapshots_at_call_time(tmp_path: Path) -> None:
+    toy = Toy()
+    toy.step()
+    mgr = toy.manager(tmp_path, async_save=True)
+    before = [p.detach().clone() for p in toy.model.parameters()]
+    mgr.save(1)
+    with torch.no_grad():               # training goes on while the writer thread runs
+        for p in toy.model.parameters():
+            p.add_(1.0)
+    mgr.wait()
+    assert latest_complete(tmp_path).step == 1
+    assert (tmp_path / "step-00000001" / "rank-00000.done").exists()
+    fresh = Toy(seed=5)
+    fresh.manager(tmp_path).restore()
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh.model.parameters()))
+
+
+def test_old_checkpoints_survive_a_failed_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    toy = Toy()
+    mgr = toy.manager(tmp_path, keep=2)
+    for s in (1, 2):
+        toy.step()
+        mgr.save(s)
+    real = ck.write_atomic
+
+    def fail_marker(path, data):
+        if Path(path).name == COMMIT_MARKER:
+            raise OSError("killed before the marker")
+        return real(path, data)
+    monkeypatch.setattr(ck, "write_atomic", fail_marker)
+    toy.step()
+    with pytest.raises(OSError):
+        mgr.save(3)
+    # Nothing was deleted: retention only runs after a commit.
+    assert [(c.step, c.committed) for c in list_checkpoints(tmp_path)] == [(1, True), (2, True), (3, False)]
+    assert latest_complete(tmp_path).step == 2
+
+
+def test_save_replaces_a_torn_folder_of_the_same_step(tmp_path: Path) -> None:
+    torn = fake_ckpt(tmp_path, 4, committed=False)
+    (torn / "rank-00007.pt").write_bytes(b"left by a dead attempt of another world size")
+    toy = Toy()
+    toy.step()
+    mgr = toy.manager(tmp_path)
+    mgr.save(4)
+    info = latest_complete(tmp_path)
+    assert info.step == 4
+    assert not (info.path / "rank-00007.pt").exists()
+    assert json.loads((info.path / COMMIT_MARKER).read_text())["files"].keys() == {"meta.json", "shared.pt",
+                                                                                   "rank-00000.pt"}
+    assert [p.name for p in tmp_path.iterdir()] == ["step-00000004"]   # the stale copy is gone
+
+
+def test_retention_through_the_manager_and_progress_lines(tmp_path: Path) -> None:
+    out = io.StringIO()
+    toy = Toy()
+    mgr = toy.manager(tmp_path / "c", keep=3, every_steps=2, progress=Progress(stream=out, enabled=True))
+    assert [s for s in range(7) if mgr.should_save(s)] == [2, 4, 6]
+    for s in range(1, 11):
+        toy.step()
+        if mgr.should_save(s):
+            mgr.save(s)
+    assert [c.step for c in list_checkpoints(tmp_path / "c")] == [6, 8, 10]
+    events = [parse_progress(line) for line in out.getvalue().splitlines()]
+    assert [(e["event"], e["step"]) for e in events] == [("checkpoint", s) for s in (2, 4, 6, 8, 10)]
+    assert all(e["path"].endswith(ck.step_dir_name(e["step"])) and e["seconds"] >= 0 for e in events)
+
+
+def test_restore_nothing_and_explicit_path(tmp_path: Path) -> None:
+    toy = Toy()
+    mgr = toy.manager(tmp_path)
+    assert mgr.restore() is None
+    fake_ckpt(tmp_path, 9, committed=False)
+    with pytest.raises(ck.CheckpointError, match="not a committed checkpoint"):
+        mgr.restore(tmp_path / "step-00000009")
