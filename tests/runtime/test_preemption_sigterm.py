@@ -1,0 +1,78 @@
+"""SIGTERM (what Kubernetes and `docker stop` send to PID 1) at a random step under torchrun.
+
+The job must save at the next optimizer-step boundary, every worker must exit with
+PREEMPTED_EXIT_CODE, and the resumed run must lose zero steps and end bit-identical to the
+uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from orchestrator.runtime.checkpoint import latest_complete
+from orchestrator.runtime.protocol import PREEMPTED_EXIT_CODE
+from tests.runtime.conftest import (MAX_STEPS, TINY, assert_bit_identical, descendants, effective_samples,
+                                    job_env, start_job, wait_until)
+
+
+def _worker_pid(torchrun_pid: int, rank: int) -> int:
+    for pid in descendants(torchrun_pid):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"train.py" in cmdline and Path(f"/proc/{pid}/stat").read_text().split()[3] == str(torchrun_pid):
+                return pid
+    raise AssertionError(f"no rank {rank} worker under torchrun {torchrun_pid}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("target", ["torchrun", "rank1-only"])
+def test_sigterm_saves_exits_83_and_resume_loses_no_step(tmp_path: Path, shared_data: Path, baseline,
+                                                         target: str) -> None:
+    """target torchrun: the signal goes to torchrun (PID 1 in a container), which forwards it.
+    target rank1-only: only rank 1 sees it; the all-reduce at the step boundary must still stop
+    both ranks at the same step, and torchrun then reports the workers' exit code 83."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    k = random.Random(seed).randint(2, MAX_STEPS - 4)
+    why = f"(random seed {seed}: SIGTERM after step {k})"
+    ref = baseline(0)
+    ckpt = tmp_path / "ckpt"
+    base = TINY + ["--data-dir", str(shared_data), "--num-workers", "0", "--checkpoint-dir", str(ckpt),
+                   "--record-samples", str(tmp_path / "samples")]
+    # Slow steps so the signal lands a step or so after k, not after the run finished.
+    job = start_job(base + ["--sleep-per-step", "0.5"], tmp_path / "a0.log", job_env(WMCTL_ATTEMPT="0"))
+    wait_until(lambda: any(e["step"] >= k for e in job.events("step")), 180, job, f"step {k} {why}")
+    victim = job.proc.pid if target == "torchrun" else _worker_pid(job.proc.pid, 1)
+    os.kill(victim, signal.SIGTERM)
+    rc = job.wait()
+    log = job.text()
+    preempted = job.events("preempted")
+    assert len(preempted) == 1, f"{why}\n{log[-4000:]}"
+    stop = preempted[0]["step"]
+    assert k <= stop < MAX_STEPS, why
+    assert preempted[0]["exit_code"] == PREEMPTED_EXIT_CODE
+    assert job.events("exit")[-1]["status"] == "preempted"
+    # The checkpoint of the very step the ranks agreed to stop at is committed.
+    assert latest_complete(ckpt).step == stop, why
+    # torchrun itself exits 1 either way (on its own SIGTERM it re-raises SignalException; on a
+    # worker's exit 83 it raises ChildFailedError): the worker's code and the progress line carry it.
+    assert rc == 1, f"torchrun rc {rc} {why}\n{log[-4000:]}"
+    if target == "rank1-only":
+        codes = [int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", log)]
+        assert codes and set(codes) == {PREEMPTED_EXIT_CODE}, f"{codes} {why}\n{log[-4000:]}"
+
+    job = start_job(base + ["--dump-final", str(tmp_path / "final.pt")], tmp_path / "a1.log", job_env(WMCTL_ATTEMPT="1"))
+    assert job.wait() == 0, job.text()[-4000:]
+    assert [e["step"] for e in job.events("resume")] == [stop], why   # zero steps lost
+    assert_bit_identical(ref["final"], tmp_path / "final.pt")
+    assert effective_samples(tmp_path / "samples") == ref["samples"], why
