@@ -41,7 +41,7 @@ from orchestrator.runtime.preemption import PreemptionHandler  # noqa: E402
 from orchestrator.runtime.progress import Progress  # noqa: E402
 from orchestrator.runtime.timing import StepTimer  # noqa: E402
 from orchestrator.runtime.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_EVERY,  # noqa: E402
-                                           ENV_CHECKPOINT_KEEP, PREEMPTED_EXIT_CODE)
+                                           ENV_CHECKPOINT_KEEP)
 
 from data import ClipDataset, worker_init_fn  # noqa: E402
 from make_data import ensure_dataset  # noqa: E402

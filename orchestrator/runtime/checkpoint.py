@@ -351,7 +351,6 @@ class CheckpointManager:
         final = self.root / step_dir_name(step)
         if self.last_saved_step == step:
             # Preemption right after a periodic save: the state on disk is this state.
-            self.wait()
             self.last_blocking_s = time.perf_counter() - started
             return final
         if self.rank == 0:
