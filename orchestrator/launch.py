@@ -120,19 +120,3 @@ def host_cpus() -> list[int]:
         return sorted(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return list(range(os.cpu_count() or 1))
-
-
-def format_cpulist(cpus: list[int]) -> str:
-    """[0,1,2,5] -> '0-2,5'."""
-    ranges, start, prev = [], None, None
-    for c in sorted(cpus):
-        if start is None:
-            start = prev = c
-        elif c == prev + 1:
-            prev = c
-        else:
-            ranges.append(f"{start}-{prev}" if start != prev else str(start))
-            start = prev = c
-    if start is not None:
-        ranges.append(f"{start}-{prev}" if start != prev else str(start))
-    return ",".join(ranges)

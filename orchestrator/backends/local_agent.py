@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from orchestrator.runtime.topology import parse_cpulist
+
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -27,14 +29,6 @@ def _become_subreaper() -> None:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the tag scan in cancel still finds workers
         pass
-
-
-def _parse_cpus(text: str) -> set[int]:
-    cpus: set[int] = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
 
 
 def write_json_atomic(path: str, data: dict) -> None:
@@ -57,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     _become_subreaper()
     if args.cpus:
-        os.sched_setaffinity(0, _parse_cpus(args.cpus))   # inherited by torchrun and its workers
+        os.sched_setaffinity(0, parse_cpulist(args.cpus))   # inherited by torchrun and its workers
     with open(args.log, "ab", buffering=0) as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         write_json_atomic(args.pid_file, {"keeper": os.getpid(), "agent": proc.pid, "started": time.time()})

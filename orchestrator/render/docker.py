@@ -13,9 +13,10 @@ from typing import Any
 
 from .. import labels as L
 from ..errors import SpecError
-from ..launch import (accelerators_per_node, format_cpulist, host_cpus, job_env, rendezvous_id,
+from ..launch import (accelerators_per_node, host_cpus, job_env, rendezvous_id,
                       split_evenly, torchrun_args)
 from ..plan import AttemptContext, Plan
+from ..runtime.topology import format_cpulist
 from ..spec import JobSpec
 from ..validate import format_quantity, parse_duration, parse_quantity
 from ..vendors import VendorProfile

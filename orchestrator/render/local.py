@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..launch import (format_cpulist, host_cpus, job_env, rendezvous_id, split_evenly,
+from ..launch import (host_cpus, job_env, rendezvous_id, split_evenly,
                       torchrun_args)
 from ..plan import AttemptContext, Plan
+from ..runtime.topology import format_cpulist
 from ..spec import JobSpec
 from ..vendors import VendorProfile
 
