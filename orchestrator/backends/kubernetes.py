@@ -17,16 +17,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from .. import labels as L
 from ..errors import BackendError, RunNotFound
 from ..runtime.protocol import parse_progress
 from .base import CANCELLED, PROGRESS, AttemptRef, Event, Observation
 
-MANAGED_BY = "app.kubernetes.io/managed-by"
-RUN_LABEL = "wmctl.io/run"
-ATTEMPT_LABEL = "wmctl.io/attempt"
-SPEC_HASH = "wmctl.io/spec-hash"
-PARENT_ATTEMPT = "wmctl.io/parent-attempt"
-EXCLUDED_NODES = "wmctl.io/excluded-nodes"
+MANAGED_BY, RUN_LABEL, ATTEMPT_LABEL = L.MANAGED_BY, L.RUN, L.ATTEMPT
 
 Obj = dict[str, Any]
 
@@ -433,7 +429,7 @@ class KubernetesBackend:
 
         ns = self.namespace
         jobs = call_json(self._batch().list_namespaced_job, namespace=ns,
-                         label_selector=f"{MANAGED_BY}=wmctl,{RUN_LABEL}={run}",
+                         label_selector=L.selector(run),
                          what=f"list jobs of run {run}")["items"]
         refs = []
         for j in jobs:
