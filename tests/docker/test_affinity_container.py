@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import unavailable
+
 pytestmark = pytest.mark.docker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,10 +41,7 @@ def _docker_ready() -> bool:
 @pytest.fixture(scope="module")
 def engine():
     if not _docker_ready():
-        msg = "Docker engine not reachable (start it with .ci/start-dockerd.sh)"
-        if os.environ.get("WMCTL_REQUIRE_DOCKER") == "1":
-            pytest.fail(msg)
-        pytest.skip(msg)
+        unavailable("Docker engine not reachable (start it with .ci/start-dockerd.sh)")
     host_cpus = sorted(os.sched_getaffinity(0))
     if host_cpus[:2] != [0, 1]:
         pytest.fail(f"these cases pin CPUs 0 and 1; this host allows {host_cpus}")
