@@ -28,17 +28,44 @@ def submit_and_maybe_watch(spec_path: Path, overrides: dict[str, Any], *, backen
     auto_resume = auto_resume or spec.restart.auto_resume
     check_backend(spec, backend, auto_resume=auto_resume)
     store = RunStore(spec.name)
-    if store.exists():
-        old = store.load()
-        if old.status == "running":
-            raise WmctlError(f"run {spec.name!r} already exists and has not ended",
-                             hint=f"watch it with `wmctl watch {spec.name}`, or `wmctl cancel {spec.name}` first")
-        _archive(store)
+    engine = _backend(backend, kube_context, spec.kubernetes.namespace)
+    _clear_the_name(store, engine, echo)
     record = RunRecord(run=spec.name, backend=backend, spec_path=str(Path(spec_path).resolve()),
                        overrides=overrides, spec_hash=spec.spec_hash(), auto_resume=auto_resume,
                        kube_context=kube_context)
     store.save(record)
-    return supervise(store, record, spec, profile, watch=watch, echo=echo)
+    return supervise(store, record, spec, profile, watch=watch, echo=echo, backend=engine)
+
+
+def _backend(name: str, kube_context: str | None, namespace: str | None):
+    from .backends import get_backend
+
+    return get_backend(name, kube_context=kube_context, namespace=namespace)
+
+
+def _clear_the_name(store: RunStore, engine, echo: Callable[[str], None]) -> None:
+    """A new run takes over its name: an ended run of that name is archived and what it left on
+    the backend (finished containers, Jobs kept for their TTL) removed, so the new attempt 0 is
+    created, not adopted from the old run. Objects of that name that no record here knows are
+    someone else's: refused, never adopted and never deleted."""
+    left = engine.attempts(store.run)
+    if store.exists():
+        old = store.load()
+        if old.status == "running":
+            raise WmctlError(f"run {store.run!r} already exists and has not ended",
+                             hint=f"watch it with `wmctl watch {store.run}`, or `wmctl cancel {store.run}` first")
+        if left:
+            echo(f"removing what the previous run {store.run} ({old.status}) left on {engine.name}: "
+                 + ", ".join(ref.attempt_name for ref in left))
+        for ref in left:
+            engine.cancel(ref)
+        _archive(store)
+    elif left:
+        raise WmctlError(f"{engine.name} already has attempts of a run named {store.run!r} "
+                         f"({', '.join(ref.attempt_name for ref in left)}) that no run record under "
+                         f"{store.dir.parent} knows",
+                         hint="another machine or WMCTL_HOME may be watching it: rename this run (name: or "
+                              "--set name=...), or remove those objects if they are stale")
 
 
 def _archive(store: RunStore) -> None:
@@ -49,12 +76,11 @@ def _archive(store: RunStore) -> None:
 
 
 def supervise(store: RunStore, record: RunRecord, spec, profile, *, watch: bool,
-              echo: Callable[[str], None] = _echo) -> int:
-    from .backends import get_backend, plan_function
+              echo: Callable[[str], None] = _echo, backend=None) -> int:
+    from .backends import plan_function
     from .supervisor import Supervisor
 
-    backend = get_backend(record.backend, kube_context=record.kube_context,
-                          namespace=spec.kubernetes.namespace)
+    backend = backend or _backend(record.backend, record.kube_context, spec.kubernetes.namespace)
     store.lock_watcher()
     try:
         sup = Supervisor(spec, profile, backend, store, record, auto_resume=record.auto_resume,

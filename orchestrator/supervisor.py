@@ -106,6 +106,7 @@ class Supervisor:
             ref = b.AttemptRef(self.backend.name, self.spec.name, rec.attempt, self.spec.kubernetes.namespace)
             tracker, failure = self._watch(ref, rec)
             if failure is None:
+                self.backend.release(ref)
                 return self._finish(rec, tracker, "succeeded", f"run {self.spec.name} succeeded on attempt "
                                     f"{rec.attempt} at step {tracker.last_step}", 0)
             teardown_started = self.clock()

@@ -99,5 +99,9 @@ class Backend(Protocol):
     def cancel(self, ref: AttemptRef) -> None:
         """Tear down everything of the attempt at once. Idempotent."""
 
+    def release(self, ref: AttemptRef) -> None:
+        """The attempt ended well: free what still holds its name (finished containers) while
+        keeping its logs readable. Idempotent."""
+
     def attempts(self, run: str) -> list[AttemptRef]:
         """Every attempt of ``run`` this backend still knows, oldest first."""

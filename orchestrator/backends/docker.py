@@ -5,8 +5,11 @@ already exists: it is adopted after its labels are checked; a failure halfway re
 call created). poll merges two sources so nothing is missed when one drops: the Docker events
 API (followed in a background thread: kill signals, pause, destroy times) and container state
 from inspect (exit code, OOMKilled, gone). PROGRESS events come from following node 0's log.
-cancel force-removes every container of the attempt (SIGKILL: survivors would otherwise hang in
-a collective), then the attempt's network; named volumes stay (they hold checkpoints).
+cancel SIGKILLs every container of the attempt at once (survivors would otherwise hang in a
+collective), copies each container's log into the run folder (``attempt-N/node-I.log``, as the
+local backend writes them, so `wmctl logs` still shows why an attempt failed), then removes the
+containers and the attempt's network; named volumes stay (they hold checkpoints). release does
+the same for an attempt that ended well.
 
 ``docker`` is imported lazily so ``wmctl --help`` and dry runs never load it.
 """
@@ -23,6 +26,7 @@ from typing import Any, Callable, Iterator
 
 from .. import labels as L
 from ..errors import BackendError, EngineUnavailable, RunNotFound
+from ..render.local import run_dir
 from ..runtime.protocol import parse_progress
 from . import base as b
 
@@ -36,6 +40,8 @@ _HOST_KEYS = {"shm_size", "mounts", "mem_limit", "memswap_limit", "cpuset_cpus",
               "device_requests", "runtime", "devices", "group_add", "security_opt", "cap_add", "ulimits",
               "ipc_mode", "privileged", "init", "oom_kill_disable", "pids_limit"}
 _TERMINAL = (b.SUCCEEDED, b.FAILED, b.LOST)
+# What a torn-down node leaves in the run folder: the end of its output, where the cause is.
+ARCHIVE_TAIL_LINES = 20000
 _ZERO_TIME = "0001-01-01T00:00:00Z"
 
 
@@ -575,6 +581,11 @@ class DockerBackend:
             st.event_times[(node, action)] = t
 
     def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False) -> Iterator[str]:
+        archived = archive_path(ref, node)
+        if archived.exists():      # the attempt was torn down: its containers are gone
+            with open(archived, encoding="utf-8", errors="replace") as fh:
+                yield from (line.rstrip("\n") for line in fh)
+            return
         with _engine(f"reading the log of node {node} of {ref.attempt_name}"):
             st = self._state_for(ref)
             name = st.names.get(node)
@@ -604,6 +615,9 @@ class DockerBackend:
                     t.start()
                 for t in stoppers:
                     t.join()
+            for c in found:        # every node stops now; archiving and removal can take their time
+                self._quiet_kill(c.id)
+            self._archive_logs(ref, found)
             for c in found:
                 self._quiet_remove_container(c.id)
             for net in self.client.networks.list(filters=attempt_filters(ref.run, ref.attempt)):
@@ -613,6 +627,35 @@ class DockerBackend:
                     pass
         if st is not None:
             self._stop_threads(st)
+
+    def release(self, ref: b.AttemptRef) -> None:
+        """The attempt ended: keep its logs in the run folder, free its containers and network
+        (a finished container would otherwise hold the attempt's name on this host)."""
+        self.cancel(ref)
+
+    def _quiet_kill(self, cid: str) -> None:
+        errors, _ = _docker_errors()
+        try:
+            self.client.api.kill(cid)
+        except errors.NotFound:
+            pass
+        except errors.APIError as exc:
+            if exc.status_code != 409:   # 409: not running (exited already, or being removed)
+                raise
+
+    def _archive_logs(self, ref: b.AttemptRef, found: list[Any]) -> None:
+        errors, _ = _docker_errors()
+        for c in found:
+            node = c.labels.get(L.NODE, "")
+            if not node.isdigit():
+                continue
+            try:
+                data = self.client.api.logs(c.id, stdout=True, stderr=True, tail=ARCHIVE_TAIL_LINES)
+            except errors.NotFound:
+                continue
+            path = archive_path(ref, int(node))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
 
     def _quiet_stop(self, container: Any, timeout: float | None) -> None:
         errors, _ = _docker_errors()
@@ -647,6 +690,11 @@ class DockerBackend:
             for t in st.threads:
                 t.join(timeout=5)
         self._attempts.clear()
+
+
+def archive_path(ref: b.AttemptRef, node: int):
+    """Where a torn-down node's output is kept: the local backend's layout in the run folder."""
+    return run_dir(ref.run) / f"attempt-{ref.attempt}" / f"node-{node}.log"
 
 
 def _event_time(st: _Attempt, node: int, prev: b.NodeStatus | None, cur: b.NodeStatus) -> float | None:

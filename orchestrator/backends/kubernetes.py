@@ -443,6 +443,10 @@ class KubernetesBackend:
         return sorted(refs, key=lambda r: r.attempt)
 
     # --- cancel --------------------------------------------------------------------------------
+    def release(self, ref: AttemptRef) -> None:
+        """A finished Job stays for `kubectl` and pod logs until ttlSecondsAfterFinished (the spec's
+        kubernetes.ttl_seconds_after_finished) lets the cluster remove it; nothing to do here."""
+
     def cancel(self, ref: AttemptRef) -> None:
         """Delete the Job (Foreground: its pods go first), the Service and any PodGroup, and
         force-delete pods on lost nodes (their kubelet can never confirm a graceful delete)."""

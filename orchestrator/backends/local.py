@@ -232,6 +232,9 @@ class LocalBackend:
                 _signal(pid, signal.SIGKILL)
             time.sleep(0.05)
 
+    def release(self, ref: b.AttemptRef) -> None:
+        """Nothing to free: ended processes hold no names, and the logs are in the run folder."""
+
     def kill_node(self, ref: b.AttemptRef, node: int, sig: int = signal.SIGKILL) -> int:
         """Signal every process of one node (used to inject faults). Returns how many."""
         pids = tagged_pids(_tag(ref.attempt_name, node), exact=True)
