@@ -1,0 +1,276 @@
+"""Fault matrix on the Docker backend: the real `wmctl build-image` makes the job's image, the
+real `wmctl submit --backend docker --auto-resume` runs it as two containers (2 nodes x 1 rank,
+gloo, c10d rendezvous on node 0) on the real engine, and faults are injected with the Docker
+client: kill, pause, stop, a memory limit.
+
+The job is tests/integration/jobs/counter.py, the same deterministic torchrun job the local fault
+matrix uses; checkpoints go to a host_path bind so the host can read them. Every run that
+completes is compared bit for bit (float.hex of the all-reduced state) with an uninterrupted run
+of the same image, and each test prints how many steps were redone.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import docker.errors
+import pytest
+import yaml
+
+from orchestrator import labels as L
+from orchestrator.runtime.protocol import parse_progress
+from tests.integration import harness as h
+
+from .conftest import run_wmctl
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360)]
+
+TAG = "wmctl-test/faults:counter"
+
+
+@pytest.fixture(scope="module")
+def image(docker_client, base_image, tmp_path_factory) -> str:
+    """The counter job's image, built by `wmctl build-image` FROM the offline base image."""
+    ctx = tmp_path_factory.mktemp("faults-image")
+    shutil.copy(h.JOBS / "counter.py", ctx / "counter.py")
+    spec = ctx / "job.yaml"
+    spec.write_text(yaml.safe_dump({"name": "faults", "image": {"vendor": "cpu", "base": base_image, "tag": TAG},
+                                    "command": ["python", "counter.py"]}))
+    result = run_wmctl("build-image", str(spec), cwd=ctx)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return TAG
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_stale_runs(docker_client):
+    """Runs of an earlier, interrupted session on this engine would be refused as someone else's."""
+    def sweep():
+        for c in docker_client.containers.list(all=True, filters={"label": [L.RUN]}):
+            if c.labels.get(L.RUN, "").startswith("dkf-"):
+                c.remove(force=True)
+        for net in docker_client.networks.list(filters={"label": [L.RUN]}):
+            if (net.attrs.get("Labels") or {}).get(L.RUN, "").startswith("dkf-"):
+                net.remove()
+    sweep()
+    yield
+    sweep()
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("wmctl-home-docker")
+
+
+def write_spec(home: Path, name: str, image: str, *, steps: int = 40, every: int = 5, sleep: float = 0.1,
+               job_args: list[str] | None = None, restart: dict | None = None,
+               resources: dict | None = None) -> Path:
+    ckpt = home / f"ckpt-{name}"
+    ckpt.mkdir()
+    spec = {
+        "name": name, "nodes": 2, "nproc_per_node": 1, "affinity": "none",
+        "image": {"vendor": "cpu", "tag": image},
+        "resources": {"shm": "256Mi", **(resources or {})},
+        "volumes": [{"name": "ckpt", "mount": "/workspace/ckpt", "host_path": str(ckpt)}],
+        "command": ["python", "counter.py", "--steps", str(steps), "--every", str(every), "--sleep", str(sleep),
+                    *(job_args or [])],
+        "checkpoint": {"dir": "/workspace/ckpt", "every_steps": every},
+        "restart": {"max_attempts": 4, "backoff": "0s", "heartbeat_timeout": "30s", **(restart or {})},
+        "rendezvous": {"join_timeout": "60s"},
+    }
+    path = home / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def watch(spec: Path, home: Path) -> h.Watch:
+    return h.Watch(spec, home, "--backend", "docker")
+
+
+def final_state(home: Path, run: str) -> str:
+    return (home / f"ckpt-{run}" / "final.txt").read_text()
+
+
+def container(client, run: str, attempt: int, node: int):
+    return client.containers.get(f"{run}-a{attempt}-{node}")
+
+
+def progress(client, run: str, attempt: int) -> list[dict]:
+    """Progress lines of a live attempt, from rank 0's container log."""
+    try:
+        text = container(client, run, attempt, 0).logs().decode(errors="replace")
+    except docker.errors.NotFound:
+        return []
+    return [p for p in map(parse_progress, text.splitlines()) if p]
+
+
+def wait_progress(client, run: str, attempt: int, event: str, step: int = 0, timeout: float = 150) -> None:
+    h.wait_until(lambda: any(p["event"] == event and p.get("step", 0) >= step
+                             for p in progress(client, run, attempt)),
+                 timeout, f"{event} >= {step} in attempt {attempt}")
+
+
+def leftovers(client, run: str) -> list[str]:
+    return [c.name for c in client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]})]
+
+
+def redone(home: Path, run: str) -> list[int]:
+    rec = h.record(home, run)
+    out = [(prev["last_step"] or 0) - (nxt["resumed_from_step"] or 0)
+           for prev, nxt in zip(rec["attempts"], rec["attempts"][1:])]
+    print(f"{run}: steps redone per failure {out}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(docker_client, image, home) -> str:
+    spec = write_spec(home, "dkf-reference", image)
+    w = watch(spec, home)
+    assert w.wait(300) == 0, w.output
+    assert not leftovers(docker_client, "dkf-reference")
+    return final_state(home, "dkf-reference")
+
+
+def test_docker_reference_matches_the_local_computation(reference):
+    """The uninterrupted Docker run is itself checked: 40 steps of the counter's recurrence."""
+    state = 0.0
+    for step in range(40):
+        state = state * 0.999 + (((step + 1) * 0.1 + 0) / 3.0 + ((step + 1) * 0.1 + 1) / 3.0)
+    assert reference == state.hex()
+
+
+@pytest.mark.parametrize("node", [1, 0], ids=["worker-node", "rank0-rendezvous-node"])
+def test_docker_kill_of_a_node_resumes_and_matches_uninterrupted(docker_client, image, home, reference, node):
+    run = f"dkf-kill{node}"
+    w = watch(write_spec(home, run, image), home)
+    wait_progress(docker_client, run, 0, "checkpoint", 10)
+    container(docker_client, run, 0, node).kill()
+    assert w.wait(300) == 0, w.output
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["node_lost", "succeeded"], rec["final_report"]
+    assert rec["attempts"][0]["failed_node"] == node
+    assert rec["attempts"][1]["resumed_from_step"] >= 10
+    assert final_state(home, run) == reference
+    assert not leftovers(docker_client, run)
+    assert max(redone(home, run)) <= 5 + 3    # checkpoint interval, plus steps taken while tearing down
+
+
+def test_docker_pause_of_a_node_is_a_hang_torn_down_and_resumed(docker_client, image, home, reference):
+    run = "dkf-pause"
+    w = watch(write_spec(home, run, image), home)
+    wait_progress(docker_client, run, 0, "checkpoint", 10)
+    container(docker_client, run, 0, 1).pause()
+    assert w.wait(300) == 0, w.output
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["hang", "succeeded"], rec["final_report"]
+    assert "paused" in rec["attempts"][0]["evidence"]
+    assert final_state(home, run) == reference
+    assert not leftovers(docker_client, run)
+    redone(home, run)
+
+
+def test_docker_kill_during_checkpoint_write_resumes_from_the_previous_one(docker_client, image, home, reference):
+    run = "dkf-torn"
+    w = watch(write_spec(home, run, image, every=10, job_args=["--slow-commit", "4"]), home)
+    wait_progress(docker_client, run, 0, "checkpoint", 10)
+    # Step 20's save sleeps between the rank files and COMMITTED: kill rank 0's node inside it.
+    h.wait_until(lambda: (home / f"ckpt-{run}" / "step-00000020").exists(), 90, "step 20 write")
+    container(docker_client, run, 0, 0).kill()
+    assert w.wait(300) == 0, w.output
+    rec = h.record(home, run)
+    assert rec["attempts"][1]["resumed_from_step"] == 10
+    assert final_state(home, run) == reference
+    redone(home, run)
+
+
+def test_docker_stop_is_graceful_and_loses_no_step(docker_client, image, home, reference):
+    run = "dkf-stop"
+    w = watch(write_spec(home, run, image, every=1000), home)   # no periodic checkpoint: only SIGTERM's
+    wait_progress(docker_client, run, 0, "step", 12)
+    for node in (0, 1):
+        container(docker_client, run, 0, node).stop(timeout=60)
+    assert w.wait(300) == 0, w.output
+    rec = h.record(home, run)
+    assert rec["attempts"][0]["outcome"] == "preempted", rec["final_report"]
+    assert redone(home, run) == [0]
+    assert final_state(home, run) == reference
+
+
+def test_docker_app_error_is_reported_as_the_apps_and_not_retried(docker_client, image, home):
+    run = "dkf-apperror"
+    w = watch(write_spec(home, run, image, job_args=["--fail-at", "7"]), home)
+    assert w.wait(300) == 7, w.output
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["app_error"], rec["final_report"]
+    assert "not retried" in rec["final_report"]
+    assert not leftovers(docker_client, run)
+    # The containers are gone, but why the attempt failed is not: teardown kept their logs.
+    logs = run_wmctl("logs", run, "--node", "1", cwd=home, env={"WMCTL_HOME": str(home)})
+    assert logs.returncode == 0, logs.stderr
+    assert "injected application error" in logs.stdout
+
+
+def test_docker_resubmitting_a_finished_run_runs_it_again(docker_client, image, home):
+    """A finished run's name is reused: the new attempt 0 must run, not adopt the old one."""
+    run = "dkf-again"
+    spec = write_spec(home, run, image, steps=6, every=3)
+    assert watch(spec, home).wait(300) == 0
+    assert (home / f"ckpt-{run}" / "final.txt").exists()
+    shutil.rmtree(home / f"ckpt-{run}")
+    (home / f"ckpt-{run}").mkdir()
+    again = watch(spec, home)
+    assert again.wait(300) == 0, again.output
+    assert (home / f"ckpt-{run}" / "final.txt").exists(), again.output
+    assert h.record(home, run)["attempts"][0]["outcome"] == "succeeded"
+    assert list((home / "runs" / ".archive").glob(f"{run}-*")), "the first run's folder was not kept"
+    assert not leftovers(docker_client, run)
+
+
+def test_docker_memory_limit_is_reported_as_oom_and_not_retried(docker_client, image, home):
+    run = "dkf-oom"
+    w = watch(write_spec(home, run, image, resources={"memory": "768Mi"}, job_args=["--alloc-mb", "2048"]), home)
+    assert w.wait(300) == 7, w.output
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["oom"], rec["final_report"]
+    assert "not retried" in rec["final_report"]
+    assert not leftovers(docker_client, run)
+
+
+def test_docker_watcher_killed_and_restarted_continues_without_duplicate(docker_client, image, home, reference):
+    run = "dkf-rewatch"
+    spec = write_spec(home, run, image, sleep=0.15)
+    w = watch(spec, home)
+    wait_progress(docker_client, run, 0, "checkpoint", 5)
+    w.kill()                                     # the containers keep running without their watcher
+    w2 = h.Watch(spec, home, run, command="watch")
+    wait_progress(docker_client, run, 0, "step", 15)
+    container(docker_client, run, 0, 1).kill()
+    assert w2.wait(300) == 0, w2.output
+    rec = h.record(home, run)
+    assert [a["attempt"] for a in rec["attempts"]] == [0, 1]
+    assert final_state(home, run) == reference
+    assert not leftovers(docker_client, run)
+
+
+def test_docker_retry_budget_spent_is_a_clear_final_report(docker_client, image, home):
+    run = "dkf-budget"
+    w = watch(write_spec(home, run, image, sleep=0.15, restart={"max_attempts": 2}), home)
+    for attempt in range(2):
+        wait_progress(docker_client, run, attempt, "checkpoint", 5 * (attempt + 2))
+        container(docker_client, run, attempt, 1).kill()
+    assert w.wait(300) == 7, w.output
+    rec = h.record(home, run)
+    assert "retry budget spent" in rec["final_report"] and len(rec["attempts"]) == 2
+    assert not leftovers(docker_client, run)
+
+
+def test_docker_failure_without_a_new_checkpoint_stops(docker_client, image, home):
+    run = "dkf-noprogress"
+    w = watch(write_spec(home, run, image, sleep=0.15), home)
+    wait_progress(docker_client, run, 0, "checkpoint", 5)
+    container(docker_client, run, 0, 1).kill()
+    wait_progress(docker_client, run, 1, "resume")
+    container(docker_client, run, 1, 1).kill()     # before attempt 1 commits anything new
+    assert w.wait(300) == 7, w.output
+    assert "committed no new checkpoint" in h.record(home, run)["final_report"]
+    assert not leftovers(docker_client, run)
