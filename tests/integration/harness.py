@@ -106,6 +106,13 @@ def node_pids(run: str, attempt: int, node: int) -> list[int]:
     return tagged_pids(f"{run}-a{attempt}/{node}", exact=True)
 
 
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def kill_node(run: str, attempt: int, node: int, sig: int = signal.SIGKILL) -> int:
     pids = node_pids(run, attempt, node)
     for pid in pids:

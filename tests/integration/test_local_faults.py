@@ -7,6 +7,7 @@ run; each test prints how many steps were redone.
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -130,3 +131,43 @@ def test_failure_without_new_checkpoint_stops(home):
     h.kill_node(run, 1, 1)                     # before attempt 1 commits anything new
     assert w.wait() == 7, w.output
     assert "committed no new checkpoint" in h.record(home, run)["final_report"]
+
+
+def test_frozen_node_is_reported_as_paused_and_resumed(home, reference):
+    """SIGSTOP of a whole node (agent included), the local twin of `docker pause`: the backend
+    sees the stopped agent and reports it at once, long before the heartbeat would."""
+    run = "paused"
+    spec = h.write_spec(home, run, restart={"heartbeat_timeout": "120s"})
+    w = h.Watch(spec, home)
+    h.wait_checkpoint(home, run, 0, 10)
+    assert h.kill_node(run, 0, 1, signal.SIGSTOP) > 0
+    assert w.wait() == 0, w.output
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["hang", "succeeded"], rec["final_report"]
+    assert "SIGSTOP" in rec["attempts"][0]["evidence"]
+    assert h.final_state(spec) == reference
+    assert not h.leftover_processes(run)
+    _redone(home, run)
+
+
+def test_stuck_worker_is_caught_by_the_heartbeat_and_resumed(home, reference):
+    """Only the training process of node 1 freezes (a stuck kernel, a dead NFS mount): every
+    process still exists and the agent looks healthy; node 0 blocks in its all-reduce. Only the
+    silence of the progress lines shows it: the heartbeat timeout must catch it."""
+    run = "stuck"
+    spec = h.write_spec(home, run, restart={"heartbeat_timeout": "15s"})
+    w = h.Watch(spec, home)
+    h.wait_checkpoint(home, run, 0, 10)
+    workers = [pid for pid in h.node_pids(run, 0, 1)       # the job, not the agent that launched it
+               if "counter.py" in h.cmdline(pid) and "torch.distributed.run" not in h.cmdline(pid)
+               and "local_agent" not in h.cmdline(pid)]
+    assert workers
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    assert w.wait() == 0, w.output
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["hang", "succeeded"], rec["final_report"]
+    assert "no progress line" in rec["attempts"][0]["evidence"]
+    assert h.final_state(spec) == reference
+    assert not h.leftover_processes(run)
+    _redone(home, run)

@@ -1,0 +1,82 @@
+"""Failure classification and decisions: pure functions over events, checked as tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import failures as F
+from orchestrator.backends import base as b
+from orchestrator.runtime.protocol import PREEMPTED_EXIT_CODE
+
+
+def ev(kind, t=100.0, node=1, code=None, reason=None, message=""):
+    return b.Event(kind, t, node, f"host-{node}", exit_code=code, reason=reason, message=message)
+
+
+@pytest.mark.parametrize("event, kind", [
+    (ev(b.NODE_EXITED, code=0), None),
+    (ev(b.NODE_EXITED, code=PREEMPTED_EXIT_CODE), F.PREEMPTED),
+    (ev(b.NODE_EXITED, code=137, reason="OOMKilled"), F.OOM),
+    (ev(b.NODE_EXITED, code=137), F.NODE_LOST),
+    (ev(b.NODE_EXITED, code=-9), F.NODE_LOST),
+    (ev(b.NODE_EXITED, code=1, reason="SIGKILL"), F.NODE_LOST),
+    (ev(b.NODE_EXITED, code=143), F.PREEMPTED),
+    (ev(b.NODE_EXITED, code=1), F.APP_ERROR),
+    (ev(b.NODE_EXITED, code=2, reason="Error"), F.APP_ERROR),
+    (ev(b.NODE_LOST, reason="NodeNotReady"), F.NODE_LOST),
+    (ev(b.NODE_PAUSED), F.HANG),
+    (ev(b.OOM_KILLED, code=137), F.OOM),
+    (ev(b.IMAGE_PULL_FAILED, reason="ErrImagePull"), F.IMAGE_PULL),
+    (ev(b.EVICTED, reason="DeletionByTaintManager"), F.PREEMPTED),
+    (ev(b.CANCELLED), F.CANCELLED),
+    (ev(b.NODE_STARTED), None),
+    (ev(b.PROGRESS), None),
+])
+def test_each_event_maps_to_its_class(event, kind):
+    found = F.classify_event(event)
+    assert (found.kind if found else None) == kind
+    if found:
+        assert found.node == event.node and found.host == event.host and found.evidence
+
+
+@pytest.mark.parametrize("events, kind, node", [
+    # a survivor's crash a few seconds before the lost node is reported: the loss is the cause
+    ([ev(b.NODE_EXITED, 100, 0, code=1), ev(b.NODE_LOST, 103, 1)], F.NODE_LOST, 1),
+    # the same crash long before the loss: unrelated, the app error stands
+    ([ev(b.NODE_EXITED, 100, 0, code=1), ev(b.NODE_LOST, 100 + F.CONSEQUENCE_WINDOW_S + 1, 1)], F.APP_ERROR, 0),
+    # order of arrival does not matter, time does
+    ([ev(b.NODE_LOST, 103, 1), ev(b.NODE_EXITED, 100, 0, code=1)], F.NODE_LOST, 1),
+    # a frozen node explains the survivor's timeout
+    ([ev(b.NODE_EXITED, 100, 0, code=1), ev(b.NODE_PAUSED, 101, 1)], F.HANG, 1),
+    # a graceful preemption checkpointed: a later loss does not re-label it
+    ([ev(b.NODE_EXITED, 100, 0, code=PREEMPTED_EXIT_CODE), ev(b.NODE_LOST, 101, 1)], F.PREEMPTED, 0),
+    # the first infrastructure failure wins over a later one
+    ([ev(b.OOM_KILLED, 100, 0), ev(b.NODE_LOST, 102, 1)], F.OOM, 0),
+    ([ev(b.NODE_EXITED, 100, 0, code=0), ev(b.NODE_EXITED, 101, 1, code=0)], None, None),
+    ([], None, None),
+])
+def test_root_cause_is_the_first_failure_and_consequences_yield(events, kind, node):
+    found = F.root_cause(events)
+    assert (found.kind if found else None) == kind
+    assert (found.node if found else None) == node
+
+
+def test_hang_is_declared_only_past_the_heartbeat_timeout():
+    assert F.hang_failure(last_heartbeat=100.0, now=130.0, timeout=30.0) is None
+    hang = F.hang_failure(last_heartbeat=100.0, now=130.5, timeout=30.0)
+    assert hang.kind == F.HANG and "no progress line for 30 s" in hang.evidence
+
+
+@pytest.mark.parametrize("kind, options, decision", [
+    (F.NODE_LOST, {}, F.RETRY_ELSEWHERE),
+    (F.NODE_LOST, {"exclude_failed_nodes": False}, F.RETRY),
+    (F.HANG, {}, F.RETRY_ELSEWHERE),
+    (F.PREEMPTED, {}, F.RETRY),
+    (F.OOM, {}, F.STOP),
+    (F.OOM, {"retry_on_oom": True}, F.RETRY),
+    (F.IMAGE_PULL, {}, F.STOP),
+    (F.APP_ERROR, {}, F.STOP),
+    (F.CANCELLED, {}, F.STOP),
+])
+def test_decisions_follow_the_restart_policy(kind, options, decision):
+    assert F.decide(F.Failure(kind, 1, "host-1", 0.0, "x"), **options) == decision

@@ -1,0 +1,193 @@
+"""The supervisor's decisions against a scripted backend and a fake clock.
+
+The scripted backend is a stand-in for local, Docker and Kubernetes (which the fault matrices in
+tests/integration, tests/docker and tests/kube drive for real); here each attempt replays a list
+of observations, so every branch of the retry loop is checked in milliseconds: what is torn down
+and when, what the next attempt is told (resume, excluded nodes), and why the loop stops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from orchestrator.backends import base as b
+from orchestrator.runtime.protocol import PREEMPTED_EXIT_CODE
+from orchestrator.state import RunRecord, RunStore
+from orchestrator.supervisor import Supervisor
+
+from .helpers import spec_from
+
+START = 1000.0
+
+
+@dataclass
+class FakePlan:
+    run: str
+    attempt: int
+    ctx: object
+
+
+class Clock:
+    def __init__(self):
+        self.now = START
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def running(n=2):
+    return [b.NodeStatus(i, b.RUNNING, f"host-{i}") for i in range(n)]
+
+
+def done(n=2):
+    return [b.NodeStatus(i, b.SUCCEEDED, f"host-{i}", 0) for i in range(n)]
+
+
+def progress(event, step, t=START):
+    return b.Event(b.PROGRESS, t, 0, "host-0", progress={"event": event, "step": step})
+
+
+class ScriptedBackend:
+    """Replays, per attempt, a list of (events, nodes); the last node states then repeat."""
+
+    name = "scripted"
+
+    def __init__(self, clock: Clock, scripts: dict[int, list[tuple[list[b.Event], list[b.NodeStatus]]]]):
+        self.clock, self.scripts = clock, scripts
+        self.calls: list[tuple] = []
+        self.submitted: dict[int, object] = {}
+
+    def submit(self, plan: FakePlan) -> b.AttemptRef:
+        self.calls.append(("submit", plan.attempt))
+        self.submitted[plan.attempt] = plan.ctx
+        return b.AttemptRef(self.name, plan.run, plan.attempt)
+
+    def poll(self, ref: b.AttemptRef) -> b.Observation:
+        script = self.scripts[ref.attempt]
+        events, nodes = script.pop(0)
+        if not script:                      # the last states hold, with nothing new
+            script.append(([], nodes))
+        return b.Observation(list(events), nodes)
+
+    def cancel(self, ref: b.AttemptRef) -> None:
+        self.calls.append(("cancel", ref.attempt))
+
+    def release(self, ref: b.AttemptRef) -> None:
+        self.calls.append(("release", ref.attempt))
+
+    def attempts(self, run: str) -> list[b.AttemptRef]:
+        return [b.AttemptRef(self.name, run, a) for a in sorted(self.submitted)]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("WMCTL_HOME", str(tmp_path))
+    return tmp_path
+
+
+def supervise(scripts, *, restart=None, auto_resume=True):
+    spec = spec_from({"name": "sup", "nodes": 2, "command": ["python", "t.py"],
+                      "restart": {"max_attempts": 4, "backoff": "0s", "heartbeat_timeout": "60s", **(restart or {})}})
+    clock = Clock()
+    backend = ScriptedBackend(clock, scripts)
+    store = RunStore(spec.name)
+    record = RunRecord(run=spec.name, backend=backend.name, spec_path="sup.yaml", overrides={},
+                       spec_hash=spec.spec_hash(), auto_resume=auto_resume)
+    lines: list[str] = []
+    sup = Supervisor(spec, None, backend, store, record, auto_resume=auto_resume,
+                     plan_fn=lambda s, p, ctx: FakePlan(s.name, ctx.attempt, ctx),
+                     echo=lines.append, clock=clock, sleep=clock.sleep, poll_interval=1.0)
+    outcome = sup.run()
+    return outcome, backend, store.load(), lines, clock
+
+
+def test_node_loss_tears_down_then_resumes_elsewhere_and_succeeds(home):
+    outcome, backend, record, _, _ = supervise({
+        0: [([progress("checkpoint", 10)], running()),
+            ([progress("step", 12), b.Event(b.NODE_LOST, START + 1, 1, "host-1", reason="NodeNotReady")], running())],
+        1: [([progress("resume", 10)], running()), ([progress("step", 20)], done())],
+    })
+    assert outcome.exit_code == 0 and record.status == "succeeded"
+    # torn down before the next attempt exists; the finished attempt is released, not cancelled
+    assert backend.calls == [("submit", 0), ("cancel", 0), ("submit", 1), ("release", 1)]
+    ctx = backend.submitted[1]
+    assert ctx.resume and ctx.parent == 0 and ctx.excluded_nodes == ("host-1",)
+    a0, a1 = record.attempts
+    assert (a0.outcome, a0.decision, a0.failed_host) == ("node_lost", "retry_elsewhere", "host-1")
+    assert (a1.outcome, a1.resumed_from_step) == ("succeeded", 10)
+    assert "steps redone per failure: [2]" in record.final_report
+
+
+def test_app_error_stops_without_a_retry(home):
+    outcome, backend, record, _, _ = supervise({
+        0: [([progress("checkpoint", 5), b.Event(b.NODE_EXITED, START, 1, "host-1", exit_code=1)],
+             [b.NodeStatus(0, b.RUNNING), b.NodeStatus(1, b.FAILED, exit_code=1)])],
+    })
+    assert outcome.exit_code == 7
+    assert backend.calls == [("submit", 0), ("cancel", 0)]
+    assert "is not retried (app_error)" in record.final_report
+
+
+def test_preemption_resubmits_without_backoff_and_keeps_the_placement(home):
+    outcome, backend, record, _, clock = supervise({
+        0: [([progress("checkpoint", 7), progress("preempted", 7),
+              b.Event(b.NODE_EXITED, START, 0, "host-0", exit_code=PREEMPTED_EXIT_CODE)], running())],
+        1: [([progress("resume", 7)], done())],
+    }, restart={"backoff": "30s"})
+    assert outcome.exit_code == 0
+    assert record.attempts[0].decision == "retry" and backend.submitted[1].excluded_nodes == ()
+    assert 30.0 not in clock.slept
+
+
+def test_backoff_is_slept_between_failed_attempts(home):
+    outcome, _, _, _, clock = supervise({
+        0: [([progress("checkpoint", 5), b.Event(b.NODE_LOST, START, 1, "host-1")], running())],
+        1: [([progress("resume", 5)], done())],
+    }, restart={"backoff": "30s"})
+    assert outcome.exit_code == 0 and 30.0 in clock.slept
+
+
+def test_silence_past_the_heartbeat_timeout_is_a_hang(home):
+    outcome, backend, record, _, clock = supervise({
+        0: [([progress("checkpoint", 5)], running())],          # then nothing, nodes still "running"
+        1: [([progress("resume", 5), progress("checkpoint", 10)], done())],
+    }, restart={"heartbeat_timeout": "60s"})
+    assert outcome.exit_code == 0
+    assert record.attempts[0].outcome == "hang"
+    assert ("cancel", 0) in backend.calls
+    assert clock.now - START >= 60
+
+
+def test_an_attempt_without_a_new_checkpoint_stops_the_loop(home):
+    lost = lambda: b.Event(b.NODE_LOST, START, 1, "host-1")  # noqa: E731
+    outcome, backend, record, _, _ = supervise({
+        0: [([progress("checkpoint", 5), lost()], running())],
+        1: [([progress("resume", 5), lost()], running())],
+    })
+    assert outcome.exit_code == 7
+    assert "committed no new checkpoint" in record.final_report
+    assert [c for c in backend.calls if c[0] == "submit"] == [("submit", 0), ("submit", 1)]
+
+
+def test_the_retry_budget_counts_every_attempt(home):
+    lost = lambda step: ([progress("checkpoint", step), b.Event(b.NODE_LOST, START, 1, "host-1")], running())  # noqa: E731
+    outcome, backend, record, _, _ = supervise({0: [lost(5)], 1: [lost(10)]}, restart={"max_attempts": 2})
+    assert outcome.exit_code == 7
+    assert "retry budget spent (2 of restart.max_attempts=2" in record.final_report
+    assert len(record.attempts) == 2
+
+
+def test_without_auto_resume_a_retryable_failure_is_reported_not_retried(home):
+    outcome, backend, record, _, _ = supervise({
+        0: [([progress("checkpoint", 5), b.Event(b.NODE_LOST, START, 1, "host-1")], running())],
+    }, auto_resume=False)
+    assert outcome.exit_code == 7
+    assert "--auto-resume" in record.final_report
+    assert backend.calls == [("submit", 0), ("cancel", 0)]
