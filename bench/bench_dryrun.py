@@ -1,0 +1,83 @@
+"""`wmctl submit --dry-run` as a user runs it, and rendering at cluster scale. Prints, asserts nothing.
+
+1. Whole-process wall time and peak RSS of `wmctl submit SPEC --dry-run --backend kubernetes` on the
+   2-node x 8-accelerator spec (tests/unit/data/full.yaml), for every backend; target <= 0.25 s.
+   Each run is a fresh interpreter (what a user pays: Python start-up, imports, render, print).
+2. In-process render of the same spec at 1024 nodes (one Indexed Job: the manifest does not grow
+   with nodes, the Docker plan does); target < 2 s.
+
+    python bench/bench_dryrun.py [--runs 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SPEC = REPO / "tests" / "unit" / "data" / "full.yaml"
+sys.path.insert(0, str(REPO))
+
+
+def one_process(backend: str) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one `wmctl submit --dry-run` in a fresh interpreter."""
+    argv = [sys.executable, "-m", "orchestrator.cli", "submit", str(SPEC), "--dry-run", "--backend", backend]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - t0
+    if status != 0:
+        raise SystemExit(f"dry run failed ({backend}): {proc.stderr.read().decode()[-2000:]}")
+    return elapsed, usage.ru_maxrss / 1024
+
+
+def render_at_scale(nodes: int, backend: str) -> float:
+    from orchestrator.commands.render import render_for
+    from orchestrator.commands._common import plan_document
+
+    t0 = time.perf_counter()
+    plan = render_for(SPEC, {"nodes": nodes}, backend)
+    plan_document(plan, "yaml")
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    args = parser.parse_args()
+
+    print(f"python {sys.version.split()[0]}, spec {SPEC.relative_to(REPO)} (2 nodes x 8 accelerators)")
+    print(f"{'backend':<11} {'median s':>9} {'min s':>7} {'max s':>7} {'peak RSS MiB':>13}")
+    for backend in ("kubernetes", "docker", "local"):
+        one_process(backend)  # warm the page cache and .pyc files
+        samples = [one_process(backend) for _ in range(args.runs)]
+        walls = [s[0] for s in samples]
+        print(f"{backend:<11} {statistics.median(walls):>9.3f} {min(walls):>7.3f} {max(walls):>7.3f} "
+              f"{max(s[1] for s in samples):>13.1f}")
+    print("target: submit --dry-run <= 0.25 s (kubernetes)")
+
+    baseline = [one_process_python() for _ in range(5)]
+    print(f"for scale: bare `python -c pass` {statistics.median(baseline):.3f} s")
+
+    # Kubernetes only: a Docker host runs a handful of "nodes", and the plan refuses more nodes
+    # than the host has CPUs for.
+    render_at_scale(2, "kubernetes")
+    t = render_at_scale(1024, "kubernetes")
+    print(f"render + serialise 1024 nodes (kubernetes): {t:.3f} s (target < 2 s)")
+    print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MiB")
+
+
+def one_process_python() -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    main()
