@@ -198,7 +198,8 @@ class Supervisor:
 
     def _submit(self, attempt: int, parent: AttemptRecord | None) -> AttemptRecord:
         excluded = list(parent.excluded_nodes) if parent else []
-        if parent and parent.decision == F.RETRY_ELSEWHERE and parent.failed_host and parent.failed_host not in excluded:
+        if (parent and parent.decision == F.RETRY_ELSEWHERE and parent.failed_host
+                and parent.failed_host not in excluded and self.backend.places_nodes):
             excluded.append(parent.failed_host)
         existing = next((r for r in self.record.attempts if r.attempt == attempt), None)
         rec = existing or AttemptRecord(attempt=attempt, submitted_at=self.clock(), excluded_nodes=excluded)

@@ -85,6 +85,7 @@ class Observation:
 @runtime_checkable
 class Backend(Protocol):
     name: str
+    places_nodes: bool    # can an attempt be kept off named hosts (exclude_failed_nodes)?
 
     def submit(self, plan: Any) -> AttemptRef:
         """Start the attempt the plan describes. Idempotent per attempt name: an existing

@@ -218,6 +218,7 @@ class _Attempt:
 
 class DockerBackend:
     name = "docker"
+    places_nodes = False     # one Docker host: a retry cannot go elsewhere
 
     def __init__(self, client: Any = None, *, pull: bool = False, log_follow: bool = True):
         self._client = client

@@ -74,6 +74,7 @@ class _AttemptState:
 
 class KubernetesBackend:
     name = "kubernetes"
+    places_nodes = True      # the scheduler honours a node anti-affinity
 
     def __init__(self, api_client: Any = None, *, context: str | None = None,
                  kubeconfig: str | None = None, in_cluster: bool | None = None,

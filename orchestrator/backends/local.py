@@ -87,6 +87,7 @@ class _NodeWatch:
 
 class LocalBackend:
     name = "local"
+    places_nodes = False     # this machine only
 
     def __init__(self) -> None:
         self._watches: dict[str, list[_NodeWatch]] = {}

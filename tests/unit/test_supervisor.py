@@ -58,6 +58,7 @@ class ScriptedBackend:
     """Replays, per attempt, a list of (events, nodes); the last node states then repeat."""
 
     name = "scripted"
+    places_nodes = True
 
     def __init__(self, clock: Clock, scripts: dict[int, list[tuple[list[b.Event], list[b.NodeStatus]]]]):
         self.clock, self.scripts = clock, scripts
@@ -92,11 +93,12 @@ def home(tmp_path, monkeypatch):
     return tmp_path
 
 
-def supervise(scripts, *, restart=None, auto_resume=True):
+def supervise(scripts, *, restart=None, auto_resume=True, places_nodes=True):
     spec = spec_from({"name": "sup", "nodes": 2, "command": ["python", "t.py"],
                       "restart": {"max_attempts": 4, "backoff": "0s", "heartbeat_timeout": "60s", **(restart or {})}})
     clock = Clock()
     backend = ScriptedBackend(clock, scripts)
+    backend.places_nodes = places_nodes
     store = RunStore(spec.name)
     record = RunRecord(run=spec.name, backend=backend.name, spec_path="sup.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=auto_resume)
@@ -191,3 +193,13 @@ def test_without_auto_resume_a_retryable_failure_is_reported_not_retried(home):
     assert outcome.exit_code == 7
     assert "--auto-resume" in record.final_report
     assert backend.calls == [("submit", 0), ("cancel", 0)]
+
+
+def test_a_backend_with_one_host_retries_in_place(home):
+    """Local and Docker run on one host: excluding it would leave nowhere to run."""
+    outcome, backend, record, _, _ = supervise({
+        0: [([progress("checkpoint", 5), b.Event(b.NODE_LOST, START, 1, "host-1")], running())],
+        1: [([progress("resume", 5)], done())],
+    }, places_nodes=False)
+    assert outcome.exit_code == 0
+    assert backend.submitted[1].excluded_nodes == () and record.attempts[1].excluded_nodes == []
