@@ -46,6 +46,7 @@ class RunRecord:
     spec_hash: str
     auto_resume: bool
     kube_context: str | None = None
+    namespace: str | None = None        # Kubernetes: where the run's objects live
     created_at: float = field(default_factory=time.time)
     status: str = "running"             # running, succeeded, failed
     final_report: str | None = None

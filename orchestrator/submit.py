@@ -32,7 +32,8 @@ def submit_and_maybe_watch(spec_path: Path, overrides: dict[str, Any], *, backen
     _clear_the_name(store, engine, echo)
     record = RunRecord(run=spec.name, backend=backend, spec_path=str(Path(spec_path).resolve()),
                        overrides=overrides, spec_hash=spec.spec_hash(), auto_resume=auto_resume,
-                       kube_context=kube_context)
+                       kube_context=kube_context,
+                       namespace=spec.kubernetes.namespace if backend == "kubernetes" else None)
     store.save(record)
     return supervise(store, record, spec, profile, watch=watch, echo=echo, backend=engine)
 

@@ -14,7 +14,7 @@ def get_backend(name: str, *, kube_context: str | None = None, namespace: str | 
         return DockerBackend()
     if name == "kubernetes":
         from .kubernetes import KubernetesBackend
-        return KubernetesBackend(context=kube_context, namespace=namespace)
+        return KubernetesBackend(context=kube_context, namespace=namespace or "default")
     raise ValueError(f"unknown backend {name!r}")
 
 

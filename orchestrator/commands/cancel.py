@@ -14,7 +14,7 @@ def command(run, graceful):
 
     store = RunStore(run)
     record = store.load()
-    backend = get_backend(record.backend, kube_context=record.kube_context)
+    backend = get_backend(record.backend, kube_context=record.kube_context, namespace=record.namespace)
     for ref in backend.attempts(run):
         if graceful and record.backend == "local":
             backend.cancel(ref, graceful=True)

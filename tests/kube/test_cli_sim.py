@@ -1,0 +1,121 @@
+"""Simulation through the real command line: `wmctl submit SPEC -b kubernetes --auto-resume` in a
+subprocess, finding the fake API server (tests/kube/fakeapi) through a kubeconfig file and
+`--context`, exactly as it would find a cluster. No real cluster is involved; Kubernetes
+durations are scaled. Then `wmctl status`, `wmctl list` and `wmctl logs` read the run back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def progress(event: str, step: int) -> str:
+    return f'WMCTL-PROGRESS {{"event":"{event}","step":{step}}}'
+
+
+def write_kubeconfig(path: Path, url: str) -> None:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "other",
+        "clusters": [{"name": "sim", "cluster": {"server": url}},
+                     {"name": "nowhere", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "users": [{"name": "sim", "user": {"token": "sim-token"}}],
+        "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "sim", "namespace": "training"}},
+                     {"name": "other", "context": {"cluster": "nowhere", "user": "sim"}}],
+    }))
+
+
+def test_sim_cli_submit_auto_resume_status_and_logs(fake_api, tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    write_kubeconfig(kubeconfig, fake_api.server.url)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "clisim", "nodes": 2, "image": {"vendor": "cpu", "tag": "registry.example.com/wm:v3"},
+        "command": ["python", "train.py"], "resources": {"cpu": 1, "memory": "2Gi", "shm": "1Gi"},
+        "volumes": [{"name": "ckpt", "mount": "/ckpt", "pvc": "wm-ckpt"}], "checkpoint": {"dir": "/ckpt"},
+        "restart": {"max_attempts": 3, "backoff": "0s"}, "kubernetes": {"namespace": "training"},
+    }))
+    cluster = fake_api.cluster
+    cluster.script(job="clisim-a0", run_seconds=None)
+    cluster.script(job="clisim-a0", index=0, run_seconds=None,
+                   logs=[(0.0, "torchrun says hello"), (0.05, progress("start", 0)), (0.1, progress("checkpoint", 10))])
+    cluster.script(job="clisim-a1", run_seconds=0.6)
+    cluster.script(job="clisim-a1", index=0, run_seconds=0.8,
+                   logs=[(0.0, progress("resume", 10)), (0.2, progress("checkpoint", 20))])
+    cluster.start()
+
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "WMCTL_HOME": str(tmp_path / "home"),
+           "PYTHONPATH": str(REPO)}
+
+    def wmctl(*args: str, **kw) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+    watcher = wmctl("submit", str(spec), "-b", "kubernetes", "--context", "sim", "--auto-resume")
+    try:
+        def running_pods(job):
+            return [p for p in fake_api.store.list("pods")[0]
+                    if p["metadata"]["labels"].get("job-name") == job and p["status"].get("phase") == "Running"]
+        assert cluster.run_until(lambda: len(running_pods("clisim-a0")) == 2, timeout=30)
+        time.sleep(0.5)                               # the checkpoint line reaches the watcher
+        dead = next(p["spec"]["nodeName"] for p in running_pods("clisim-a0")
+                    if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1")
+        cluster.kill_node(dead)
+        out, _ = watcher.communicate(timeout=90)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+    assert watcher.returncode == 0, out
+    assert "node_lost" in out and f"excluding {dead}" in out and "succeeded on attempt 1" in out, out
+    # the objects went where the context's namespace said, with the kubeconfig's token
+    assert all(r["path"].startswith("/api/v1/namespaces/training/") or "/namespaces/training/" in r["path"]
+               for r in fake_api.api.sent("POST", ""))
+
+    status = wmctl("status", "clisim", "-o", "json").communicate(timeout=30)[0]
+    record = json.loads(status)
+    assert [a["outcome"] for a in record["attempts"]] == ["node_lost", "succeeded"]
+    assert record["attempts"][1]["excluded_nodes"] == [dead]
+    listing = wmctl("list").communicate(timeout=30)[0]
+    assert "clisim" in listing and "succeeded" in listing
+    logs = wmctl("logs", "clisim", "--node", "0").communicate(timeout=30)[0]
+    assert progress("resume", 10) in logs, logs
+
+
+def test_sim_cli_detach_then_cancel_deletes_in_the_runs_namespace(fake_api, tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    write_kubeconfig(kubeconfig, fake_api.server.url)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "clicancel", "nodes": 2, "image": {"vendor": "cpu", "tag": "registry.example.com/wm:v3"},
+        "command": ["python", "train.py"], "kubernetes": {"namespace": "training"},
+    }))
+    fake_api.cluster.script(job="clicancel-a0", run_seconds=None)
+    fake_api.cluster.start()
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "WMCTL_HOME": str(tmp_path / "home"),
+           "PYTHONPATH": str(REPO)}
+
+    def wmctl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+
+    sub = wmctl("submit", str(spec), "-b", "kubernetes", "--context", "sim", "--detach")
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    jobs = lambda: [j["metadata"]["name"] for j in fake_api.store.list("jobs")[0]]  # noqa: E731
+    assert jobs() == ["clicancel-a0"]
+    cancel = wmctl("cancel", "clicancel")
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert fake_api.cluster.run_until(lambda: not jobs() and not fake_api.store.list("services")[0])
+    assert all("/namespaces/training/" in r["path"] for r in fake_api.api.sent("DELETE", ""))
+    status = json.loads(wmctl("status", "clicancel", "-o", "json").stdout)
+    assert status["status"] == "failed" and "cancelled" in status["final_report"]
