@@ -9,18 +9,18 @@ from typing import Any, Callable
 
 import click
 
+from .display import make_display, stamp
 from .errors import WmctlError
 from .state import RunRecord, RunStore
 
 
 def _echo(line: str) -> None:
-    stamp = time.strftime("%H:%M:%S")
-    click.echo(f"[{stamp}] {line}")
+    click.echo(stamp(line))
 
 
 def submit_and_maybe_watch(spec_path: Path, overrides: dict[str, Any], *, backend: str, auto_resume: bool,
                            watch: bool, kube_context: str | None = None,
-                           echo: Callable[[str], None] = _echo) -> int:
+                           echo: Callable[[str], None] | None = None) -> int:
     from .commands._common import load
     from .spec import check_backend
 
@@ -29,7 +29,7 @@ def submit_and_maybe_watch(spec_path: Path, overrides: dict[str, Any], *, backen
     check_backend(spec, backend, auto_resume=auto_resume)
     store = RunStore(spec.name)
     engine = _backend(backend, kube_context, spec.kubernetes.namespace)
-    _clear_the_name(store, engine, echo)
+    _clear_the_name(store, engine, echo or _echo)
     record = RunRecord(run=spec.name, backend=backend, spec_path=str(Path(spec_path).resolve()),
                        overrides=overrides, spec_hash=spec.spec_hash(), auto_resume=auto_resume,
                        kube_context=kube_context,
@@ -77,37 +77,43 @@ def _archive(store: RunStore) -> None:
 
 
 def supervise(store: RunStore, record: RunRecord, spec, profile, *, watch: bool,
-              echo: Callable[[str], None] = _echo, backend=None) -> int:
+              echo: Callable[[str], None] | None = None, backend=None) -> int:
     from .backends import plan_function
     from .supervisor import Supervisor
 
     backend = backend or _backend(record.backend, record.kube_context, spec.kubernetes.namespace)
     store.lock_watcher()
+    # A caller's own echo (tests, embedding) gets lines only; the CLI gets the live panel too.
+    display = make_display(force_plain=not watch) if echo is None else None
     try:
         sup = Supervisor(spec, profile, backend, store, record, auto_resume=record.auto_resume,
-                         plan_fn=plan_function(backend), echo=echo)
+                         plan_fn=plan_function(backend), echo=echo or display,
+                         show_state=display.state if display else None)
+        echo = echo or display
         if not watch:
             rec = sup._current_or_new_attempt()
             echo(f"submitted {spec.name} attempt {rec.attempt}; follow it with `wmctl watch {spec.name}`")
             return 0
         return sup.run().exit_code
     finally:
+        if display:
+            display.close()
         store.unlock_watcher()
 
 
-def watch_run(run: str, *, auto_resume: bool | None, echo: Callable[[str], None] = _echo) -> int:
+def watch_run(run: str, *, auto_resume: bool | None, echo: Callable[[str], None] | None = None) -> int:
     from .commands._common import load
 
     store = RunStore(run)
     record = store.load()
     if record.status != "running":
-        echo(record.final_report or f"run {run} already {record.status}")
+        (echo or _echo)(record.final_report or f"run {run} already {record.status}")
         return 0 if record.status == "succeeded" else 7
     if auto_resume is not None:
         record.auto_resume = auto_resume
     spec, profile = load(Path(record.spec_path), record.overrides)
     if spec.spec_hash() != record.spec_hash:
-        echo(f"note: {record.spec_path} changed since submission; using the file as it is now")
+        (echo or _echo)(f"note: {record.spec_path} changed since submission; using the file as it is now")
     return supervise(store, record, spec, profile, watch=True, echo=echo)
 
 

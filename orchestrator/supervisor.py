@@ -91,13 +91,15 @@ class Supervisor:
     def __init__(self, spec, profile, backend, store: RunStore, record: RunRecord, *,
                  auto_resume: bool, plan_fn: Callable[..., Any] | None = None,
                  echo: Callable[[str], None] = print, clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep, poll_interval: float = POLL_INTERVAL_S):
+                 sleep: Callable[[float], None] = time.sleep, poll_interval: float = POLL_INTERVAL_S,
+                 show_state: Callable[[RunRecord, AttemptRecord, list[b.NodeStatus]], None] | None = None):
         self.spec, self.profile, self.backend = spec, profile, backend
         self.store, self.record = store, record
         self.auto_resume = auto_resume
         self.plan_fn = plan_fn
         self.echo, self.clock, self.sleep = echo, clock, sleep
         self.poll_interval = poll_interval
+        self.show_state = show_state or (lambda record, attempt, nodes: None)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -148,8 +150,14 @@ class Supervisor:
         timeout = self.spec.restart.heartbeat_timeout_s
         while True:
             now = self.clock()
-            for ev in tracker.feed(self.backend.poll(ref), now):
+            before = tracker.nodes
+            events = tracker.feed(self.backend.poll(ref), now)
+            for ev in events:
                 self._show(rec, ev, tracker, now)
+            if events or tracker.nodes != before:
+                rec.last_step, rec.last_checkpoint_step = tracker.last_step, tracker.last_checkpoint_step
+                rec.resumed_from_step = tracker.resumed_from_step
+                self.show_state(self.record, rec, tracker.nodes)
             if tracker.first_step_at and "first_step_s" not in rec.timings:
                 rec.timings["first_step_s"] = round(tracker.first_step_at - rec.submitted_at, 3)
                 self._sync(rec, tracker)
@@ -237,6 +245,7 @@ class Supervisor:
         self.record.status = status
         self.record.final_report = report + "\n" + summary(self.record)
         self.store.save(self.record)
+        self.show_state(self.record, rec, tracker.nodes)
         self.echo(self.record.final_report)
         return Outcome(status, self.record.final_report, code)
 

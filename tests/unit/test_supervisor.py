@@ -203,3 +203,22 @@ def test_a_backend_with_one_host_retries_in_place(home):
     }, places_nodes=False)
     assert outcome.exit_code == 0
     assert backend.submitted[1].excluded_nodes == () and record.attempts[1].excluded_nodes == []
+
+
+def test_the_live_display_sees_every_state_change_and_the_end(home):
+    spec = spec_from({"name": "sup", "nodes": 2, "command": ["python", "t.py"],
+                      "restart": {"max_attempts": 4, "backoff": "0s"}})
+    clock = Clock()
+    backend = ScriptedBackend(clock, {0: [([progress("checkpoint", 5)], running()),
+                                          ([progress("step", 8)], running()), ([], done())]})
+    store = RunStore(spec.name)
+    record = RunRecord(run=spec.name, backend=backend.name, spec_path="sup.yaml", overrides={},
+                       spec_hash=spec.spec_hash(), auto_resume=True)
+    seen: list[tuple] = []
+    Supervisor(spec, None, backend, store, record, auto_resume=True,
+               plan_fn=lambda s, p, ctx: FakePlan(s.name, ctx.attempt, ctx), echo=lambda line: None,
+               clock=clock, sleep=clock.sleep, poll_interval=1.0,
+               show_state=lambda rec, a, nodes: seen.append((rec.status, a.last_step, a.last_checkpoint_step,
+                                                             [n.phase for n in nodes]))).run()
+    assert seen == [("running", 5, 5, ["running", "running"]), ("running", 8, 5, ["running", "running"]),
+                    ("running", 8, 5, ["succeeded", "succeeded"]), ("succeeded", 8, 5, ["succeeded", "succeeded"])]
