@@ -35,6 +35,7 @@ class AttemptTracker:
     first_step_at: float | None = None
     seen_exit: bool = False
     preempted: bool = False
+    all_started_at: float | None = None
 
     def __post_init__(self) -> None:
         self.last_heartbeat = self.started_at
@@ -42,6 +43,11 @@ class AttemptTracker:
     def feed(self, obs: b.Observation, now: float) -> list[b.Event]:
         self.events += obs.events
         self.nodes = obs.nodes
+        if self.all_started_at is None and obs.nodes and all(n.phase != b.PENDING for n in obs.nodes):
+            # The heartbeat clock starts when every node runs: time spent queued (Kueue, Volcano),
+            # scheduling or pulling a large image is not a hang.
+            self.all_started_at = now
+            self.last_heartbeat = max(self.last_heartbeat, now)
         for ev in obs.events:
             if ev.kind != b.PROGRESS or not ev.progress:
                 continue
@@ -75,7 +81,7 @@ class AttemptTracker:
                               f"checkpointed and stopped on SIGTERM at step {self.last_step} ({found.evidence})")
         if found is not None:
             return found
-        if self.succeeded:
+        if self.succeeded or (self.all_started_at is None and self.first_progress_at is None):
             return None
         return F.hang_failure(self.last_heartbeat, now, heartbeat_timeout)
 

@@ -222,3 +222,22 @@ def test_the_live_display_sees_every_state_change_and_the_end(home):
                                                              [n.phase for n in nodes]))).run()
     assert seen == [("running", 5, 5, ["running", "running"]), ("running", 8, 5, ["running", "running"]),
                     ("running", 8, 5, ["succeeded", "succeeded"]), ("succeeded", 8, 5, ["succeeded", "succeeded"])]
+
+
+def test_time_spent_pending_is_not_a_hang(home):
+    """Queued for admission or pulling a 20 GB image for longer than the heartbeat timeout: the
+    heartbeat only starts once every node runs."""
+    pending = [b.NodeStatus(i, b.PENDING) for i in range(2)]
+    outcome, _, record, _, clock = supervise({
+        0: [([], pending)] * 200 + [([], running()), ([progress("checkpoint", 5)], done())],
+    }, restart={"heartbeat_timeout": "60s"})
+    assert clock.now - START >= 200
+    assert outcome.exit_code == 0 and [a.outcome for a in record.attempts] == ["succeeded"]
+
+
+def test_silence_after_every_node_started_is_a_hang(home):
+    outcome, _, record, _, _ = supervise({
+        0: [([], running())],                     # started, then never a progress line
+        1: [([progress("checkpoint", 5)], done())],
+    }, restart={"heartbeat_timeout": "60s"})
+    assert record.attempts[0].outcome == "hang"
