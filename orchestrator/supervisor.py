@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from . import failures as F
 from .backends import base as b
+from .errors import EngineUnavailable
 from .plan import AttemptContext
 from .state import AttemptRecord, RunRecord, RunStore
 
@@ -106,6 +107,7 @@ class Supervisor:
         self.echo, self.clock, self.sleep = echo, clock, sleep
         self.poll_interval = poll_interval
         self.show_state = show_state or (lambda record, attempt, nodes: None)
+        self._outage_since: float | None = None
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -156,8 +158,12 @@ class Supervisor:
         timeout = self.spec.restart.heartbeat_timeout_s
         while True:
             now = self.clock()
+            obs = self._poll(ref, tracker, now)
+            if obs is None:
+                self.sleep(self.poll_interval)
+                continue
             before = tracker.nodes
-            events = tracker.feed(self.backend.poll(ref), now)
+            events = tracker.feed(obs, now)
             for ev in events:
                 self._show(rec, ev, tracker, now)
             if events or tracker.nodes != before:
@@ -173,6 +179,27 @@ class Supervisor:
             if tracker.succeeded:
                 return tracker, None
             self.sleep(self.poll_interval)
+
+    def _poll(self, ref: b.AttemptRef, tracker: AttemptTracker, now: float) -> b.Observation | None:
+        """The backend's news, or None while its engine (Docker, the Kubernetes API) is out of
+        reach. The run itself is untouched by an outage (a control-plane upgrade, a dockerd
+        restart), so the watcher waits it out for up to heartbeat_timeout; time out of contact
+        does not count against the job's heartbeat."""
+        try:
+            obs = self.backend.poll(ref)
+        except EngineUnavailable as exc:
+            if self._outage_since is None:
+                self._outage_since = now
+                self.echo(f"lost contact with {self.backend.name} ({exc.message}); retrying, the run is not touched")
+            if now - self._outage_since > self.spec.restart.heartbeat_timeout_s:
+                raise
+            return None
+        if self._outage_since is not None:
+            gap = now - self._outage_since
+            self.echo(f"contact with {self.backend.name} restored after {gap:.0f} s")
+            tracker.last_heartbeat += gap
+            self._outage_since = None
+        return obs
 
     def _show(self, rec: AttemptRecord, ev: b.Event, tracker: AttemptTracker, now: float) -> None:
         if ev.kind == b.PROGRESS and ev.progress:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from orchestrator.backends import base as b
+from orchestrator.errors import EngineUnavailable
 from orchestrator.runtime.protocol import PREEMPTED_EXIT_CODE
 from orchestrator.state import RunRecord, RunStore
 from orchestrator.supervisor import Supervisor
@@ -72,6 +73,8 @@ class ScriptedBackend:
 
     def poll(self, ref: b.AttemptRef) -> b.Observation:
         script = self.scripts[ref.attempt]
+        if isinstance(script[0], Exception):
+            raise script.pop(0)
         events, nodes = script.pop(0)
         if not script:                      # the last states hold, with nothing new
             script.append(([], nodes))
@@ -241,3 +244,20 @@ def test_silence_after_every_node_started_is_a_hang(home):
         1: [([progress("checkpoint", 5)], done())],
     }, restart={"heartbeat_timeout": "60s"})
     assert record.attempts[0].outcome == "hang"
+
+
+def test_an_engine_outage_shorter_than_the_heartbeat_is_waited_out(home):
+    """A control-plane upgrade or a dockerd restart: the run is untouched, the watcher waits."""
+    down = EngineUnavailable("connection refused")
+    outcome, backend, record, lines, _ = supervise({
+        0: [([progress("checkpoint", 5)], running())] + [down] * 45 + [([progress("step", 9)], done())],
+    }, restart={"heartbeat_timeout": "60s"})
+    assert outcome.exit_code == 0 and [a.outcome for a in record.attempts] == ["succeeded"]
+    assert ("cancel", 0) not in backend.calls
+    assert any("lost contact" in ln for ln in lines) and any("restored after 45 s" in ln for ln in lines)
+
+
+def test_an_engine_outage_longer_than_the_heartbeat_is_an_error(home):
+    with pytest.raises(EngineUnavailable):
+        supervise({0: [([progress("checkpoint", 5)], running())] + [EngineUnavailable("refused")] * 100},
+                  restart={"heartbeat_timeout": "60s"})
