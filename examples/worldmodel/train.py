@@ -26,7 +26,6 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
 try:
     import orchestrator  # noqa: F401  (installed wmctl)
@@ -35,7 +34,7 @@ except ImportError:   # running from a source checkout
 
 from orchestrator.runtime import dist  # noqa: E402
 from orchestrator.runtime.checkpoint import CheckpointManager  # noqa: E402
-from orchestrator.runtime.data import ResumableDistributedSampler  # noqa: E402
+from orchestrator.runtime.data import PreemptibleDataLoader, ResumableDistributedSampler  # noqa: E402
 from orchestrator.runtime.preflight import DtypeGuard  # noqa: E402
 from orchestrator.runtime.preemption import PreemptionHandler  # noqa: E402
 from orchestrator.runtime.progress import Progress  # noqa: E402
@@ -174,9 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     loader_kw: dict[str, Any] = {}
     if args.num_workers > 0:
         loader_kw = {"prefetch_factor": args.prefetch_factor, "worker_init_fn": worker_init_fn}
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers,
-                        pin_memory=args.pin_memory and device_mod is not None, generator=loader_gen,
-                        drop_last=False, **loader_kw)
+    # Workers ignore the SIGTERM torchrun sends to the whole process group: a preemption must reach
+    # the step boundary and checkpoint, not crash on "DataLoader worker ... killed by signal".
+    loader = PreemptibleDataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
+                                   num_workers=args.num_workers, pin_memory=args.pin_memory and device_mod is not None,
+                                   generator=loader_gen, drop_last=False, **loader_kw)
 
     guard = make_dtype_guard(args.dtype, device_mod)
     # Times the optimizer step as "comm" (DDP's all-reduce overlaps backward; see timing.py).

@@ -2,7 +2,8 @@
 
 The job must save at the next optimizer-step boundary, every worker must exit with
 PREEMPTED_EXIT_CODE, and the resumed run must lose zero steps and end bit-identical to the
-uninterrupted run.
+uninterrupted run. With DataLoader workers too: torchrun's os.killpg reaches them as well, and
+they must not take the trainer down before it checkpoints.
 """
 
 from __future__ import annotations
@@ -36,18 +37,18 @@ def _worker_pid(torchrun_pid: int, rank: int) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("target", ["torchrun", "rank1-only"])
+@pytest.mark.parametrize(("target", "num_workers"), [("torchrun", 0), ("rank1-only", 0), ("torchrun", 2)])
 def test_sigterm_saves_exits_83_and_resume_loses_no_step(tmp_path: Path, shared_data: Path, baseline,
-                                                         target: str) -> None:
+                                                         target: str, num_workers: int) -> None:
     """target torchrun: the signal goes to torchrun (PID 1 in a container), which forwards it.
     target rank1-only: only rank 1 sees it; the all-reduce at the step boundary must still stop
     both ranks at the same step, and torchrun then reports the workers' exit code 83."""
     seed = int.from_bytes(os.urandom(4), "little")
     k = random.Random(seed).randint(2, MAX_STEPS - 4)
-    why = f"(random seed {seed}: SIGTERM after step {k})"
-    ref = baseline(0)
+    why = f"(random seed {seed}: SIGTERM after step {k}, num_workers {num_workers})"
+    ref = baseline(num_workers)
     ckpt = tmp_path / "ckpt"
-    base = TINY + ["--data-dir", str(shared_data), "--num-workers", "0", "--checkpoint-dir", str(ckpt),
+    base = TINY + ["--data-dir", str(shared_data), "--num-workers", str(num_workers), "--checkpoint-dir", str(ckpt),
                    "--record-samples", str(tmp_path / "samples")]
     # Slow steps so the signal lands a step or so after k, not after the run finished.
     job = start_job(base + ["--sleep-per-step", "0.5"], tmp_path / "a0.log", job_env(WMCTL_ATTEMPT="0"))
@@ -57,6 +58,7 @@ def test_sigterm_saves_exits_83_and_resume_loses_no_step(tmp_path: Path, shared_
     rc = job.wait()
     log = job.text()
     preempted = job.events("preempted")
+    assert "killed by signal" not in log, f"{why}\n{log[-4000:]}"
     assert len(preempted) == 1, f"{why}\n{log[-4000:]}"
     stop = preempted[0]["step"]
     assert k <= stop < MAX_STEPS, why
