@@ -8,7 +8,7 @@ Resumes automatically from the newest complete checkpoint in the checkpoint fold
 step and exit with code 83. Rank 0 prints ``WMCTL-PROGRESS {json}`` lines for the supervisor.
 
 Test hooks (used by tests/runtime, harmless otherwise): --record-samples, --dump-final,
---fail-at-step, --sleep-per-step, --pause-at/--pause-file.
+--fail-at-step, --sleep-per-step, --pause-at/--pause-file, --inject-nan-at.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ except ImportError:   # running from a source checkout
 from orchestrator.runtime import dist  # noqa: E402
 from orchestrator.runtime.checkpoint import CheckpointManager  # noqa: E402
 from orchestrator.runtime.data import PreemptibleDataLoader, ResumableDistributedSampler  # noqa: E402
-from orchestrator.runtime.preflight import DtypeGuard  # noqa: E402
+from orchestrator.runtime.preflight import DtypeGuard, agree_step_finite  # noqa: E402
 from orchestrator.runtime.preemption import PreemptionHandler  # noqa: E402
 from orchestrator.runtime.progress import Progress  # noqa: E402
 from orchestrator.runtime.timing import StepTimer  # noqa: E402
@@ -89,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--pause-at", "--pause_at", default=None,
       help="test hook STEP:MICRO: rank 0 touches --pause-file and hangs before micro-batch MICRO of step STEP")
     a("--pause-file", "--pause_file", default=None)
+    a("--inject-nan-at", "--inject_nan_at", default=None,
+      help="test hook STEP:MICRO[:RANK]: that micro-batch's loss becomes NaN (on RANK only, default every rank)")
     args = ap.parse_args(argv)
     for name in ("batch_size", "gradient_accumulation_steps", "max_steps", "frames", "size", "num_clips"):
         if getattr(args, name) < 1:
@@ -99,6 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--num_workers must be 0 or more")
     if args.pause_at and not args.pause_file:
         ap.error("--pause-at needs --pause-file")
+    if args.inject_nan_at and not 2 <= len(args.inject_nan_at.split(":")) <= 3:
+        ap.error("--inject-nan-at takes STEP:MICRO or STEP:MICRO:RANK")
     return args
 
 
@@ -126,21 +130,6 @@ def epoch_seed(seed: int, epoch: int) -> int:
 def make_dtype_guard(choice: str, device_mod: Any) -> DtypeGuard:
     preferred = choice if choice != "auto" else ("bf16" if device_mod is not None else "fp32")
     return DtypeGuard(preferred=preferred, device_module=device_mod)
-
-
-def guard_state(guard: DtypeGuard) -> str:
-    return guard.name
-
-
-def restore_guard(guard: DtypeGuard, name: str) -> None:
-    """Put the guard back on the precision the checkpointed run had stepped down to, so the
-    resumed run computes in the same dtype. DtypeGuard has no state_dict (yet): use its ladder."""
-    if hasattr(guard, "load_state_dict"):
-        guard.load_state_dict(name)
-        return
-    ladder = list(getattr(guard, "_ladder", []))
-    if name in ladder:
-        guard._index = ladder.index(name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,13 +186,16 @@ def main(argv: list[str] | None = None) -> int:
     resumed = ckpt.restore() if ckpt is not None and not args.no_resume else None
     if resumed is not None:
         step, samples = resumed.step, resumed.samples
-        if resumed.extra.get("dtype"):
-            restore_guard(guard, resumed.extra["dtype"])
+        # The precision the checkpointed run had stepped down to: the resumed run computes in it.
+        guard_state = resumed.extra.get("dtype_guard") or resumed.extra.get("dtype")
+        if guard_state:
+            guard.load_state_dict(guard_state)
         progress.resume(step=step, path=str(resumed.path), epoch=sampler.epoch, samples=samples,
                         exact=resumed.exact, reason=resumed.reason)
 
     record = open(f"{args.record_samples}.rank-{rank}", "a", encoding="utf-8") if args.record_samples else None
     pause_at = tuple(int(x) for x in args.pause_at.split(":")) if args.pause_at else None
+    nan_at = [int(x) for x in args.inject_nan_at.split(":")] if args.inject_nan_at else None
     attempt = os.environ.get(ENV_ATTEMPT, "")
     preempt = PreemptionHandler().install()
     global_batch = args.batch_size * args.gradient_accumulation_steps * world
@@ -250,28 +242,38 @@ def main(argv: list[str] | None = None) -> int:
                 with sync_ctx, timer.compute():
                     with guard.autocast(device.type):
                         loss = ddp(clips) / accum
+                    if nan_at and (step + 1, micro) == tuple(nan_at[:2]) and nan_at[2:] in ([], [rank]):
+                        loss = loss * float("nan")   # test hook: one poisoned micro-batch
                     (scaler.scale(loss) if use_scaler else loss).backward()
                 loss_sum += float(loss.detach())
+            # Decided before optimizer.step(): a single NaN/inf applied to the weights poisons
+            # every parameter for good. All ranks take the same decision (one all-reduce of the
+            # loss and a gradient flag), so the replicas never diverge. Under a GradScaler inf
+            # gradients are its normal overflow signal: it skips those steps itself.
             with timer.comm():
-                if use_scaler:
+                finite, mean_loss, why = agree_step_finite(loss_sum, trainable, check_grads=not use_scaler)
+                if not finite:
+                    optimizer.zero_grad(set_to_none=True)   # skip the update, keep the weights
+                elif use_scaler:
                     scaler.step(optimizer)
                     scaler.update()
                 else:
                     optimizer.step()
+                # The schedule follows the step count whether or not the update was applied (as
+                # with GradScaler's skipped steps), so a skip does not shift the rest of the run.
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
             step += 1
             samples += global_batch
             timing = timer.end_step()
-            # Every rank sees the same mean loss, so all guards step down together (and NaN
-            # anywhere is NaN everywhere).
-            mean_loss = dist.all_reduce_mean(loss_sum)
-            guard.observe(torch.tensor(mean_loss))   # reports a step-down itself
+            # Same verdict on every rank, so all guards step down together.
+            guard.observe(mean_loss if finite else float("nan"), reason=why or None)
             progress.step(step=step, loss=round(mean_loss, 6) if math.isfinite(mean_loss) else str(mean_loss),
-                          samples=samples, timing=timing, epoch=sampler.epoch, dtype=guard.name)
+                          samples=samples, timing=timing, epoch=sampler.epoch, dtype=guard.name,
+                          **({} if finite else {"skipped": why}))
             if args.sleep_per_step:
                 time.sleep(args.sleep_per_step)
-            extra = {"dtype": guard_state(guard)}
+            extra = {"dtype": guard.name, "dtype_guard": guard.state_dict()}
             if ckpt is not None and ckpt.should_save(step):
                 ckpt.save(step, epoch=sampler.epoch, samples=samples, extra=extra)
             if preempt.should_stop():
@@ -297,9 +299,11 @@ def main(argv: list[str] | None = None) -> int:
         # Leave at once: once one worker exits, torchrun SIGTERMs the others, and a rank still
         # shutting down must not die of it (exit code -15 instead of 83).
         preempt.exit_now()
-    if args.dump_final and rank == 0 and status == "completed":
+    if args.dump_final and status == "completed":
+        # Rank 0 at PATH; the other ranks beside it, so tests can check the replicas agree.
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "step": step}, args.dump_final)
+                    "scheduler": scheduler.state_dict(), "step": step, "dtype": guard.name},
+                   args.dump_final if rank == 0 else f"{args.dump_final}.rank-{rank}")
     dist.barrier()
     preempt.uninstall()
     dist.destroy()

@@ -308,6 +308,7 @@ class CheckpointManager:
         async_save: bool = False,
         progress: Any | None = None,
         commit_timeout_s: float = 600.0,
+        check_finite: bool = True,
     ) -> None:
         from orchestrator.runtime import dist
 
@@ -317,6 +318,9 @@ class CheckpointManager:
         self.async_save = async_save
         self.progress = progress
         self.commit_timeout_s = commit_timeout_s
+        # Refuse to commit NaN/inf weights: resume would pick the poisoned checkpoint over the
+        # last good one, and every retry of the attempt would start from it.
+        self.check_finite = check_finite
         self.rank = dist.rank()
         self.world_size = dist.world_size()
         self.last_blocking_s = 0.0   # how long the last save() held the training loop
@@ -353,6 +357,15 @@ class CheckpointManager:
             # Preemption right after a periodic save: the state on disk is this state.
             self.last_blocking_s = time.perf_counter() - started
             return final
+        if self.check_finite:
+            bad = self._nonfinite_parameters()
+            # Every rank takes the same decision (FSDP shards, or a replica that diverged).
+            if dist.all_reduce_max(1 if bad else 0):
+                raise CheckpointError(
+                    f"refusing to checkpoint step {step}: the model has non-finite (NaN/inf) values"
+                    + (f" in {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}" if bad else " on another rank")
+                    + "; the newest good checkpoint stays the resume point. Check for NaN/inf before "
+                    "optimizer.step() (orchestrator.runtime.preflight.agree_step_finite)")
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             if final.exists():
@@ -399,6 +412,22 @@ class CheckpointManager:
 
     def close(self) -> None:
         self.wait()
+
+    def _nonfinite_parameters(self) -> list[str]:
+        model = self._objects.get("model")
+        if model is None:
+            return []
+        torch = _torch()
+        by_device: dict[Any, list[tuple[str, Any]]] = {}
+        for name, t in _unwrap(model).state_dict().items():
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                by_device.setdefault(t.device, []).append((name, torch.isfinite(t.detach()).all()))
+        bad: list[str] = []
+        for flags in by_device.values():
+            # One device->host read per device, not one per tensor.
+            ok = torch.stack([f for _, f in flags]).cpu().tolist()
+            bad += [name for (name, _), good in zip(flags, ok) if not good]
+        return bad
 
     def _rank_payload(self) -> dict[str, Any]:
         sampler = self._objects.get("sampler")

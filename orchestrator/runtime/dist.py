@@ -136,6 +136,22 @@ def all_reduce_mean(value: float) -> float:
     return float(t.item()) / d.get_world_size()
 
 
+def all_reduce_mean_and_any(value: float, flag: bool) -> tuple[float, bool]:
+    """Mean of a float and OR of a flag over all ranks, in one collective.
+
+    The flag travels in its own slot, so a NaN value cannot hide (or fake) it.
+    """
+    d = _dist()
+    if d is None:
+        return value, bool(flag)
+    import torch
+
+    t = torch.tensor([value, 1.0 if flag else 0.0], dtype=torch.float64, device=_collective_device())
+    d.all_reduce(t, op=d.ReduceOp.SUM)
+    total, flags = t.tolist()
+    return total / d.get_world_size(), flags > 0
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     d = _dist()
     if d is None:

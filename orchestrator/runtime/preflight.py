@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes.util
 import importlib
+import math
 import os
 import re
 import shutil
@@ -364,25 +365,93 @@ class DtypeGuard:
         self._report(f"wmctl dtype guard: step {self.steps_seen}: {why}; switching {old} -> {new} "
                      f"({TROUBLESHOOTING['low_precision']['cause']})")
 
-    def observe(self, loss) -> bool:
+    def observe(self, loss, *, reason: str | None = None) -> bool:
+        """Count one optimizer step; step down when ``loss`` is not finite.
+
+        ``reason`` names what was not finite when it was not the loss itself (e.g. the
+        gradients: pass a NaN loss and reason="gradients are NaN/inf").
+        """
         self.steps_seen += 1
         t = self._torch
         value = loss.detach() if isinstance(loss, t.Tensor) else t.tensor(float(loss))
         if bool(t.isfinite(value).all()):
             self._fp32_bad = 0
             return False
+        why = reason or "loss is NaN/inf"
         if self._index + 1 < len(self._ladder):
             old = self.name
             self._index += 1
-            self._note(old, self.name, "loss is NaN/inf")
+            self._note(old, self.name, why)
             return True
         self._fp32_bad += 1
         if self._fp32_bad >= self.fp32_patience:
             raise NonFiniteLossError(
-                f"loss was NaN/inf for {self._fp32_bad} consecutive steps in fp32 (step {self.steps_seen}): "
+                f"{why} for {self._fp32_bad} consecutive steps in fp32 (step {self.steps_seen}): "
                 "not a low-precision problem. Lower the learning rate, add gradient clipping, "
                 "or check the data for NaN/inf values"
             )
-        self._report(f"wmctl dtype guard: step {self.steps_seen}: loss is NaN/inf in fp32 "
+        self._report(f"wmctl dtype guard: step {self.steps_seen}: {why} in fp32 "
                      f"({self._fp32_bad}/{self.fp32_patience} before stopping)")
         return False
+
+    def state_dict(self) -> dict:
+        """What a checkpoint needs so that a resumed run computes in the same precision."""
+        return {"dtype": self.name, "fp32_bad": self._fp32_bad, "steps_seen": self.steps_seen}
+
+    def load_state_dict(self, state) -> None:
+        """Accepts ``state_dict()``'s dict, or just the dtype name (older checkpoints)."""
+        if isinstance(state, str):
+            state = {"dtype": state}
+        name = state.get("dtype")
+        if name not in self._ladder:
+            # E.g. a checkpoint taken at bf16 resumed on a device without bf16: the next rung
+            # below it that this device has.
+            below = [d for d in _LADDER[_LADDER.index(name) + 1:] if d in self._ladder] if name in _LADDER else []
+            if not below:
+                raise ValueError(f"dtype {name!r} from the checkpoint is not on this guard's ladder {self._ladder}")
+            name = below[0]
+        self._index = self._ladder.index(name)
+        self._fp32_bad = int(state.get("fp32_bad", 0))
+        self.steps_seen = int(state.get("steps_seen", self.steps_seen))
+
+
+# ---------------------------------------------------------------- before optimizer.step()
+
+def grads_finite(parameters) -> bool:
+    """True when every gradient of ``parameters`` is finite (parameters without one are skipped).
+
+    One norm per gradient, then a single device->host read: cheap next to the backward pass.
+    """
+    import torch
+
+    grads = [p.grad.detach() for p in parameters if getattr(p, "grad", None) is not None]
+    if not grads:
+        return True
+    foreach_norm = getattr(torch, "_foreach_norm", None)
+    try:
+        norms = list(foreach_norm(grads)) if foreach_norm is not None else None
+    except RuntimeError:   # e.g. mixed devices or a dtype the fused kernel lacks
+        norms = None
+    if norms is None:
+        norms = [torch.linalg.vector_norm(g) for g in grads]
+    return bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
+
+
+def agree_step_finite(local_loss: float, parameters=None, *, check_grads: bool = True) -> tuple[bool, float, str]:
+    """Decide, on every rank together, whether this step's update may be applied.
+
+    Call after the backward passes and before ``optimizer.step()``. Returns ``(finite,
+    mean_loss, reason)``: ``finite`` is the same on every rank (one all-reduce carries the loss
+    and a non-finite-gradient flag), so either every replica applies the step or none does.
+    On False: zero the gradients, skip ``optimizer.step()``, and pass ``reason`` to the dtype
+    guard. Leave ``check_grads`` off under a GradScaler, which skips inf gradients itself.
+    """
+    from orchestrator.runtime import dist
+
+    bad_grads = bool(check_grads and parameters is not None and not grads_finite(parameters))
+    mean_loss, any_bad = dist.all_reduce_mean_and_any(float(local_loss), bad_grads)
+    if not math.isfinite(mean_loss):
+        return False, mean_loss, "loss is NaN/inf"
+    if any_bad:
+        return False, mean_loss, "gradients are NaN/inf"
+    return True, mean_loss, ""

@@ -183,3 +183,41 @@ def test_guard_in_a_real_training_loop_with_an_injected_nan():
         opt.step()
     assert dtypes[:3] == [torch.bfloat16] * 3 and dtypes[3:] == [torch.float32] * 3
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_grads_and_loss_are_checked_before_the_step():
+    from orchestrator.runtime.preflight import agree_step_finite, grads_finite
+
+    model = torch.nn.Linear(4, 1)
+    assert grads_finite(model.parameters())   # no gradients yet
+    model(torch.randn(2, 4)).sum().backward()
+    assert grads_finite(model.parameters())
+    assert agree_step_finite(0.5, model.parameters()) == (True, 0.5, "")
+    model.bias.grad[0] = float("inf")
+    assert not grads_finite(model.parameters())
+    assert agree_step_finite(0.5, list(model.parameters())) == (False, 0.5, "gradients are NaN/inf")
+    # Under a GradScaler inf gradients are its business: only the loss counts.
+    assert agree_step_finite(0.5, list(model.parameters()), check_grads=False)[0]
+    finite, loss, why = agree_step_finite(float("nan"), list(model.parameters()))
+    assert not finite and why == "loss is NaN/inf"
+
+
+def test_guard_state_round_trip_and_reasons():
+    messages = []
+    guard = DtypeGuard("bf16", Device(bf16=True), report=messages.append)
+    guard.observe(float("nan"), reason="gradients are NaN/inf")
+    assert guard.name == "fp16" and "gradients are NaN/inf" in messages[-1]
+    state = guard.state_dict()
+    fresh = DtypeGuard("bf16", Device(bf16=True), report=lambda m: None)
+    fresh.load_state_dict(state)
+    assert fresh.name == "fp16" and fresh.steps_seen == 1
+    cpu = DtypeGuard("bf16", report=lambda m: None)
+    cpu.load_state_dict("fp16")          # not on the cpu ladder: the next rung down
+    assert cpu.name == "fp32"
+    cpu.load_state_dict({"dtype": "bf16"})
+    assert cpu.name == "bf16"
+    only_fp32 = DtypeGuard("fp32", report=lambda m: None)
+    only_fp32.load_state_dict("bf16")    # asked for fp32 this time: never climbs back up
+    assert only_fp32.name == "fp32"
+    with pytest.raises(ValueError, match="not on this guard's ladder"):
+        only_fp32.load_state_dict("int8")
