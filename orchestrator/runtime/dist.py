@@ -90,10 +90,17 @@ def default_backend() -> str:
     return _DEFAULT_BACKENDS.get(torch_module_name(), "gloo")
 
 
-def init_from_env(backend: str | None = None, timeout_s: float | None = None) -> bool:
+def init_from_env(backend: str | None = None, timeout_s: float | None = None, *,
+                  verify_affinity: bool = True, set_device: bool = True) -> bool:
     """Initialise the default process group from torchrun's env. Returns True when distributed.
 
     A plain ``python train.py`` (no WORLD_SIZE, or WORLD_SIZE=1) stays single-process.
+
+    ``set_device``: make device LOCAL_RANK current first (torchrun's convention), so the
+    collective library sets up on the rank's own device rather than device 0.
+    ``verify_affinity``: after init, put back the CPU set ``wmctl-bind`` (or
+    ``apply_binding_for_this_rank``) gave this rank if init changed it; NCCL 2.30 resets the
+    affinity while it sets up (REFERENCE.md section 2). Prints one note when it had to.
     """
     import torch.distributed as dist
 
@@ -101,8 +108,19 @@ def init_from_env(backend: str | None = None, timeout_s: float | None = None) ->
         return True
     if env_int("WORLD_SIZE", 1) <= 1 or not dist.is_available():
         return False
+    if set_device:
+        mod = device_module()
+        if mod is not None and hasattr(mod, "set_device") and local_rank() < mod.device_count():
+            mod.set_device(local_rank())
     timeout = datetime.timedelta(seconds=timeout_s if timeout_s is not None else pg_timeout_s())
     dist.init_process_group(backend=backend or default_backend(), timeout=timeout)
+    if verify_affinity:
+        # NCCL builds its communicator lazily, at the first collective, and that is where it
+        # touches the affinity: run one now so the check sees the state training will run in.
+        dist.barrier()
+        from orchestrator.runtime.affinity import verify_binding
+
+        verify_binding()
     return True
 
 

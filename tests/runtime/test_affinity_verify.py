@@ -78,3 +78,50 @@ def test_verify_without_a_binding_reports_unbound():
     proc = run(code, WMCTL_BOUND_CPUS=REAL_CPUS[0]) if len(REAL_CPUS) > 1 else run(code, WMCTL_BOUND_CPUS=all_cpus)
     status = json.loads(proc.stdout)["status"]
     assert status == ("changed" if len(REAL_CPUS) > 1 else "ok")
+
+
+# A rank bound by the launcher's rules, then something (as NCCL's init may) widens its affinity
+# before the job initialises its process group through the runtime.
+INIT_SCRIPT = r"""
+import json, os
+from orchestrator.runtime import dist
+from orchestrator.runtime.affinity import apply_binding_for_this_rank
+
+planned = sorted(apply_binding_for_this_rank().cpus)
+os.sched_setaffinity(0, set(range(os.cpu_count())))
+widened = sorted(os.sched_getaffinity(0))
+assert dist.init_from_env() is True
+print(json.dumps({"planned": planned, "widened": widened, "after": sorted(os.sched_getaffinity(0))}))
+dist.destroy()
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(len(REAL_CPUS) < 2, reason="needs 2 allowed CPUs")
+@pytest.mark.timeout(180)
+def test_process_group_init_restores_the_planned_cpus():
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("WMCTL_", "LOCAL_", "OMP_", "MKL_"))}
+        env.update(PYTHONPATH=str(REPO), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", RANK=str(rank),
+                   WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WMCTL_VENDOR="cpu",
+                   WMCTL_AFFINITY="exclusive", WMCTL_TORCH_MODULE="cpu")
+        procs.append(subprocess.Popen([sys.executable, "-c", INIT_SCRIPT], env=env, cwd=REPO, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    half = len(REAL_CPUS) // 2
+    for rank, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=150)
+        assert proc.returncode == 0, err[-3000:]
+        got = json.loads(out.splitlines()[-1])
+        assert got["planned"] == (REAL_CPUS[:half] if rank == 0 else REAL_CPUS[half:])
+        assert got["widened"] != got["planned"]              # the test really changed it
+        assert got["after"] == got["planned"]                # init_from_env put it back
+        assert err.count("affinity changed after init") == 1 and "re-applied" in err
