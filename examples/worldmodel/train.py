@@ -35,6 +35,7 @@ except ImportError:   # running from a source checkout
 from orchestrator.runtime import dist  # noqa: E402
 from orchestrator.runtime.checkpoint import CheckpointManager  # noqa: E402
 from orchestrator.runtime.data import PreemptibleDataLoader, ResumableDistributedSampler  # noqa: E402
+from orchestrator.runtime import preflight  # noqa: E402
 from orchestrator.runtime.preflight import DtypeGuard, agree_step_finite  # noqa: E402
 from orchestrator.runtime.preemption import PreemptionHandler  # noqa: E402
 from orchestrator.runtime.progress import Progress  # noqa: E402
@@ -132,12 +133,23 @@ def make_dtype_guard(choice: str, device_mod: Any) -> DtypeGuard:
     return DtypeGuard(preferred=preferred, device_module=device_mod)
 
 
+def batch_bytes(args: argparse.Namespace) -> int:
+    """Bytes of one float32 batch of clips: what each prefetched batch costs in /dev/shm."""
+    return args.batch_size * args.frames * 3 * args.size * args.size * 4
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    distributed = dist.init_from_env()
-    rank, world = dist.rank(), dist.world_size()
     progress = Progress()
     device_mod = dist.device_module()
+    guard = make_dtype_guard(args.dtype, device_mod)
+    # Each node's local rank 0 checks devices, /dev/shm against these loader settings, and the
+    # dtype, before anything slow; it stops the job only when no usable device exists (the job
+    # would otherwise quietly train on the CPU).
+    preflight.in_job(num_workers=args.num_workers, prefetch_factor=args.prefetch_factor,
+                     batch_bytes=batch_bytes(args), dtype=guard.name, progress=progress)
+    distributed = dist.init_from_env()
+    rank, world = dist.rank(), dist.world_size()
     device = torch.device(dist.torch_module_name(), dist.local_rank()) if device_mod else torch.device("cpu")
     if device_mod is not None and hasattr(device_mod, "set_device"):
         device_mod.set_device(device)
@@ -168,7 +180,6 @@ def main(argv: list[str] | None = None) -> int:
                                    num_workers=args.num_workers, pin_memory=args.pin_memory and device_mod is not None,
                                    generator=loader_gen, drop_last=False, **loader_kw)
 
-    guard = make_dtype_guard(args.dtype, device_mod)
     # Times the optimizer step as "comm" (DDP's all-reduce overlaps backward; see timing.py).
     timer = StepTimer(device_module=device_mod, warn_comm_share=0.30)
     # fp16 (the guard's middle rung on devices) needs loss scaling; on CPU the ladder skips fp16.

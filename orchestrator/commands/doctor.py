@@ -1,6 +1,7 @@
 """``wmctl doctor``: run the in-job preflight on this machine and print what it found.
 
-torch and the vendor plugin load inside the command, never when the CLI starts.
+torch and the vendor plugin load inside the command, never when the CLI starts. Inside an image
+(no click) the same report is ``python -m orchestrator.runtime.preflight``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import os
 import click
 
 from ..errors import WmctlError
-
-LABELS = {"ok": "[ ok  ]", "warn": "[warn ]", "error": "[error]"}
 
 
 @click.command("doctor")
@@ -31,8 +30,10 @@ LABELS = {"ok": "[ ok  ]", "warn": "[warn ]", "error": "[error]"}
 def command(vendor: str | None, expect_devices: int | None, shm_min: str | None,
             num_workers: int, prefetch_factor: int, batch_bytes: str, shm_path: str, output: str) -> None:
     """Check devices, shared memory, dtype support and the vendor runtime."""
-    from ..runtime.preflight import Finding, parse_size, run_preflight
-    from ..runtime.topology import TopologyError, detect_vendor, list_devices, normalise_vendor
+    # The checks and the report live in the runtime, so `python -m orchestrator.runtime.preflight`
+    # (inside images, without click) says exactly what this command says.
+    from ..runtime.preflight import collect, counts, format_json, format_text, parse_size
+    from ..runtime.topology import TopologyError, detect_vendor, normalise_vendor
 
     try:
         shm_min_bytes = parse_size(shm_min) if shm_min is not None else None
@@ -49,30 +50,14 @@ def command(vendor: str | None, expect_devices: int | None, shm_min: str | None,
     except TopologyError as exc:
         raise WmctlError(f"{source}: {exc}") from None
 
-    findings = run_preflight(expect_devices, name, num_workers=num_workers, prefetch_factor=prefetch_factor,
-                             batch_bytes=batch, shm_path=shm_path, shm_min_bytes=shm_min_bytes)
-    if name != "cpu":
-        devices, how = list_devices(name, "/")
-        nodes = sorted({d.numa_node for d in devices})
-        findings.append(
-            Finding("ok", "sysfs", f"{len(devices)} {name} device(s) in sysfs ({how}), NUMA node(s) "
-                    f"{', '.join(map(str, nodes))}") if devices else
-            Finding("warn", "sysfs", f"no {name} PCI device in sysfs",
-                    "the host has no such card, or its PCI vendor id differs from the table in "
-                    "orchestrator/runtime/topology.py (check `lspci -nn`)"))
-
-    errors = sum(f.level == "error" for f in findings)
-    warns = sum(f.level == "warn" for f in findings)
+    findings = collect(name, expect_devices, num_workers=num_workers, prefetch_factor=prefetch_factor,
+                       batch_bytes=batch, shm_path=shm_path, shm_min_bytes=shm_min_bytes)
+    errors, _ = counts(findings)
     if output == "json":
-        click.echo(json.dumps({"vendor": name, "findings": [f.to_dict() for f in findings],
-                               "errors": errors, "warnings": warns}, indent=2))
+        click.echo(json.dumps(format_json(findings, name), indent=2))
     else:
-        click.echo(f"wmctl doctor: vendor {name}")
-        for f in findings:
-            click.echo(f"{LABELS[f.level]} {f.check}: {f.message}")
-            if f.hint and f.level != "ok":
-                click.echo(f"        hint: {f.hint}")
-        click.echo(f"{errors} error(s), {warns} warning(s)")
+        for line in format_text(findings, f"wmctl doctor: vendor {name}"):
+            click.echo(line)
     if errors:
         # An error, not ctx.exit(1): cli.main runs click with standalone_mode=False, where
         # ctx.exit's code is returned rather than used as the exit status.

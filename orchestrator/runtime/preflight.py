@@ -1,7 +1,15 @@
 """Preflight checks before training starts, and the bf16 -> fp16 -> fp32 NaN/inf guard.
 
-Runs inside the job (and behind ``wmctl doctor``). Standard library at import time; torch and
-the vendor's plugin load inside the checks, so importing this module stays cheap.
+Three ways in:
+- ``in_job(...)`` at the start of a training script: each node's local rank 0 checks its
+  devices, /dev/shm against the DataLoader settings and the dtype, prints what it found, and stops
+  the job only when training would be pointless (an accelerator vendor without a usable device).
+- ``python -m orchestrator.runtime.preflight`` in the image: the doctor without click (the image
+  installs the runtime with --no-deps), e.g. ``docker run IMAGE python -m orchestrator.runtime.preflight``.
+- ``wmctl doctor`` on a machine with the full CLI.
+
+Standard library at import time; torch and the vendor's plugin load inside the checks, so
+importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -92,9 +100,13 @@ class Finding:
     check: str
     message: str
     hint: str = ""
+    fatal: bool = False   # an error that makes training pointless: in_job() stops the job
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not self.fatal:
+            del out["fatal"]
+        return out
 
 
 # ---------------------------------------------------------------- device module
@@ -151,11 +163,12 @@ def check_runtime_libraries(vendor: str, find_library: Callable = ctypes.util.fi
     return found
 
 
-def check_devices(vendor: str, expected: int | None, *, device_module=None,
+def check_devices(vendor: str, expected: int | None, *, device_module=None, minimum: int | None = None,
                   import_module: Callable = importlib.import_module,
                   find_library: Callable = ctypes.util.find_library,
                   which: Callable = shutil.which) -> list[Finding]:
-    """The vendor's torch module imports and sees ``expected`` devices (None: at least one)."""
+    """The vendor's torch module imports and sees ``expected`` devices (None: at least
+    ``minimum``, default one). No usable device at all is marked fatal."""
     row = _vendor_row(vendor)
     if row["module"] is None:
         return [Finding("ok", "devices", "vendor cpu: no accelerator expected")]
@@ -169,7 +182,7 @@ def check_devices(vendor: str, expected: int | None, *, device_module=None,
                 "error", "device-module",
                 f"{name} is not available: {exc.name or what} cannot be imported",
                 f"install {what} matching the torch version (or use the vendor's PyTorch image); "
-                + hint("no_devices"),
+                + hint("no_devices"), fatal=True,
             ), *check_runtime_libraries(vendor, find_library, which)]
     try:
         available = bool(device_module.is_available())
@@ -179,17 +192,19 @@ def check_devices(vendor: str, expected: int | None, *, device_module=None,
         reason = f": {exc}"
     else:
         reason = ""
-    want = expected if expected is not None else 1
-    if available and (count == want if expected is not None else count >= 1):
+    least = max(1, minimum or 1)
+    want = expected if expected is not None else least
+    if available and (count == want if expected is not None else count >= least):
         return [Finding("ok", "devices", f"{name} sees {count} device(s)")]
     extra = check_runtime_libraries(vendor, find_library, which)
     causes = [f.message for f in extra if f.level != "ok"]
     return [Finding(
         "error", "devices",
-        f"{name}.device_count() is {count}, expected {want if expected is not None else 'at least 1'}"
+        f"{name}.device_count() is {count}, expected {want if expected is not None else f'at least {least}'}"
         f" (is_available={available}){reason}",
         hint("no_devices") + ("; also: " + "; ".join(causes) if causes else "")
         + ("; check the visible-devices variables and the device-plugin request" if count else ""),
+        fatal=not available or count == 0,
     ), *extra]
 
 
@@ -269,13 +284,13 @@ def check_bf16(vendor: str, device_module=None) -> Finding:
 
 
 def run_preflight(expected_devices: int | None = None, vendor: str = "cpu", *, device_module=None,
-                  num_workers: int = 0, prefetch_factor: int = 2, batch_bytes: int = 0,
+                  minimum_devices: int | None = None, num_workers: int = 0, prefetch_factor: int = 2, batch_bytes: int = 0,
                   shm_path: str = "/dev/shm", shm_min_bytes: int | None = None,
                   statvfs: Callable = os.statvfs, import_module: Callable = importlib.import_module,
                   find_library: Callable = ctypes.util.find_library,
                   which: Callable = shutil.which) -> list[Finding]:
     """All checks for this machine; callers decide what an error means (doctor exits non-zero)."""
-    findings = check_devices(vendor, expected_devices, device_module=device_module,
+    findings = check_devices(vendor, expected_devices, device_module=device_module, minimum=minimum_devices,
                              import_module=import_module, find_library=find_library, which=which)
     if device_module is None and not any(f.level == "error" for f in findings):
         try:
@@ -288,6 +303,189 @@ def run_preflight(expected_devices: int | None = None, vendor: str = "cpu", *, d
                               min_bytes=shm_min_bytes, statvfs=statvfs))
     if not any(f.check in ("device-module", "devices") and f.level == "error" for f in findings):
         findings.append(check_bf16(vendor, device_module))  # meaningless without a device
+    return findings
+
+
+def sysfs_finding(vendor: str, root: str = "/") -> Finding | None:
+    """What sysfs shows of the vendor's cards (None for cpu): a driver-side view that does not
+    depend on torch, to tell "no card" from "card present, torch cannot use it"."""
+    from .topology import list_devices
+
+    if vendor == "cpu":
+        return None
+    devices, how = list_devices(vendor, root)
+    nodes = sorted({d.numa_node for d in devices})
+    if devices:
+        return Finding("ok", "sysfs", f"{len(devices)} {vendor} device(s) in sysfs ({how}), NUMA node(s) "
+                       f"{', '.join(map(str, nodes))}")
+    return Finding("warn", "sysfs", f"no {vendor} PCI device in sysfs",
+                   "the host has no such card, or its PCI vendor id differs from the table in "
+                   "orchestrator/runtime/topology.py (check `lspci -nn`)")
+
+
+LABELS = {"ok": "[ ok  ]", "warn": "[warn ]", "error": "[error]"}
+
+
+def counts(findings: list[Finding]) -> tuple[int, int]:
+    return sum(f.level == "error" for f in findings), sum(f.level == "warn" for f in findings)
+
+
+def format_text(findings: list[Finding], title: str) -> list[str]:
+    """The doctor's text report: a title, one line per finding (+ hint), the totals."""
+    lines = [title]
+    for f in findings:
+        lines.append(f"{LABELS[f.level]} {f.check}: {f.message}")
+        if f.hint and f.level != "ok":
+            lines.append(f"        hint: {f.hint}")
+    errors, warns = counts(findings)
+    lines.append(f"{errors} error(s), {warns} warning(s)")
+    return lines
+
+
+def format_json(findings: list[Finding], vendor: str) -> dict:
+    errors, warns = counts(findings)
+    return {"vendor": vendor, "findings": [f.to_dict() for f in findings], "errors": errors, "warnings": warns}
+
+
+def check_dtype(dtype: str | None, vendor: str, device_module=None) -> Finding | None:
+    """The precision training starts in, against what the device supports."""
+    if not dtype:
+        return None
+    on_device = _vendor_row(vendor)["module"] is not None and device_module is not None
+    if dtype == "bf16" and on_device and not DtypeGuard._bf16_supported(device_module):
+        return Finding("warn", "dtype", "training asks for bf16, which this device does not support",
+                       "the dtype guard starts at fp16 with a GradScaler; or pass fp16 / fp32 explicitly")
+    if dtype == "fp16" and not on_device:
+        return Finding("warn", "dtype", "fp16 on cpu: autocast has no useful fp16 path", "use bf16 or fp32 on cpu")
+    return Finding("ok", "dtype", f"training starts in {dtype}; the dtype guard steps down on NaN/inf")
+
+
+# torch device module -> vendor profile, for jobs started without WMCTL_VENDOR.
+_MODULE_VENDOR = {"cuda": "cuda", "musa": "musa", "npu": "ascend", "hpu": "gaudi", "mlu": "cambricon", "cpu": "cpu"}
+
+
+def job_vendor(env=None) -> str:
+    from .topology import TopologyError, normalise_vendor
+
+    env = os.environ if env is None else env
+    raw = (env.get("WMCTL_VENDOR") or "").strip()
+    if raw:
+        try:
+            return normalise_vendor(raw)
+        except TopologyError:
+            pass   # the device-module check below still runs for the torch module
+    module = (env.get("WMCTL_TORCH_MODULE") or "cpu").strip().lower()
+    return _MODULE_VENDOR.get(module, "cpu")
+
+
+class PreflightFailed(SystemExit):
+    """The job cannot do anything useful here (e.g. no usable accelerator): stop at once."""
+
+
+def in_job(*, num_workers: int = 0, prefetch_factor: int = 2, batch_bytes: int = 0, dtype: str | None = None,
+           progress=None, env=None, stream=None, fatal: bool = True, **checks) -> list[Finding]:
+    """Preflight at job start; call it on every rank, it runs on each node's local rank 0.
+
+    Device count: WMCTL_EXPECT_DEVICES exactly when set, else at least LOCAL_WORLD_SIZE (one
+    device per local rank). Prints the findings (stderr, doctor format, one ``wmctl preflight:``
+    prefix per line) and, through ``progress`` on global rank 0, one ``preflight`` progress line.
+    Raises PreflightFailed only for a fatal finding (no usable device on an accelerator vendor),
+    which would otherwise make the job train on the CPU or crash later; every other finding is
+    advice. ``checks`` go to run_preflight (tests pass fakes).
+    """
+    env = os.environ if env is None else env
+
+    def env_int(name: str) -> int | None:
+        raw = (env.get(name) or "").strip()
+        try:
+            return int(raw) if raw else None
+        except ValueError:
+            return None
+
+    if (env_int("LOCAL_RANK") or 0) != 0:
+        return []
+    vendor = job_vendor(env)
+    findings = run_preflight(env_int("WMCTL_EXPECT_DEVICES"), vendor, minimum_devices=env_int("LOCAL_WORLD_SIZE"),
+                             num_workers=num_workers, prefetch_factor=prefetch_factor, batch_bytes=batch_bytes,
+                             **checks)
+    device_module = checks.get("device_module")
+    if device_module is None and not any(f.fatal for f in findings) and _vendor_row(vendor)["module"]:
+        try:
+            device_module = load_device_module(vendor, checks.get("import_module", importlib.import_module))
+        except ImportError:
+            device_module = None
+    dtype_finding = check_dtype(dtype, vendor, device_module)
+    if dtype_finding is not None:
+        findings.append(dtype_finding)
+    out = stream or sys.stderr
+    host = env.get("HOSTNAME") or os.uname().nodename
+    for line in format_text(findings, f"vendor {vendor} on {host}"):
+        out.write(f"wmctl preflight: {line}\n")
+    out.flush()
+    if progress is not None:
+        errors, warns = counts(findings)
+        progress.emit("preflight", vendor=vendor, errors=errors, warnings=warns,
+                      findings=[f.to_dict() for f in findings if f.level != "ok"])
+    fatal_ones = [f for f in findings if f.fatal]
+    if fatal and fatal_ones:
+        f = fatal_ones[0]
+        raise PreflightFailed(f"wmctl preflight: stopping: {f.message}; {f.hint}")
+    return findings
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m orchestrator.runtime.preflight``: the doctor inside the image, without click."""
+    import argparse
+    import json
+
+    from .topology import TopologyError, detect_vendor, normalise_vendor
+
+    ap = argparse.ArgumentParser(prog="python -m orchestrator.runtime.preflight",
+                                 description="Check devices, shared memory, dtype support and the vendor runtime.")
+    ap.add_argument("--vendor", default=None,
+                    help="vendor profile (cuda, rocm, musa, ascend, ...); default $WMCTL_VENDOR, else detected from sysfs")
+    ap.add_argument("--expect-devices", type=int, default=None,
+                    help="devices the vendor's torch module must see (default: at least one)")
+    ap.add_argument("--shm-min", default=None, metavar="SIZE", help="smallest acceptable /dev/shm, e.g. 16g")
+    ap.add_argument("--num-workers", type=int, default=8, help="DataLoader workers the job will use (default 8)")
+    ap.add_argument("--prefetch-factor", type=int, default=2)
+    ap.add_argument("--batch-size", dest="batch_bytes", default="0", metavar="SIZE",
+                    help="bytes of one batch (e.g. 64m), to size /dev/shm for workers x prefetch x batch")
+    ap.add_argument("--shm-path", default="/dev/shm", help=argparse.SUPPRESS)
+    ap.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    args = ap.parse_args(argv)
+    for name in ("expect_devices", "num_workers"):
+        if getattr(args, name) is not None and getattr(args, name) < 0:
+            ap.error(f"--{name.replace('_', '-')} must be 0 or more")
+    if args.prefetch_factor < 1:
+        ap.error("--prefetch-factor must be at least 1")
+    try:
+        shm_min = parse_size(args.shm_min) if args.shm_min is not None else None
+        batch = parse_size(args.batch_bytes)
+    except ValueError as exc:
+        ap.error(str(exc))
+    source = "--vendor" if args.vendor else "WMCTL_VENDOR"
+    name = args.vendor or os.environ.get("WMCTL_VENDOR") or "auto"
+    try:
+        name = detect_vendor("/") if name.lower() == "auto" else normalise_vendor(name)
+    except TopologyError as exc:
+        ap.error(f"{source}: {exc}")
+    findings = collect(name, args.expect_devices, num_workers=args.num_workers,
+                       prefetch_factor=args.prefetch_factor, batch_bytes=batch, shm_path=args.shm_path,
+                       shm_min_bytes=shm_min)
+    if args.output == "json":
+        print(json.dumps(format_json(findings, name), indent=2))
+    else:
+        print("\n".join(format_text(findings, f"wmctl preflight: vendor {name}")))
+    return 1 if counts(findings)[0] else 0
+
+
+def collect(vendor: str, expected_devices: int | None = None, *, sysfs_root: str = "/", **kw) -> list[Finding]:
+    """Everything the doctor reports: run_preflight plus the sysfs view of the cards."""
+    findings = run_preflight(expected_devices, vendor, **kw)
+    extra = sysfs_finding(vendor, sysfs_root)
+    if extra is not None:
+        findings.append(extra)
     return findings
 
 
@@ -455,3 +653,7 @@ def agree_step_finite(local_loss: float, parameters=None, *, check_grads: bool =
     if any_bad:
         return False, mean_loss, "gradients are NaN/inf"
     return True, mean_loss, ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())
