@@ -45,10 +45,10 @@ def command(nproc: int, mode: str, vendor: str, sysfs_root: str, output: str) ->
                f"{f' (from {topo.device_source})' if topo.device_source else ''}")
     click.echo(f"allowed CPUs: {format_cpulist(topo.allowed)}   NUMA nodes: {nodes}")
     click.echo(f"mode: {plan.mode}" + (f" (asked: {plan.requested})" if plan.mode != plan.requested else ""))
-    rows = [("LOCAL_RANK", "DEVICE", "NUMA", "CPUS", "COUNT")]
+    rows = [("LOCAL_RANK", "DEVICE", "NUMA", "CPUS", "COUNT", "THREADS")]
     for r in plan.ranks:
         rows.append((str(r.local_rank), r.device or "-", "-" if r.numa_node is None else str(r.numa_node),
-                     format_cpulist(r.cpus), str(len(r.cpus))))
+                     format_cpulist(r.cpus), str(len(r.cpus)), str(r.threads)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

@@ -5,8 +5,8 @@ torchrun runs the launcher once per worker::
     torchrun --nproc-per-node 4 --no-python wmctl-bind python train.py ...
 
 It reads LOCAL_RANK / LOCAL_WORLD_SIZE / WMCTL_AFFINITY / WMCTL_VENDOR, binds itself to the
-rank's CPU set, sets OMP_NUM_THREADS to the set's size and exec's the command, which inherits
-the binding. Standard library only, and no torch: it runs before every worker starts.
+rank's CPU set, sets OMP_NUM_THREADS to the rank's share of that set (its size divided by the
+number of ranks bound to it) and exec's the command, which inherits the binding. Standard library only, and no torch: it runs before every worker starts.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .topology import Topology, TopologyError, format_cpulist, parse_cpulist, read_topology
 
@@ -42,12 +42,16 @@ class RankBinding:
     cpus: frozenset[int]
     numa_node: int | None = None
     device: str | None = None     # PCI BDF of the rank's accelerator
+    # OpenMP/MKL threads: the rank's share of its set. In numa mode the ranks of a node share
+    # the node's CPUs; each taking all of them would oversubscribe the node ranks-per-node times.
+    threads: int = 0
 
     def to_dict(self) -> dict:
         return {
             "local_rank": self.local_rank,
             "cpus": format_cpulist(self.cpus),
             "num_cpus": len(self.cpus),
+            "threads": self.threads,
             "numa_node": self.numa_node,
             "device": self.device,
         }
@@ -147,7 +151,17 @@ def split_evenly(cpus, n: int, cores=()) -> list[frozenset[int]]:
 
 
 def _even(topo: Topology, nproc: int, requested: str, notes: list[str]) -> BindingPlan:
-    sets = split_evenly(topo.allowed, nproc, topo.cores)
+    if requested != "exclusive" and nproc > len(topo.allowed):
+        # Sharing is what numa mode means; only exclusive promises each rank CPUs of its own.
+        ncpu = len(topo.allowed)
+        singles = split_evenly(topo.allowed, ncpu, topo.cores)
+        sets = [singles[r * ncpu // nproc] for r in range(nproc)]
+        notes.append(
+            f"{nproc} ranks but only {ncpu} allowed CPUs ({format_cpulist(topo.allowed)}): ranks share CPUs, "
+            "one OpenMP thread each, and contend for CPU time; lower nproc_per_node or raise the cpu request"
+        )
+    else:
+        sets = split_evenly(topo.allowed, nproc, topo.cores)
     ranks = tuple(RankBinding(r, s, _node_of(topo, s), _bdf(topo, r)) for r, s in enumerate(sets))
     return BindingPlan(requested, "even", ranks, topo.allowed, tuple(notes))
 
@@ -180,8 +194,23 @@ def plan_binding(topo: Topology, nproc: int, mode) -> BindingPlan:
 
     Every set lies within ``topo.allowed``. numa: the rank's device's node (shared between the
     ranks on that node); exclusive: the node's CPUs split among its ranks, no sharing; map: as
-    given, validated; fallback ("even"): the allowed CPUs split evenly by local rank.
+    given, validated; fallback ("even"): the allowed CPUs split evenly by local rank (shared,
+    with a note, when ranks outnumber CPUs outside exclusive mode). Each rank's ``threads`` is
+    its set's size divided by the number of ranks whose sets overlap it (at least 1).
     """
+    plan = _plan(topo, nproc, mode)
+    return replace(plan, ranks=_with_threads(plan.ranks))
+
+
+def _with_threads(ranks: tuple[RankBinding, ...]) -> tuple[RankBinding, ...]:
+    out = []
+    for r in ranks:
+        sharers = sum(1 for other in ranks if other.cpus & r.cpus)
+        out.append(replace(r, threads=max(1, len(r.cpus) // max(1, sharers))))
+    return tuple(out)
+
+
+def _plan(topo: Topology, nproc: int, mode) -> BindingPlan:
     if nproc < 1:
         raise AffinityError(f"nproc must be at least 1, got {nproc}", "pass --nproc N with N >= 1")
     parsed = parse_mode(mode)
@@ -216,7 +245,15 @@ def plan_binding(topo: Topology, nproc: int, mode) -> BindingPlan:
         ranks = tuple(
             RankBinding(r, available[n], n, topo.devices[r].bdf) for r, n in enumerate(per_rank_node)
         )
-        return BindingPlan("numa", "numa", ranks, allowed)
+        for node in sorted(available):
+            members = per_rank_node.count(node)
+            if members > len(available[node]):
+                notes.append(
+                    f"NUMA node {node}: {members} ranks share {len(available[node])} allowed CPU(s) "
+                    f"({format_cpulist(available[node])}): one OpenMP thread each, and they contend for CPU "
+                    "time; lower nproc_per_node or raise the cpu request"
+                )
+        return BindingPlan("numa", "numa", ranks, allowed, tuple(notes))
 
     # exclusive: each node's allowed CPUs split among the ranks whose devices sit on it.
     sets: dict[int, frozenset[int]] = {}
@@ -307,7 +344,8 @@ def _set_threads_env(env, n: int) -> None:
 
 def _describe(plan: BindingPlan, rank: RankBinding) -> str:
     node = "-" if rank.numa_node is None else str(rank.numa_node)
-    line = f"wmctl-bind: local_rank={rank.local_rank} cpus={format_cpulist(rank.cpus)} numa={node} mode={plan.mode}"
+    line = (f"wmctl-bind: local_rank={rank.local_rank} cpus={format_cpulist(rank.cpus)} numa={node} mode={plan.mode}"
+            f" threads={rank.threads}")
     return line + "".join(f"\nwmctl-bind: note: {n}" for n in plan.notes if rank.local_rank == 0)
 
 
@@ -322,10 +360,10 @@ def apply_binding_for_this_rank(env=None, *, log=None) -> RankBinding | None:
         return None
     os.sched_setaffinity(0, rank.cpus)
     env[ENV_BOUND] = format_cpulist(rank.cpus)
-    _set_threads_env(env, len(rank.cpus))
+    _set_threads_env(env, rank.threads)
     torch = sys.modules.get("torch")  # already loaded: env vars alone are too late for its pool
     if torch is not None and env.get(ENV_KEEP_OMP, "") != "1":
-        torch.set_num_threads(len(rank.cpus))
+        torch.set_num_threads(rank.threads)
     print(_describe(plan, rank), file=log or sys.stderr, flush=True)
     return rank
 
@@ -393,7 +431,7 @@ def launcher_main(argv: list[str] | None = None) -> None:
                   file=sys.stderr, flush=True)
             sys.exit(2)
         env[ENV_BOUND] = format_cpulist(rank.cpus)
-        _set_threads_env(env, len(rank.cpus))
+        _set_threads_env(env, rank.threads)
     print(_describe(plan, rank), file=sys.stderr, flush=True)
     try:
         os.execvp(args[0], args)

@@ -253,3 +253,52 @@ def test_split_evenly_properties():
             assert all((c + 8) % 16 in s for s in sets for c in s)
     with pytest.raises(AffinityError):
         split_evenly(range(16), 17, cores)
+
+
+# ---------------------------------------------------------------- threads and sharing
+
+
+def test_numa_ranks_sharing_a_node_split_its_threads(big):
+    numa = plan_binding(big, 8, "numa")
+    # 4 ranks on each 32-CPU node: 8 OpenMP threads each, not 32 (4x oversubscribed)
+    assert [r.threads for r in numa.ranks] == [8] * 8
+    assert numa.notes == ()
+    excl = plan_binding(big, 8, "exclusive")
+    assert [r.threads for r in excl.ranks] == [len(r.cpus) for r in excl.ranks] == [8] * 8
+    assert [r["threads"] for r in numa.to_dict()["ranks"]] == [8] * 8
+
+
+def test_numa_ranks_outnumbering_cpus_share_with_a_note_not_an_error(tmp_path):
+    two_socket_8gpu(tmp_path).cgroup_v2([0, 1, 16, 17])   # 8 ranks on 4 CPUs
+    topo = read_topology("cuda", str(tmp_path), env={})
+    plan = plan_binding(topo, 8, "numa")
+    assert plan.mode == "numa"
+    assert cpu_sets(plan) == [frozenset({0, 1})] * 4 + [frozenset({16, 17})] * 4
+    assert [r.threads for r in plan.ranks] == [1] * 8
+    assert any("NUMA node 0: 4 ranks share 2 allowed CPU(s) (0-1)" in n for n in plan.notes)
+    assert any("NUMA node 1: 4 ranks share 2" in n for n in plan.notes)
+    with pytest.raises(AffinityError, match="ranks but only"):
+        plan_binding(topo, 8, "exclusive")
+
+
+def test_even_fallback_shares_cpus_outside_exclusive_mode(tmp_path):
+    FakeSysfs(tmp_path).cpus(4).node(0, range(4))
+    topo = read_topology("cpu", str(tmp_path), env={})
+    plan = plan_binding(topo, 6, "numa")
+    assert plan.mode == "even"
+    sets = cpu_sets(plan)
+    assert frozenset().union(*sets) == frozenset(range(4))
+    assert all(len(s) == 1 for s in sets) and sets == sorted(sets, key=min)
+    assert [r.threads for r in plan.ranks] == [1] * 6
+    assert any("6 ranks but only 4 allowed CPUs" in n and "share" in n for n in plan.notes)
+    # enough CPUs: no note about sharing, threads = the set's size
+    plan = plan_binding(topo, 2, "numa")
+    assert [r.threads for r in plan.ranks] == [2, 2]
+    assert not any("share" in n for n in plan.notes)
+
+
+def test_map_mode_threads_count_overlapping_ranks(tmp_path):
+    FakeSysfs(tmp_path).cpus(8).node(0, range(8))
+    topo = read_topology("cpu", str(tmp_path), env={})
+    plan = plan_binding(topo, 3, '{"0": "0-3", "1": "0-3", "2": "4-7"}')
+    assert [r.threads for r in plan.ranks] == [2, 2, 4]

@@ -32,9 +32,16 @@ def test_table_for_eight_ranks(root):
     assert lines[0].startswith("vendor: cuda   devices: 8 (from pci)")
     assert "allowed CPUs: 0-63" in lines[1] and "0: 0-15,32-47" in lines[1]
     assert lines[2] == "mode: exclusive"
-    assert lines[3].split() == ["LOCAL_RANK", "DEVICE", "NUMA", "CPUS", "COUNT"]
-    assert lines[4].split() == ["0", "0000:0a:00.0", "0", "0-3,32-35", "8"]
-    assert lines[11].split() == ["7", "0000:ca:00.0", "1", "28-31,60-63", "8"]
+    assert lines[3].split() == ["LOCAL_RANK", "DEVICE", "NUMA", "CPUS", "COUNT", "THREADS"]
+    assert lines[4].split() == ["0", "0000:0a:00.0", "0", "0-3,32-35", "8", "8"]
+    assert lines[11].split() == ["7", "0000:ca:00.0", "1", "28-31,60-63", "8", "8"]
+
+
+def test_numa_table_shows_each_ranks_thread_share(root):
+    result = CliRunner().invoke(cli, ["affinity", "--nproc", "8", "--vendor", "cuda", "--sysfs-root", root])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[4].split() == ["0", "0000:0a:00.0", "0", "0-15,32-47", "32", "8"]
 
 
 def test_json_output_and_fallback_note(root):

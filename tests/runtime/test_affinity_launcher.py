@@ -73,6 +73,25 @@ def test_launcher_binds_each_rank_to_its_devices_node(two_node_root, launcher, m
 
 
 @needs_two_cpus
+@pytest.mark.timeout(120)
+def test_numa_ranks_sharing_a_node_get_their_share_of_threads(tmp_path):
+    a, b = REAL_CPUS[:2]
+    fs = FakeSysfs(tmp_path).cpus(max(a, b) + 1)
+    fs.node(0, [a, b])
+    fs.pci("0000:01:00.0", 0x1ED5, 0x030000, 0)
+    fs.pci("0000:02:00.0", 0x1ED5, 0x030000, 0)
+    for rank in (0, 1):
+        env = base_env(LOCAL_RANK=rank, LOCAL_WORLD_SIZE=2, WMCTL_AFFINITY="numa", WMCTL_VENDOR="musa",
+                       WMCTL_SYSFS_ROOT=tmp_path, OMP_NUM_THREADS=1)
+        proc = run(LAUNCHERS["module"] + ["--", sys.executable, "-c", PROBE], env)
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        assert out["cpus"] == [a, b]                      # both share the node's two CPUs
+        assert out["omp"] == "1" and out["mkl"] == "1"    # 2 CPUs / 2 ranks, not 2 each
+        assert "threads=1" in proc.stderr
+
+
+@needs_two_cpus
 @pytest.mark.timeout(60)
 def test_launcher_even_split_on_real_sysfs_and_omp_threads():
     env = base_env(LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, WMCTL_AFFINITY="numa", WMCTL_VENDOR="cpu")
