@@ -180,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                                    num_workers=args.num_workers, pin_memory=args.pin_memory and device_mod is not None,
                                    generator=loader_gen, drop_last=False, **loader_kw)
 
-    # Times the optimizer step as "comm" (DDP's all-reduce overlaps backward; see timing.py).
-    timer = StepTimer(device_module=device_mod, warn_comm_share=0.30)
+    # Shares of the whole step; warns above 30 % communication or data wait (SEED_NOTES section 5).
+    timer = StepTimer(device_module=device_mod, warn_comm_share=0.30, warn_data_share=0.30)
     # fp16 (the guard's middle rung on devices) needs loss scaling; on CPU the ladder skips fp16.
     scaler = torch.amp.GradScaler(device.type) if device_mod is not None else None
     ckpt = None
@@ -248,14 +248,18 @@ def main(argv: list[str] | None = None) -> int:
                                              "indices": idx.tolist(), "attempt": attempt}) + "\n")
                     record.flush()
                 clips = clips.to(device, non_blocking=True)
-                # DDP all-reduces in backward; skip that for all but the last micro-batch.
-                sync_ctx = ddp.no_sync() if distributed and micro < accum - 1 else contextlib.nullcontext()
-                with sync_ctx, timer.compute():
-                    with guard.autocast(device.type):
+                # DDP all-reduces in backward; skip that for all but the last micro-batch. The
+                # timer compares that synchronising backward with the no_sync ones: the excess is
+                # the communication the backward could not hide (see timing.py).
+                sync = distributed and micro == accum - 1
+                sync_ctx = ddp.no_sync() if distributed and not sync else contextlib.nullcontext()
+                with sync_ctx:
+                    with timer.forward(), guard.autocast(device.type):
                         loss = ddp(clips) / accum
                     if nan_at and (step + 1, micro) == tuple(nan_at[:2]) and nan_at[2:] in ([], [rank]):
                         loss = loss * float("nan")   # test hook: one poisoned micro-batch
-                    (scaler.scale(loss) if use_scaler else loss).backward()
+                    with timer.backward(sync=sync):
+                        (scaler.scale(loss) if use_scaler else loss).backward()
                 loss_sum += float(loss.detach())
             # Decided before optimizer.step(): a single NaN/inf applied to the weights poisons
             # every parameter for good. All ranks take the same decision (one all-reduce of the
@@ -263,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             # gradients are its normal overflow signal: it skips those steps itself.
             with timer.comm():
                 finite, mean_loss, why = agree_step_finite(loss_sum, trainable, check_grads=not use_scaler)
+            with timer.optimizer():
                 if not finite:
                     optimizer.zero_grad(set_to_none=True)   # skip the update, keep the weights
                 elif use_scaler:

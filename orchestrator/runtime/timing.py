@@ -1,9 +1,25 @@
-"""Per-step timing: data wait vs compute (forward+backward) vs communication.
+"""Per-step timing: data wait, compute, communication and the rest, as shares of the whole step.
 
 The field report's method: time each phase with a device synchronisation around it (device work
 is asynchronous, so without one the time lands in whichever phase syncs next), and call
-communication the bottleneck when comm / (compute + comm) > 30 % (on H100 it is usually < 10 %).
-Summaries are plain dicts of floats/strings, ready for a JSON progress line.
+communication the bottleneck above 30 % (on H100 it is usually under 10 %). Shares here are of
+the whole step (data + compute + comm + other = step), so they add up and name where the time went.
+
+How communication is measured, and why this way: DDP all-reduces gradient buckets *during* the
+backward pass of the micro-step that synchronises, overlapped with the rest of that backward;
+``optimizer.step()`` does no communication at all. What slows the step is the part of the
+all-reduce that the backward cannot hide. So backward passes are timed one by one: the backward
+of a ``no_sync()`` micro-step is pure compute, and the excess of the synchronising backward over
+the mean no_sync backward of the same step is counted as communication (the rest as compute).
+A DDP comm hook timing the all-reduce futures was the alternative; it was not chosen because
+(1) a future's duration is mostly overlapped with compute, so it overstates what communication
+costs the step, (2) when an NCCL future completes relative to the device work depends on the
+backend, and (3) hooks replace DDP's own (and need support from MCCL/HCCL/CNCL); the excess only
+needs the device synchronisation the timer already does. Limits: it needs gradient accumulation
+of 2 or more (without a no_sync micro-step there is no compute-only reference: communication is
+then reported as unmeasured, ``null``), and micro-batches of unequal size add noise.
+
+Summaries are plain dicts of floats/strings/None, ready for a JSON progress line.
 """
 
 from __future__ import annotations
@@ -15,46 +31,87 @@ from typing import Callable
 from .preflight import hint
 
 PHASES = ("data", "compute", "comm")
-_BOTTLENECK = {"data": "data", "compute": "compute", "comm": "communication"}
+_BOTTLENECK = {"data": "data", "compute": "compute", "comm": "communication", "other": "other"}
+UNMEASURED_NOTE = ("communication not measured: it needs gradient accumulation >= 2 "
+                   "(a no_sync micro-step gives the compute-only reference)")
 
 
-def _rounded(x: float) -> float:
-    return round(x, 6)
+def _rounded(x: float | None, digits: int = 6) -> float | None:
+    return None if x is None else round(x, digits)
 
 
-def _classify(data_s: float, compute_s: float, comm_s: float, step_s: float,
-              warn_comm: float, warn_data: float) -> dict:
-    busy = compute_s + comm_s
-    comm_share = comm_s / busy if busy > 0 else 0.0
-    data_share = data_s / step_s if step_s > 0 else 0.0
-    phases = {"data": data_s, "compute": compute_s, "comm": comm_s}
-    bottleneck = _BOTTLENECK[max(PHASES, key=lambda p: phases[p])]
+def split_backward(nosync: list[float], sync: list[float]) -> tuple[float, float | None]:
+    """(compute, comm) seconds of a step's backward passes.
+
+    ``nosync``: durations of backward passes without gradient synchronisation; ``sync``: those
+    with it. comm is the sync passes' excess over the mean no_sync pass (never negative), None
+    when there are sync passes but no no_sync reference.
+    """
+    compute = sum(nosync)
+    if not sync:
+        return compute, 0.0
+    if not nosync:
+        return compute + sum(sync), None
+    ref = sum(nosync) / len(nosync)
+    comm = sum(max(0.0, s - ref) for s in sync)
+    return compute + sum(sync) - comm, comm
+
+
+def classify(data_s: float, compute_s: float, comm_s: float | None, step_s: float,
+             warn_comm: float = 0.30, warn_data: float = 0.30) -> dict:
+    """Shares of the whole step, the bottleneck and the warnings. ``comm_s`` None: unmeasured."""
+    step_s = max(step_s, data_s + compute_s + (comm_s or 0.0))
+    other_s = max(0.0, step_s - data_s - compute_s - (comm_s or 0.0))
+
+    def share(x: float | None) -> float | None:
+        if x is None:
+            return None
+        return x / step_s if step_s > 0 else 0.0
+
+    phases = {"data": data_s, "compute": compute_s, "comm": comm_s or 0.0, "other": other_s}
+    bottleneck = _BOTTLENECK[max(phases, key=lambda p: phases[p])]
+    comm_share, data_share = share(comm_s), share(data_s)
+    busy = compute_s + (comm_s or 0.0)
     warnings: list[str] = []
-    if comm_share > warn_comm:
+    if comm_share is not None and comm_share > warn_comm:
         warnings.append(
-            f"communication is {comm_share:.0%} of compute+communication (threshold {warn_comm:.0%}; "
-            f"on H100 it is usually under 10%): {hint('communication')}"
+            f"communication is {comm_share:.0%} of the step (threshold {warn_comm:.0%}; on H100 it is "
+            f"usually under 10%): {hint('communication')}"
         )
-    if data_share > warn_data:
+    if data_share is not None and data_share > warn_data:
         warnings.append(
             f"data wait is {data_share:.0%} of the step (threshold {warn_data:.0%}): the input pipeline "
             f"is starving the device; {hint('data_starvation')}"
         )
-    return {
+    out = {
         "data_s": _rounded(data_s),
         "compute_s": _rounded(compute_s),
         "comm_s": _rounded(comm_s),
+        "other_s": _rounded(other_s),
         "step_s": _rounded(step_s),
-        "comm_share": round(comm_share, 4),
-        "data_share": round(data_share, 4),
+        "data_share": _rounded(data_share, 4),
+        "compute_share": _rounded(share(compute_s), 4),
+        "comm_share": _rounded(comm_share, 4),
+        "other_share": _rounded(share(other_s), 4),
+        # The report's own figure, comm / (compute + comm), for comparing with its numbers.
+        "comm_vs_compute": None if comm_s is None else round(comm_s / busy if busy > 0 else 0.0, 4),
+        "comm_measured": comm_s is not None,
         "bottleneck": bottleneck,
         "warnings": warnings,
     }
+    if comm_s is None:
+        out["comm_note"] = UNMEASURED_NOTE
+    return out
 
 
 class StepTimer:
-    """Accumulates phase times within a step (a phase may run several times, e.g. once per
-    gradient-accumulation micro-batch); ``end_step()`` closes the step and returns its summary.
+    """Accumulates phase times within a step; ``end_step()`` closes the step and returns its summary.
+
+    Per micro-batch: ``data()`` around fetching the batch, ``forward()`` around the forward pass,
+    ``backward(sync=...)`` around the backward pass (``sync=True`` for the micro-step whose
+    backward all-reduces, i.e. outside ``no_sync()`` under DDP; False when not distributed),
+    then ``optimizer()`` around the update. ``comm()`` is for explicit collectives (e.g. a loss
+    all-reduce). Anything untimed (logging, checkpoints) lands in "other".
 
     ``device_module``: the vendor's torch module (torch.cuda, torch.musa, ...) whose
     ``synchronize()`` is called before each clock reading; None or cpu: no sync.
@@ -68,8 +125,11 @@ class StepTimer:
         self.warn_data_share = warn_data_share
         self._clock = clock
         self._current: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self._bwd_nosync: list[float] = []
+        self._bwd_sync: list[float] = []
         self._totals: dict[str, float] = dict.fromkeys(PHASES, 0.0)
         self._total_step = 0.0
+        self._unmeasured_steps = 0
         self._step_start: float | None = None
         self._active: str | None = None
         self.steps = 0
@@ -80,7 +140,7 @@ class StepTimer:
         return self._clock()
 
     @contextmanager
-    def _phase(self, name: str):
+    def _phase(self, name: str, sink: list[float] | None = None):
         if self._active is not None:
             raise RuntimeError(f"timer phase {name!r} started inside {self._active!r}: phases do not nest")
         start = self._now()
@@ -90,7 +150,11 @@ class StepTimer:
         try:
             yield
         finally:
-            self._current[name] += self._now() - start
+            elapsed = self._now() - start
+            if sink is not None:
+                sink.append(elapsed)
+            else:
+                self._current[name] += elapsed
             self._active = None
 
     def data(self):
@@ -99,6 +163,12 @@ class StepTimer:
     def compute(self):
         return self._phase("compute")
 
+    forward = compute
+    optimizer = compute
+
+    def backward(self, sync: bool = False):
+        return self._phase("backward", self._bwd_sync if sync else self._bwd_nosync)
+
     def comm(self):
         return self._phase("comm")
 
@@ -106,15 +176,25 @@ class StepTimer:
         """Close the step: its times, shares, bottleneck and warnings. The step runs from its
         first phase to this call, so untimed work (logging, checkpoints) counts in step_s."""
         end = self._now()
-        cur = self._current
-        step_s = max(end - self._step_start, sum(cur.values())) if self._step_start is not None else sum(cur.values())
-        summary = _classify(cur["data"], cur["compute"], cur["comm"], step_s,
-                            self.warn_comm_share, self.warn_data_share)
-        for p in PHASES:
-            self._totals[p] += cur[p]
+        bwd_compute, bwd_comm = split_backward(self._bwd_nosync, self._bwd_sync)
+        data = self._current["data"]
+        compute = self._current["compute"] + bwd_compute
+        comm = None if bwd_comm is None else self._current["comm"] + bwd_comm
+        timed = data + compute + (comm if comm is not None else self._current["comm"])
+        step_s = max(end - self._step_start, timed) if self._step_start is not None else timed
+        if comm is None:
+            # Explicit collectives were still timed: keep them out of "other" but do not call
+            # the total "communication" when the all-reduce in backward could not be separated.
+            compute += self._current["comm"]
+        summary = classify(data, compute, comm, step_s, self.warn_comm_share, self.warn_data_share)
+        self._totals["data"] += data
+        self._totals["compute"] += compute
+        self._totals["comm"] += comm or 0.0
+        self._unmeasured_steps += comm is None
         self._total_step += step_s
         self.steps += 1
         self._current = dict.fromkeys(PHASES, 0.0)
+        self._bwd_nosync, self._bwd_sync = [], []
         self._step_start = None
         summary["step"] = self.steps
         return summary
@@ -122,7 +202,8 @@ class StepTimer:
     def summary(self) -> dict:
         """Means per step over all closed steps; shares from the totals."""
         n = max(self.steps, 1)
-        out = _classify(self._totals["data"] / n, self._totals["compute"] / n, self._totals["comm"] / n,
-                        self._total_step / n, self.warn_comm_share, self.warn_data_share)
+        comm = None if self._unmeasured_steps else self._totals["comm"] / n
+        out = classify(self._totals["data"] / n, self._totals["compute"] / n, comm, self._total_step / n,
+                       self.warn_comm_share, self.warn_data_share)
         out["steps"] = self.steps
         return out
