@@ -4,8 +4,8 @@
 context tar (``Dockerfile``, ``wmctl/``, ``src/``), streams the engine's build output to a
 reporter, turns a failed step into a BuildError with the step and its last output lines, tags
 the result with the content tag, pushes, and records what was built and pushed in
-``<spec folder>/.wmctl/images.json`` so ``submit`` can pin the image by digest
-(``recorded_image(spec_path, name)``).
+``<spec folder>/.wmctl/images.json``; ``render`` and ``submit`` then run the pushed digest
+instead of the tag (``pinned_ref``, called from ``commands._common.load``).
 
 ``docker`` is imported inside the functions: the CLI and ``--dry-run`` never load it.
 """
@@ -151,6 +151,12 @@ class Reporter:
     def close(self) -> None:
         pass
 
+    def __enter__(self) -> "Reporter":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def _print(self, text: str) -> None:
         self.stream.write(text + "\n")
         self.stream.flush()
@@ -166,6 +172,7 @@ class RichReporter(Reporter):
         self.console = Console()
         self._status = self.console.status("starting build")
         self._status.start()
+        self._running = True
 
     def step(self, step: Step) -> None:
         self.console.print(f"[bold]Step {step.number}/{step.total}[/bold] {_short(step.instruction, 110)}",
@@ -187,7 +194,10 @@ class RichReporter(Reporter):
         self.console.print(text, markup=False, highlight=False)
 
     def close(self) -> None:
-        self._status.stop()
+        # Called by build_image, push_image and the command's `with`: stop the live display once.
+        if self._running:
+            self._running = False
+            self._status.stop()
 
 
 def _escape(text: str) -> str:
@@ -254,6 +264,7 @@ def _lines(chunks: Iterable[dict[str, Any]]):
 
 
 def image_exists(client, ref: str) -> str | None:
+    """The engine's image id for ``ref``, or None when the engine does not have it."""
     import docker.errors
 
     try:
@@ -264,11 +275,19 @@ def image_exists(client, ref: str) -> str | None:
 
 def build_image(plan: BuildPlan, wheel_path: Path, *, client=None, reporter: Reporter | None = None,
                 no_cache: bool = False, network_mode: str | None = None, pull: bool = False) -> BuildResult:
-    """Build ``plan`` (or report it up to date). Raises BuildError with the failing step."""
+    """Build ``plan`` (or report it up to date). Raises BuildError with the failing step.
+    The reporter is closed on every way out, so a live spinner never outlives the build."""
+    reporter = reporter or Reporter()
+    try:
+        return _build(plan, wheel_path, client or get_client(), reporter, no_cache, network_mode, pull)
+    finally:
+        reporter.close()
+
+
+def _build(plan: BuildPlan, wheel_path: Path, client, reporter: Reporter, no_cache: bool,
+           network_mode: str | None, pull: bool) -> BuildResult:
     import docker.errors
 
-    client = client or get_client()
-    reporter = reporter or Reporter()
     t0 = time.monotonic()
     if not no_cache:
         existing = image_exists(client, plan.content_tag)
@@ -324,8 +343,6 @@ def build_image(plan: BuildPlan, wheel_path: Path, *, client=None, reporter: Rep
             raise _failure(steps, exc.explanation or str(exc), tail) from None
         except docker.errors.DockerException as exc:
             raise EngineUnavailable(f"the Docker engine failed during the build: {exc}") from None
-        finally:
-            reporter.close()
     if image_id is None:
         raise _failure(steps, "the engine ended the build without an image id", tail)
     repo, tag = split_tag(plan.content_tag)
@@ -349,9 +366,13 @@ def registry_of(repo: str) -> str | None:
 
 _AUTH_WORDS = ("unauthorized", "authentication required", "denied", "no basic auth credentials",
                "incorrect username or password", "forbidden")
+# Only what says the registry itself could not be reached or spoken to. A bare "not found" is not
+# here: "manifest unknown", "repository name not known" or a missing local tag also say it, and
+# calling those "unreachable" sends the user to check the network for nothing.
 _REACH_WORDS = ("no such host", "connection refused", "dial tcp", "i/o timeout", "server misbehaving",
                 "http response to https client", "no route to host", "network is unreachable", "tls:",
-                "x509", "404 page not found", "not found")
+                "x509", "404 page not found")
+_NO_LOCAL_IMAGE = "does not exist locally"
 
 
 def _push_error(registry: str, text: str) -> BuildError:
@@ -364,21 +385,32 @@ def _push_error(registry: str, text: str) -> BuildError:
         if "https" in low:
             hint += "; a plain-HTTP registry must be listed in the engine's insecure-registries"
         return BuildError(f"cannot reach registry {registry}: {text.strip()}", hint=hint)
+    if _NO_LOCAL_IMAGE in low:
+        return BuildError(f"push to {registry} failed: {text.strip()}",
+                          hint="the engine has no image with that tag: build it first (wmctl build-image SPEC --push)")
     return BuildError(f"push to {registry} failed: {text.strip()}")
 
 
 def push_image(ref: str, *, client=None, reporter: Reporter | None = None) -> str:
-    """Push ``ref`` (repo:tag) and return the pushed manifest digest (``sha256:...``)."""
+    """Push ``ref`` (repo:tag) and return the pushed manifest digest (``sha256:...``).
+    The reporter is closed on every way out."""
+    reporter = reporter or Reporter()
+    try:
+        return _push(ref, client, reporter)
+    finally:
+        reporter.close()
+
+
+def _push(ref: str, client, reporter: Reporter) -> str:
     import docker.errors
 
-    client = client or get_client()
-    reporter = reporter or Reporter()
     repo, tag = split_tag(ref)
     registry = registry_of(repo)
     if registry is None:
         raise BuildError(f"--push: {ref!r} names no registry, so it would go to Docker Hub's "
                          f"{repo.split('/')[0]!r} namespace",
                          hint="put the registry in the tag, e.g. --tag registry.example.com/team/name:v1")
+    client = client or get_client()
     digest = None
     layer_status: dict[str, str] = {}
     try:
@@ -402,8 +434,6 @@ def push_image(ref: str, *, client=None, reporter: Reporter | None = None) -> st
         raise _push_error(registry, exc.explanation or str(exc)) from None
     except docker.errors.DockerException as exc:
         raise _push_error(registry, str(exc)) from None
-    finally:
-        reporter.close()
     if not digest:
         raise BuildError(f"push of {ref} ended without a digest from {registry}")
     reporter.result(f"pushed {ref}: {repo}@{digest}")
@@ -411,6 +441,10 @@ def push_image(ref: str, *, client=None, reporter: Reporter | None = None) -> st
 
 
 # ---- record -----------------------------------------------------------------------------------------------
+
+# What a push adds to a record; it describes the pushed image, so it goes when the image does.
+PUSH_FIELDS = ("repo_digest", "digest", "pushed_at")
+
 
 def record_path(spec_path: Path) -> Path:
     return Path(spec_path).resolve().parent / RECORD_FILE
@@ -428,10 +462,17 @@ def load_records(spec_path: Path) -> dict[str, Any]:
 
 
 def record_image(spec_path: Path, name: str, entry: dict[str, Any]) -> Path:
-    """Merge ``entry`` into the record for job ``name`` (atomic write)."""
+    """Merge ``entry`` into the record for job ``name`` (atomic write). A digest recorded by an
+    earlier push survives only while the image id and the tag stay the same: after a rebuild
+    without --push it would name other bytes than the tag now holds."""
     path = record_path(spec_path)
     data = load_records(spec_path)
-    data[name] = {**data.get(name, {}), **entry}
+    old = data.get(name)
+    old = dict(old) if isinstance(old, dict) else {}
+    if old.get("image_id") != entry.get("image_id") or old.get("tag") != entry.get("tag"):
+        for key in PUSH_FIELDS:
+            old.pop(key, None)
+    data[name] = {**old, **entry}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -442,19 +483,39 @@ def record_image(spec_path: Path, name: str, entry: dict[str, Any]) -> Path:
 def recorded_image(spec_path: Path, name: str) -> dict[str, Any] | None:
     """What build-image recorded for job ``name``: tag, content_tag, image_id, and after a push
     ``repo_digest`` (``registry/repo@sha256:...``), the reference ``submit`` should run."""
-    return load_records(spec_path).get(name)
+    entry = load_records(spec_path).get(name)
+    return entry if isinstance(entry, dict) else None
+
+
+def _with_tag(ref: str) -> str:
+    return ref if ":" in ref.rsplit("/", 1)[-1] else ref + ":latest"
+
+
+def pinned_ref(spec_path: Path, name: str, tag: str) -> str | None:
+    """The pushed ``repo@sha256:...`` the build record holds for ``tag``, or None. Only a record
+    made for this very tag (or its content tag) counts, and only a digest in the tag's own
+    repository: a record for another tag or registry says nothing about what ``tag`` holds."""
+    if "@" in tag:
+        return None
+    entry = recorded_image(spec_path, name) or {}
+    ref = entry.get("repo_digest")
+    if not isinstance(ref, str) or not re.fullmatch(r"[^@\s]+@sha256:[0-9a-f]{64}", ref):
+        return None
+    wanted = _with_tag(tag)
+    if wanted not in (entry.get("tag"), entry.get("content_tag")):
+        return None
+    if ref.split("@", 1)[0] != wanted.rsplit(":", 1)[0]:
+        return None
+    return ref
 
 
 def image_ref_for_submit(spec_path: Path, name: str, tag: str) -> str:
     """The pushed digest reference for ``tag`` when one was recorded, else ``tag`` itself."""
-    entry = recorded_image(spec_path, name) or {}
-    if entry.get("repo_digest") and tag in (entry.get("tag"), entry.get("content_tag")):
-        return entry["repo_digest"]
-    return tag
+    return pinned_ref(spec_path, name, tag) or tag
 
 
 __all__ = [
     "BuildResult", "Reporter", "RichReporter", "Step", "build_image", "get_client", "image_exists",
-    "image_ref_for_submit", "load_records", "make_reporter", "push_image", "record_image", "record_path",
-    "recorded_image", "registry_of", "write_context",
+    "image_ref_for_submit", "load_records", "make_reporter", "pinned_ref", "push_image", "record_image",
+    "record_path", "recorded_image", "registry_of", "write_context",
 ]

@@ -42,12 +42,43 @@ def overrides_from(set_flags: tuple[str, ...], nodes: int | None, image_tag: str
 
 
 def load(spec_path: Path, overrides: dict[str, Any]):
-    """Load and validate the spec, then its vendor profile."""
+    """Load and validate the spec, then its vendor profile. The image is pinned to the digest the
+    build record holds for its tag (see ``pin_image``); the note saying so goes to stderr, so a
+    plan piped into kubectl stays clean."""
     from ..spec import load_spec
     from ..vendors import load_profile
 
     spec = load_spec(spec_path, overrides)
+    note = pin_image(spec_path, spec)
+    if note:
+        click.echo(f"note: {note}", err=True)
     return spec, load_profile(spec.image.vendor)
+
+
+# images.RECORD_FILE, spelled out so a spec without a build record never imports the build module.
+_RECORD = (".wmctl", "images.json")
+
+
+def pin_image(spec_path: Path, spec: Any) -> str | None:
+    """Replace ``spec.image.tag`` with the ``repo@sha256:...`` that `wmctl build-image --push`
+    recorded for that very tag next to the spec, so every node of every attempt runs the same
+    bytes even if the tag is moved later. Returns the note to show, or None when nothing was
+    pinned. A tag that already holds a digest (``--image repo@sha256:...``) is used as is: that
+    is also how to run a tag as it stands on the registry instead of the recorded push."""
+    tag = spec.image.tag
+    if not tag or "@" in tag:
+        return None
+    record = Path(spec_path).resolve().parent.joinpath(*_RECORD)
+    if not record.is_file():
+        return None
+    from ..images import pinned_ref
+
+    ref = pinned_ref(Path(spec_path), spec.name, tag)
+    if ref is None:
+        return None
+    spec.image.tag = ref
+    return (f"image {tag} pinned to digest {ref} from the build record {record}; "
+            "pass --image with a repo@sha256:... reference to run another")
 
 
 def dump(data: Any, output: str) -> str:

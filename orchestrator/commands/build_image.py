@@ -76,18 +76,19 @@ def command(spec_path: str, dry_run: bool, tag: str | None, push: bool, no_cache
     from .. import images, wheel
 
     client = images.get_client()
-    reporter = images.make_reporter(quiet)
-    wheel_path = wheel.build_wheel()
-    # An offline build gets no network at all: the air-gapped promise is checked, not assumed.
-    result = images.build_image(plan, wheel_path, client=client, reporter=reporter, no_cache=no_cache,
-                                network_mode="none" if plan.wheelhouse is not None else None)
+    with images.make_reporter(quiet) as reporter:
+        wheel_path = wheel.build_wheel()
+        # An offline build gets no network at all: the air-gapped promise is checked, not assumed.
+        result = images.build_image(plan, wheel_path, client=client, reporter=reporter, no_cache=no_cache,
+                                    network_mode="none" if plan.wheelhouse is not None else None)
     entry = {
         "tag": plan.tag, "content_tag": plan.content_tag, "image_id": result.image_id,
         "spec_hash": spec.spec_hash(), "vendor": spec.image.vendor, "wmctl_version": __version__,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if push:
-        digest = images.push_image(plan.tag, client=client, reporter=images.make_reporter(quiet))
+        with images.make_reporter(quiet) as reporter:
+            digest = images.push_image(plan.tag, client=client, reporter=reporter)
         images.push_image(plan.content_tag, client=client, reporter=images.Reporter(quiet=True))
         repo = plan.tag.rsplit(":", 1)[0]
         entry.update(repo_digest=f"{repo}@{digest}", digest=digest,

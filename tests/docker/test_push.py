@@ -56,6 +56,37 @@ def test_push_records_digest_and_pulls_back_by_digest(docker_client, base_image,
         _remove_repo(docker_client, repo)
 
 
+def _rendered_images(spec, tag, tmp_path) -> tuple[set[str], str]:
+    result = run_wmctl("submit", str(spec), "--dry-run", "-b", "docker", "-o", "json", "--image", tag, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    plan = json.loads(result.stdout)
+    return {r["create"]["image"] for r in plan["resources"] if r.get("kind") == "container"}, result.stderr
+
+
+def test_submit_runs_the_pushed_digest_until_a_rebuild_without_push(docker_client, base_image, registry, tmp_path):
+    repo = f"{registry}/wmctl-test/pinned"
+    tag = f"{repo}:v1"
+    spec = write_job(tmp_path / "job", base_image)
+    try:
+        pushed = run_wmctl("build-image", str(spec), "--tag", tag, "--push", cwd=tmp_path)
+        assert pushed.returncode == 0, pushed.stdout[-3000:] + pushed.stderr[-3000:]
+        ref = re.search(r"^digest: (\S+@sha256:[0-9a-f]{64})$", pushed.stdout, re.M).group(1)
+        used, note = _rendered_images(spec, tag, tmp_path)
+        assert used == {ref}
+        assert "pinned to digest" in note
+
+        # New code, built but not pushed: the old digest no longer describes the tag.
+        (spec.parent / "train.py").write_text("print('train v2')\n")
+        rebuilt = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
+        assert rebuilt.returncode == 0, rebuilt.stdout[-3000:] + rebuilt.stderr[-3000:]
+        record = json.loads((spec.parent / ".wmctl" / "images.json").read_text())["tiny"]
+        assert "repo_digest" not in record and "digest" not in record
+        used, note = _rendered_images(spec, tag, tmp_path)
+        assert used == {tag} and "pinned" not in note
+    finally:
+        _remove_repo(docker_client, repo)
+
+
 def test_push_to_unreachable_registry_is_a_clear_error(docker_client, base_image, tmp_path):
     port = free_port()  # nothing listens there
     tag = f"127.0.0.1:{port}/wmctl-test/nowhere:v1"

@@ -1,0 +1,360 @@
+"""orchestrator.images without an engine: failure and push-error classification, the build
+record, the digest pin used by render/submit, and the reporter's life cycle."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import docker.errors
+import pytest
+from click.testing import CliRunner
+
+from orchestrator import images
+from orchestrator.errors import BuildError
+from orchestrator.images import Reporter, Step
+
+REPO = Path(__file__).resolve().parents[2]
+DIGEST = "sha256:" + "a" * 64
+OTHER_DIGEST = "sha256:" + "b" * 64
+
+
+# ---- build failures --------------------------------------------------------------------------------------
+
+def test_missing_wheel_in_an_offline_step_points_at_the_wheelhouse():
+    steps = [Step(5, 9, 'RUN ["python3", "-m", "pip", "install", "--no-index", "--find-links", "/tmp/wmctl/wheelhouse/"]')]
+    err = images._failure(steps, "The command returned a non-zero code: 1",
+                          ["ERROR: No matching distribution found for idna"])
+    assert "step 5/9" in err.message and "idna" in err.message
+    assert "wmctl wheelhouse" in err.hint and "idna" in err.hint
+
+
+def test_missing_package_online_points_at_requirements_and_index():
+    steps = [Step(4, 9, 'RUN ["python3", "-m", "pip", "install", "-r", "/tmp/wmctl/req/requirements.txt"]')]
+    err = images._failure(steps, "returned a non-zero code: 1",
+                          ["ERROR: Could not find a version that satisfies the requirement nopkg==9 (from versions: none)"])
+    assert "image.requirements" in err.hint and "nopkg==9" in err.hint
+
+
+def test_failed_from_points_at_the_base_image():
+    err = images._failure([Step(1, 9, "FROM nowhere/base:x")], "pull access denied for nowhere/base", [])
+    assert "image.base" in err.hint
+
+
+def test_failure_before_any_step_says_so():
+    err = images._failure([], "context canceled", [])
+    assert "before the first step" in err.message and err.hint is None
+
+
+# ---- push errors -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    "unauthorized: authentication required", "denied: requested access to the resource is denied",
+    "no basic auth credentials",
+])
+def test_push_refusals_say_log_in(text):
+    err = images._push_error("reg.example.com", text)
+    assert "was refused" in err.message and "docker login reg.example.com" in err.hint
+
+
+@pytest.mark.parametrize("text", [
+    'Get "https://127.0.0.1:1/v2/": dial tcp 127.0.0.1:1: connect: connection refused',
+    "dial tcp: lookup reg.invalid: no such host",
+    "404 page not found",
+    "http: server gave HTTP response to HTTPS client",
+])
+def test_unreachable_registry_says_check_the_address(text):
+    err = images._push_error("reg.example.com", text)
+    assert err.message.startswith("cannot reach registry reg.example.com")
+    assert "reachable" in err.hint
+
+
+@pytest.mark.parametrize("text", [
+    "manifest unknown: manifest unknown", "repository name not known to registry",
+    "blob upload unknown: not found", "name unknown: repository not found",
+])
+def test_registry_answers_with_not_found_are_not_called_unreachable(text):
+    err = images._push_error("reg.example.com", text)
+    assert "cannot reach" not in err.message
+    assert err.message.startswith("push to reg.example.com failed")
+
+
+def test_push_of_a_tag_the_engine_lacks_says_build_first():
+    err = images._push_error("reg.example.com", "An image does not exist locally with the tag: reg.example.com/x")
+    assert "cannot reach" not in err.message and "build it first" in err.hint
+
+
+# ---- the record -----------------------------------------------------------------------------------------------
+
+def _spec(tmp_path: Path) -> Path:
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: tiny\ncommand: [python, train.py]\nimage: {vendor: cpu, tag: reg.example.com/t/tiny:v1}\n")
+    return spec
+
+
+def _built(image_id: str, tag: str = "reg.example.com/t/tiny:v1", **extra) -> dict:
+    return {"tag": tag, "content_tag": tag.rsplit(":", 1)[0] + ":wmctl-0123456789ab", "image_id": image_id, **extra}
+
+
+def _pushed(image_id: str, digest: str = DIGEST, tag: str = "reg.example.com/t/tiny:v1") -> dict:
+    return _built(image_id, tag, repo_digest=f"{tag.rsplit(':', 1)[0]}@{digest}", digest=digest,
+                  pushed_at="2026-01-01T00:00:00Z")
+
+
+def test_rebuild_without_push_drops_the_stale_digest(tmp_path):
+    spec = _spec(tmp_path)
+    images.record_image(spec, "tiny", _pushed("sha256:old"))
+    images.record_image(spec, "tiny", _built("sha256:new"))
+    entry = images.recorded_image(spec, "tiny")
+    assert entry["image_id"] == "sha256:new"
+    assert not set(images.PUSH_FIELDS) & set(entry)
+
+
+def test_up_to_date_rebuild_keeps_the_digest_of_the_same_image(tmp_path):
+    spec = _spec(tmp_path)
+    images.record_image(spec, "tiny", _pushed("sha256:same"))
+    images.record_image(spec, "tiny", _built("sha256:same"))
+    assert images.recorded_image(spec, "tiny")["repo_digest"] == f"reg.example.com/t/tiny@{DIGEST}"
+
+
+def test_same_image_under_another_tag_drops_the_digest(tmp_path):
+    spec = _spec(tmp_path)
+    images.record_image(spec, "tiny", _pushed("sha256:same"))
+    images.record_image(spec, "tiny", _built("sha256:same", tag="other.example.com/t/tiny:v2"))
+    assert "repo_digest" not in images.recorded_image(spec, "tiny")
+
+
+def test_records_of_other_jobs_are_kept(tmp_path):
+    spec = _spec(tmp_path)
+    images.record_image(spec, "other", _pushed("sha256:x"))
+    images.record_image(spec, "tiny", _built("sha256:y"))
+    assert images.recorded_image(spec, "other")["repo_digest"].endswith(DIGEST)
+
+
+def test_unreadable_record_is_a_clear_error(tmp_path):
+    spec = _spec(tmp_path)
+    images.record_path(spec).parent.mkdir()
+    images.record_path(spec).write_text("{not json")
+    with pytest.raises(BuildError, match="delete it and build again"):
+        images.load_records(spec)
+
+
+@pytest.mark.parametrize("tag,expected", [
+    ("reg.example.com/t/tiny:v1", f"reg.example.com/t/tiny@{DIGEST}"),
+    ("reg.example.com/t/tiny:wmctl-0123456789ab", f"reg.example.com/t/tiny@{DIGEST}"),   # the content tag
+    ("reg.example.com/t/tiny:v2", None),                 # the record is for another tag
+    ("other.example.com/t/tiny:v1", None),               # another registry
+    (f"reg.example.com/t/tiny@{OTHER_DIGEST}", None),    # already a digest: used as is
+])
+def test_pinned_ref_only_for_the_recorded_tag(tmp_path, tag, expected):
+    spec = _spec(tmp_path)
+    images.record_image(spec, "tiny", _pushed("sha256:x"))
+    assert images.pinned_ref(spec, "tiny", tag) == expected
+    assert images.image_ref_for_submit(spec, "tiny", tag) == (expected or tag)
+
+
+def test_pinned_ref_normalizes_an_implicit_latest(tmp_path):
+    spec = _spec(tmp_path)
+    images.record_image(spec, "tiny", _pushed("sha256:x", tag="reg.example.com/t/tiny:latest"))
+    assert images.pinned_ref(spec, "tiny", "reg.example.com/t/tiny") == f"reg.example.com/t/tiny@{DIGEST}"
+
+
+def test_no_pin_without_a_push_or_with_a_malformed_digest(tmp_path):
+    spec = _spec(tmp_path)
+    images.record_image(spec, "tiny", _built("sha256:x"))
+    assert images.pinned_ref(spec, "tiny", "reg.example.com/t/tiny:v1") is None
+    images.record_image(spec, "tiny", {**_built("sha256:x"), "repo_digest": "reg.example.com/t/tiny@sha256:zz"})
+    assert images.pinned_ref(spec, "tiny", "reg.example.com/t/tiny:v1") is None
+
+
+# ---- the pin in render / submit --dry-run ---------------------------------------------------------------------
+
+def _job(tmp_path: Path, tag: str = "reg.example.com/t/tiny:v1") -> Path:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"name: tiny\ncommand: [python, train.py]\nimage: {{vendor: cpu, tag: {tag}}}\n")
+    return spec
+
+
+def _render(spec: Path, *args: str):
+    from orchestrator.cli import cli
+
+    return CliRunner().invoke(cli, ["render", str(spec), "-o", "json", *args])
+
+
+def _images_in(plan_json: str, backend: str) -> set[str]:
+    data = json.loads(plan_json)
+    if backend == "kubernetes":
+        return {c["image"] for item in data["items"] if item["kind"] == "Job"
+                for c in item["spec"]["template"]["spec"]["containers"]}
+    return {r["create"]["image"] for r in data["resources"] if r.get("kind") == "container"}
+
+
+@pytest.mark.parametrize("backend", ["docker", "kubernetes"])
+def test_render_pins_the_pushed_digest_and_says_so(tmp_path, backend):
+    spec = _job(tmp_path)
+    images.record_image(spec, "tiny", _pushed("sha256:x"))
+    result = _render(spec, "-b", backend)
+    assert result.exit_code == 0, result.output + result.stderr
+    assert _images_in(result.stdout, backend) == {f"reg.example.com/t/tiny@{DIGEST}"}
+    assert "pinned to digest" in result.stderr and str(images.record_path(spec)) in result.stderr
+
+
+def test_render_without_a_record_or_push_keeps_the_tag(tmp_path):
+    spec = _job(tmp_path)
+    result = _render(spec, "-b", "docker")
+    assert _images_in(result.stdout, "docker") == {"reg.example.com/t/tiny:v1"} and not result.stderr
+    images.record_image(spec, "tiny", _built("sha256:x"))
+    result = _render(spec, "-b", "docker")
+    assert _images_in(result.stdout, "docker") == {"reg.example.com/t/tiny:v1"} and not result.stderr
+
+
+def test_a_digest_given_with_image_is_used_as_is(tmp_path):
+    spec = _job(tmp_path)
+    images.record_image(spec, "tiny", _pushed("sha256:x"))
+    mine = f"reg.example.com/t/tiny@{OTHER_DIGEST}"
+    result = _render(spec, "-b", "docker", "--image", mine)
+    assert _images_in(result.stdout, "docker") == {mine} and "pinned" not in result.stderr
+
+
+def test_another_tag_given_with_image_is_not_pinned(tmp_path):
+    spec = _job(tmp_path)
+    images.record_image(spec, "tiny", _pushed("sha256:x"))
+    result = _render(spec, "-b", "docker", "--image", "reg.example.com/t/tiny:v2")
+    assert _images_in(result.stdout, "docker") == {"reg.example.com/t/tiny:v2"}
+
+
+def test_pinned_dry_run_imports_no_engine_sdk(tmp_path):
+    spec = _job(tmp_path)
+    images.record_image(spec, "tiny", _pushed("sha256:x"))
+    code = ("import sys, json\nfrom orchestrator.cli import main\n"
+            "try:\n    main(['submit', sys.argv[1], '--dry-run', '-b', 'kubernetes'])\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "print('HEAVY', json.dumps([m for m in ('docker', 'kubernetes', 'rich') if m in sys.modules]))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(spec)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    assert f"reg.example.com/t/tiny@{DIGEST}" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "HEAVY []"
+
+
+# ---- the reporter is closed on every way out -------------------------------------------------------------------
+
+class RecordingReporter(Reporter):
+    def __init__(self):
+        super().__init__(stream=io.StringIO())
+        self.closed = 0
+
+    def close(self):
+        self.closed += 1
+
+
+class FakeImage:
+    def __init__(self, image_id):
+        self.id = image_id
+
+
+class FakeClient:
+    """Just enough of docker.DockerClient: images.get, api.tag/build/push."""
+
+    def __init__(self, have=(), build_chunks=(), push_chunks=()):
+        self.have = dict(have)
+        self.build_chunks = list(build_chunks)
+        self.push_chunks = list(push_chunks)
+        self.tagged = []
+        self.images = self
+        self.api = self
+
+    def get(self, ref):
+        if ref not in self.have:
+            raise docker.errors.ImageNotFound(f"no such image: {ref}")
+        return FakeImage(self.have[ref])
+
+    def tag(self, image, repo, tag):
+        self.tagged.append((image, f"{repo}:{tag}"))
+
+    def build(self, **kwargs):
+        kwargs["fileobj"].read()
+        return iter(self.build_chunks)
+
+    def push(self, repo, tag=None, stream=True, decode=True):
+        return iter(self.push_chunks)
+
+
+def _plan(tmp_path):
+    from .test_dockerfile import plan_for, write_spec
+
+    return plan_for(write_spec(tmp_path / "job"), tag="reg.example.com/t/tiny:v1")
+
+
+def test_up_to_date_build_closes_the_reporter(tmp_path):
+    plan = _plan(tmp_path)
+    client = FakeClient(have={plan.content_tag: "sha256:" + "c" * 64})
+    reporter = RecordingReporter()
+    result = images.build_image(plan, tmp_path / "unused.whl", client=client, reporter=reporter)
+    assert result.up_to_date and reporter.closed == 1
+    assert client.tagged == [("sha256:" + "c" * 64, plan.tag)]
+
+
+def test_failed_build_closes_the_reporter(tmp_path):
+    plan = _plan(tmp_path)
+    wheel = tmp_path / plan.wheel_name
+    wheel.write_bytes(b"wheel")
+    client = FakeClient(build_chunks=[{"stream": "Step 1/9 : FROM wmctl-test/base:x\n"},
+                                      {"error": "boom", "errorDetail": {"message": "boom"}}])
+    reporter = RecordingReporter()
+    with pytest.raises(BuildError, match="step 1/9"):
+        images.build_image(plan, wheel, client=client, reporter=reporter)
+    assert reporter.closed == 1
+
+
+def test_push_refused_before_pushing_closes_the_reporter():
+    reporter = RecordingReporter()
+    with pytest.raises(BuildError, match="names no registry"):
+        images.push_image("team/tiny:v1", client=FakeClient(), reporter=reporter)
+    assert reporter.closed == 1
+
+
+def test_push_error_closes_the_reporter():
+    reporter = RecordingReporter()
+    client = FakeClient(push_chunks=[{"error": "x", "errorDetail": {"message": "dial tcp: connection refused"}}])
+    with pytest.raises(BuildError, match="cannot reach registry"):
+        images.push_image("reg.example.com/t/tiny:v1", client=client, reporter=reporter)
+    assert reporter.closed == 1
+
+
+def test_wheel_build_failure_in_the_command_closes_the_reporter(tmp_path, monkeypatch):
+    from orchestrator import wheel
+    from orchestrator.cli import cli
+
+    from .test_dockerfile import write_spec
+
+    spec = write_spec(tmp_path / "job")
+    reporters = []
+
+    def make_reporter(quiet):
+        reporters.append(RecordingReporter())
+        return reporters[-1]
+
+    def broken_wheel(*args, **kwargs):
+        raise BuildError("cannot build the wmctl wheel")
+
+    monkeypatch.setattr(images, "get_client", lambda *a, **k: FakeClient())
+    monkeypatch.setattr(images, "make_reporter", make_reporter)
+    monkeypatch.setattr(wheel, "build_wheel", broken_wheel)
+    monkeypatch.setattr(wheel, "fingerprint", lambda *a, **k: "f" * 64)
+    result = CliRunner().invoke(cli, ["build-image", str(spec)])
+    assert isinstance(result.exception, BuildError)
+    assert [r.closed for r in reporters] == [1]
+
+
+def test_rich_reporter_stops_its_spinner_once():
+    stops = []
+    with images.RichReporter() as reporter:
+        real_stop = reporter._status.stop
+        reporter._status.stop = lambda: (stops.append(1), real_stop())
+        reporter.close()   # build_image closes it, then the command's `with` does
+    assert stops == [1]
