@@ -13,8 +13,10 @@ Build context layout (the tar sent to the engine)::
 
     Dockerfile
     wmctl/wheels/wmctl-<version>-py3-none-any.whl   the runtime, same version as this CLI
-    wmctl/requirements.txt                          a copy of image.requirements (if set)
-    wmctl/wheelhouse/...                            image.wheelhouse (offline builds only)
+    wmctl/req/<path in image.context>               image.requirements and the files it names
+                                                    with -r/-c, at their context-relative paths
+    wmctl/wheelhouse-torch/...                      offline builds: the wheels the torch step needs
+    wmctl/wheelhouse/...                            offline builds: the rest of image.wheelhouse
     src/...                                         image.context minus .dockerignore
 """
 
@@ -24,9 +26,12 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import posixpath
 import re
+import shlex
 import stat
 import subprocess
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -166,9 +171,15 @@ def is_ignored(rel: str, patterns: Sequence[IgnorePattern]) -> bool:
 
 # ---- the context -----------------------------------------------------------------------------
 
-# Never sent: wmctl's own state next to the spec (images.json changes after every build and
-# would bust the code layer).
+# Never sent: wmctl's own state next to the spec. The spec may sit in a subfolder of the
+# context, so a .wmctl folder is dropped at any depth: images.json changes after every build and
+# would change the content digest (never "up to date") and bust the code layer.
 ALWAYS_EXCLUDED = (".wmctl",)
+
+# Context-tar folders (see the module docstring); images.py writes them, the template copies them.
+REQUIREMENTS_DIR = "wmctl/req"
+WHEELHOUSE_DIR = "wmctl/wheelhouse"
+WHEELHOUSE_TORCH_DIR = "wmctl/wheelhouse-torch"
 
 
 @dataclass(frozen=True)
@@ -217,13 +228,17 @@ def scan_context(root: Path, extra_excluded: Iterable[str] = ()) -> ContextScan:
         raise BuildError(f"image.context: {root} is not a directory; set image.context to the folder "
                          "with your training code (relative to the spec file)")
     patterns, source = load_ignore(root)
-    forced = [*ALWAYS_EXCLUDED, *extra_excluded]
+    forced = list(extra_excluded)
     has_exclusions = any(p.exclusion for p in patterns)
     entries: list[ContextEntry] = []
     excluded: list[str] = []
 
+    def forced_out(rel: str) -> bool:
+        return (any(part in ALWAYS_EXCLUDED for part in rel.split("/"))
+                or any(rel == f or rel.startswith(f + "/") for f in forced))
+
     def dropped(rel: str) -> bool:
-        return any(rel == f or rel.startswith(f + "/") for f in forced) or is_ignored(rel, patterns)
+        return forced_out(rel) or is_ignored(rel, patterns)
 
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         dirnames.sort()
@@ -239,7 +254,7 @@ def scan_context(root: Path, extra_excluded: Iterable[str] = ()) -> ContextScan:
             if dropped(rel):
                 excluded.append(rel + "/")
                 # With "!" lines something below may come back, so look inside.
-                if not has_exclusions or any(rel == f or rel.startswith(f + "/") for f in forced):
+                if not has_exclusions or forced_out(rel):
                     continue
             keep_dirs.append(d)
             if not dropped(rel):
@@ -295,6 +310,231 @@ def created_timestamp() -> str:
     return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
+# ---- requirements files ------------------------------------------------------------------------
+
+# pip's requirement-file syntax (pip/_internal/req/req_file.py): a trailing backslash joins lines,
+# "#" after whitespace starts a comment, options are shlex-split, optparse accepts any unambiguous
+# prefix of a long option, and every short option takes a value ("-rbase.txt" works).
+_REQ_COMMENT = re.compile(r"(^|\s+)#.*$")
+_REQ_SHORT = {"-i": "--index-url", "-c": "--constraint", "-r": "--requirement", "-e": "--editable",
+              "-f": "--find-links", "-C": "--config-settings"}
+_REQ_LONG = ("--index-url", "--pypi-url", "--extra-index-url", "--no-index", "--constraint", "--requirement",
+             "--editable", "--find-links", "--no-binary", "--only-binary", "--prefer-binary",
+             "--require-hashes", "--no-require-hashes", "--pre", "--all-releases", "--only-final",
+             "--trusted-host", "--use-feature", "--hash", "--config-settings")
+_REQ_FLAGS = {"--no-index", "--prefer-binary", "--require-hashes", "--no-require-hashes", "--pre"}
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+_ARCHIVE_EXT = (".whl", ".zip", ".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tar.xz", ".txz", ".tar")
+
+
+def _requirement_lines(text: str) -> Iterable[tuple[int, str]]:
+    """(first line number, logical line) the way pip joins continuations and drops comments."""
+    pending: list[str] = []
+    first = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        comment = bool(re.match(r"^\s*#", line))
+        if line.endswith("\\") and not comment:
+            if not pending:
+                first = number
+            pending.append(line[:-1])
+            continue
+        if pending:
+            joined, start = "".join(pending) + (" " + line if comment else line), first
+            pending = []
+        else:
+            joined, start = line, number
+        joined = _REQ_COMMENT.sub("", joined).strip()
+        if joined:
+            yield start, joined
+    if pending:
+        joined = _REQ_COMMENT.sub("", "".join(pending)).strip()
+        if joined:
+            yield first, joined
+
+
+def _requirement_options(options: str) -> list[tuple[str, str]]:
+    """(long option, value) for the options on one requirements line that take a value."""
+    try:
+        tokens = shlex.split(options)
+    except ValueError:
+        return []  # pip reports its own "Could not split options" inside the build
+    found = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if token.startswith("--"):
+            name, eq, value = token.partition("=")
+            matches = [o for o in _REQ_LONG if o == name] or [o for o in _REQ_LONG if o.startswith(name)]
+            if len(matches) != 1 or matches[0] in _REQ_FLAGS:
+                continue
+            option = "--index-url" if matches[0] == "--pypi-url" else matches[0]
+        elif token[:2] in _REQ_SHORT:
+            option, eq, value = _REQ_SHORT[token[:2]], "", token[2:]
+            eq = "=" if value else ""
+        else:
+            continue
+        if not eq:
+            if i >= len(tokens):
+                continue
+            value = tokens[i]
+            i += 1
+        found.append((option, value))
+    return found
+
+
+def _is_local_requirement(text: str) -> bool:
+    """Does this requirement (or -e value) install from a path on this machine? pip resolves such
+    paths against its working directory, which inside the build is not the user's project."""
+    sep = "; " if _URL.match(text) else ";"
+    name = text.split(sep, 1)[0].strip()
+    low = name.lower()
+    if low.startswith("file:") or re.search(r"@\s*file:", low):
+        return True
+    if _URL.match(name) or re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*\+", name) or "@" in name:
+        return False  # an index URL, a VCS URL or a PEP 508 direct reference to one
+    bare = re.sub(r"\[[^\]]*\]$", "", name)
+    return "/" in bare or "\\" in bare or bare.startswith(".") or low.endswith(_ARCHIVE_EXT)
+
+
+def requirements_closure(main: Path, root: Path) -> list[tuple[str, Path]]:
+    """``image.requirements`` and every file it names with -r/-c (recursively, relative to the
+    naming file, as pip reads them): ``(path relative to the context, file)`` in the order found.
+
+    They travel at the same relative paths under ``wmctl/req/``, so the nested references resolve
+    inside the build exactly as here. Refused with the file, line and fix: a reference that leaves
+    image.context or is absolute (neither exists in the build), and local-path requirements,
+    ``-e PATH`` and ``--find-links PATH`` (pip would look for them in the build's working
+    directory, where the project is not)."""
+    root_resolved = Path(root).resolve()
+    if not _inside(main, root_resolved):
+        raise BuildError(f"image.requirements: {main} is outside image.context ({root_resolved})",
+                         hint="give a path relative to image.context, e.g. requirements.txt")
+    main_rel = Path(main).resolve().relative_to(root_resolved).as_posix()
+    found: dict[str, Path] = {}
+
+    def problem(rel: str, number: int, line: str, what: str, hint: str) -> BuildError:
+        return BuildError(f"image.requirements: {rel} line {number} ({line!r}) {what}", hint=hint)
+
+    def visit(rel: str, stack: tuple[str, ...]) -> None:
+        path = root_resolved / rel
+        if rel in found:
+            return
+        found[rel] = path.resolve()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BuildError(f"image.requirements: cannot read {path}: {exc}") from None
+        for number, line in _requirement_lines(text):
+            args, options = _split_requirement_line(line)
+            if args and _is_local_requirement(args):
+                raise problem(rel, number, line, "installs from a local path; pip resolves it against its working "
+                              "directory, which inside the image build is not this project",
+                              "install it by name from the index, or build its wheel (pip wheel PATH -w wheels/) "
+                              "and use image.wheelhouse")
+            for option, value in _requirement_options(options):
+                if option == "--editable" and _is_local_requirement(value):
+                    raise problem(rel, number, line, "is an editable install of a local path, which does not "
+                                  "exist inside the image build",
+                                  "install it by name, or keep the package in image.context: the code is "
+                                  "copied to the WORKDIR and importable from there")
+                if option == "--find-links" and not _URL.match(value):
+                    raise problem(rel, number, line, "points pip at a local folder, which does not exist "
+                                  "inside the image build",
+                                  "use image.wheelhouse (wmctl build-image --wheelhouse DIR) for local wheels")
+                if option not in ("--requirement", "--constraint") or _URL.match(value):
+                    continue
+                if "${" in value:
+                    raise problem(rel, number, line, "names a file through an environment variable, which "
+                                  "pip would expand inside the build, not here",
+                                  "write the path out, relative to this file")
+                if value.startswith("/") or re.match(r"^[A-Za-z]:[\\/]", value):
+                    raise problem(rel, number, line, f"names the absolute path {value}, which does not exist "
+                                  "inside the image build", "give the path relative to this file")
+                nested = posixpath.normpath(posixpath.join(posixpath.dirname(rel), value.replace("\\", "/")))
+                target = root_resolved / nested
+                if nested == ".." or nested.startswith("../") or not _inside(target, root_resolved):
+                    raise problem(rel, number, line, f"names {target.resolve()}, outside image.context "
+                                  f"({root_resolved}); only files in the build context reach the image",
+                                  "move the file into image.context, or set image.context to a folder "
+                                  "that holds both")
+                if not target.is_file():
+                    raise problem(rel, number, line, f"names {target}, which does not exist",
+                                  "fix the path (it is relative to the file that names it)")
+                if nested in stack:
+                    raise problem(rel, number, line, f"includes {nested}, which includes this file again",
+                                  "remove the circular -r/-c reference")
+                visit(nested, stack + (nested,))
+
+    visit(main_rel, (main_rel,))
+    return list(found.items())
+
+
+def _split_requirement_line(line: str) -> tuple[str, str]:
+    """pip's break_args_options: the words before the first one starting with "-" are the requirement."""
+    tokens = line.split(" ")
+    for i, token in enumerate(tokens):
+        if token.startswith("-"):
+            return " ".join(tokens[:i]).strip(), " ".join(tokens[i:])
+    return line.strip(), ""
+
+
+# ---- wheelhouse -----------------------------------------------------------------------------------
+
+def _dist_name(text: str) -> str | None:
+    match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._\-]*)", text)
+    return re.sub(r"[-_.]+", "-", match.group(1)).lower() if match else None
+
+
+def _wheel_requires(path: Path) -> list[str] | None:
+    """Every Requires-Dist name of a wheel, markers and extras ignored (over-including is safe:
+    it only moves a wheel into the torch layer). None when the file is not a readable wheel."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            meta = next((n for n in zf.namelist()
+                         if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), None)
+            if meta is None:
+                return None
+            text = zf.read(meta).decode("utf-8", "replace")
+    except (OSError, zipfile.BadZipFile):
+        return None
+    names = []
+    for line in text.split("\n\n", 1)[0].splitlines():
+        if line.lower().startswith("requires-dist:"):
+            name = _dist_name(line.split(":", 1)[1])
+            if name:
+                names.append(name)
+    return names
+
+
+def torch_wheel_set(wheelhouse: Path, files: list[tuple[str, int]], torch_packages: Sequence[str]) -> set[str]:
+    """The wheelhouse files the torch step needs: the torch packages and what they require,
+    transitively (from each wheel's METADATA). Files that are not readable wheels are counted in
+    too, since the closure cannot be checked through them. The rest is copied only before the
+    requirements step, so adding a requirement's wheel leaves the torch layer cached."""
+    by_name: dict[str, list[str]] = {}
+    unknown: set[str] = set()
+    requires: dict[str, list[str]] = {}
+    for rel, _size in files:
+        base = rel.rsplit("/", 1)[-1]
+        deps = _wheel_requires(wheelhouse / rel) if base.endswith(".whl") else None
+        name = _dist_name(base.split("-", 1)[0]) if base.endswith(".whl") else None
+        if deps is None or name is None:
+            unknown.add(rel)
+            continue
+        by_name.setdefault(name, []).append(rel)
+        requires.setdefault(name, []).extend(deps)
+    wanted = [n for n in (_dist_name(p) for p in torch_packages) if n]
+    seen: set[str] = set()
+    while wanted:
+        name = wanted.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        wanted.extend(requires.get(name, []))
+    return unknown | {rel for name in seen for rel in by_name.get(name, [])}
+
+
 # ---- the Dockerfile ----------------------------------------------------------------------------
 
 APT_SCRIPT = r"""set -e
@@ -340,6 +580,11 @@ class DockerfileInputs:
     wmctl_version: str
     offline: bool = False
     requirements: bool = False
+    requirements_rel: str = "requirements.txt"  # image.requirements, relative to the context
+    # Offline builds: whether the context has wheels for the torch step / for the rest (a COPY of
+    # a folder the context lacks fails the build, so an empty group is not copied).
+    has_torch_wheels: bool = True
+    has_dep_wheels: bool = True
     torch_packages: tuple[str, ...] = ()
     optional_packages: tuple[str, ...] = ()     # the profile's: skipped when absent/offline
     required_packages: tuple[str, ...] = ()     # the user's image.system_packages
@@ -353,6 +598,8 @@ def _validate(inputs: DockerfileInputs) -> None:
     check_image_path(inputs.workdir, "image.workdir")
     if not re.fullmatch(r"[A-Za-z0-9_./\-]+", inputs.python):
         raise BuildError(f"vendor profile python: {inputs.python!r} is not a plain executable name or path")
+    if inputs.requirements:
+        check_single_line(inputs.requirements_rel, "image.requirements")
     if not re.fullmatch(r"[A-Za-z0-9_.\-+]+\.whl", inputs.wheel_name):
         raise BuildError(f"internal: unexpected wheel file name {inputs.wheel_name!r}")
     for i, pkg in enumerate(inputs.optional_packages):
@@ -404,11 +651,17 @@ def render_dockerfile(inputs: DockerfileInputs, template_text: str | None = None
     env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
     env.filters.update(dq=dq, execform=execform, ident=_ident_filter, ref=_ref_filter, path=_path_filter)
     pip_source = ["--no-index", "--find-links", "/tmp/wmctl/wheelhouse/"] if inputs.offline else []
+    torch_step = bool(inputs.torch_packages)
     packages = list(inputs.optional_packages) + list(inputs.required_packages)
     text = env.from_string(template_text).render(
         job_name=inputs.job_name, vendor=inputs.vendor, base=inputs.base, python=inputs.python,
         workdir=inputs.workdir.rstrip("/") or "/", wheel_name=inputs.wheel_name,
         wmctl_version=inputs.wmctl_version, offline=inputs.offline, requirements=inputs.requirements,
+        requirements_path="/tmp/wmctl/req/" + inputs.requirements_rel,
+        copy_torch_wheels=inputs.offline and torch_step and inputs.has_torch_wheels,
+        copy_dep_wheels=inputs.offline and inputs.requirements and inputs.has_dep_wheels,
+        wheelhouse_dir=WHEELHOUSE_DIR + "/", wheelhouse_torch_dir=WHEELHOUSE_TORCH_DIR + "/",
+        requirements_dir=REQUIREMENTS_DIR + "/",
         torch_packages=list(inputs.torch_packages), pip_source=pip_source,
         system_packages=packages, optional_count=str(len(inputs.optional_packages)),
         offline_flag="1" if inputs.offline else "0", apt_script=APT_SCRIPT, check_script=CHECK_SCRIPT,
@@ -435,6 +688,11 @@ class BuildPlan:
     content_tag: str         # same repository, tag wmctl-<digest>
     digest: str
     labels: dict[str, str] = field(default_factory=dict)
+    # image.requirements and the files it names: (path relative to the context, file)
+    requirements_files: list[tuple[str, Path]] = field(default_factory=list)
+    torch_wheels: set[str] = field(default_factory=set)   # wheelhouse files copied before the torch step
+    base: str = ""
+    base_image_id: str | None = None   # the engine's id for base, part of the digest when known
 
     @property
     def tags(self) -> list[str]:
@@ -468,10 +726,12 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def content_digest(dockerfile_canonical: str, scan: ContextScan, requirements: Path | None,
-                   wheelhouse_files: list[tuple[str, int]], wheel_fingerprint: str,
-                   build_args: dict[str, str], platform: str | None) -> str:
-    """sha256 of everything that decides the image's content (not its build time or git rev)."""
+def content_digest(dockerfile_canonical: str, scan: ContextScan, requirements_files: list[tuple[str, Path]],
+                   wheelhouse: Path | None, wheelhouse_files: list[tuple[str, int]], wheel_fingerprint: str,
+                   build_args: dict[str, str], platform: str | None, base_image_id: str | None = None) -> str:
+    """sha256 of everything that decides the image's content (not its build time or git rev).
+    The Dockerfile names the base image; ``base_image_id`` (the engine's id for it) adds what the
+    name means today, so a re-pulled or re-pointed base tag is a different image."""
     h = hashlib.sha256()
 
     def put(*parts: str) -> None:
@@ -480,6 +740,7 @@ def content_digest(dockerfile_canonical: str, scan: ContextScan, requirements: P
             h.update(b"\0")
 
     put("dockerfile", dockerfile_canonical)
+    put("base-id", base_image_id or "")
     for e in scan.entries:
         if e.kind == "file":
             put("file", e.rel, oct(e.mode & 0o111), _file_sha256(scan.root / e.rel))
@@ -487,10 +748,13 @@ def content_digest(dockerfile_canonical: str, scan: ContextScan, requirements: P
             put("link", e.rel, os.readlink(scan.root / e.rel))
         else:
             put("dir", e.rel)
-    if requirements is not None:
-        put("requirements", _file_sha256(requirements))
-    for name, size in wheelhouse_files:  # wheels are immutable by file name; size guards a swap
-        put("wheelhouse", name, str(size))
+    for rel, path in requirements_files:
+        put("requirements", rel, _file_sha256(path))
+    # Wheel contents, not name and size: a rebuilt local wheel keeps both. Hashing runs at about
+    # 1.7 GB/s here, so a few seconds for a multi-GB CUDA wheelhouse; the build sends the same
+    # bytes to the engine anyway, and being wrong means an image with the old wheel in it.
+    for name, _size in wheelhouse_files:
+        put("wheelhouse", name, _file_sha256(wheelhouse / name) if wheelhouse is not None else "")
     put("wheel", wheel_fingerprint)
     for key in sorted(build_args):
         put("arg", key, build_args[key])
@@ -520,8 +784,11 @@ def _inside(child: Path, parent: Path) -> bool:
 def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: str, wmctl_version: str,
                tag: str | None = None, wheelhouse: Path | None = None,
                build_args: dict[str, str] | None = None, platform: str | None = None,
-               created: str | None = None, source: dict[str, str] | None = None) -> BuildPlan:
-    """Everything ``docker build`` will get, from a loaded JobSpec and its VendorProfile."""
+               created: str | None = None, source: dict[str, str] | None = None,
+               base_image_id: str | None = None) -> BuildPlan:
+    """Everything ``docker build`` will get, from a loaded JobSpec and its VendorProfile.
+    ``base_image_id``: the engine's id for the base image, when the caller asked the engine (a
+    dry run does not: its digest then leaves the base's identity out, and the summary says so)."""
     image = spec.image
     root = Path(spec.context_dir)
     base = image.base or profile.base_image
@@ -545,6 +812,7 @@ def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: s
         check_single_line(value, f"--build-arg/image.build_args {key}")
 
     requirements = None
+    requirements_files: list[tuple[str, Path]] = []
     if image.requirements:
         check_single_line(image.requirements, "image.requirements")
         requirements = (root / image.requirements)
@@ -553,6 +821,7 @@ def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: s
         if not requirements.is_file():
             raise BuildError(f"image.requirements: {requirements} does not exist",
                              hint="give a path relative to image.context, e.g. requirements.txt")
+        requirements_files = requirements_closure(requirements, root)
 
     wh = Path(wheelhouse) if wheelhouse is not None else spec.wheelhouse_dir
     wh_files = _wheelhouse_files(wh) if wh is not None else []
@@ -562,6 +831,9 @@ def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: s
         # image and bust the code layer whenever a wheel is added.
         extra_excluded.append(wh.resolve().relative_to(root.resolve()).as_posix())
     scan = scan_context(root, extra_excluded)
+    torch_packages = tuple(profile.torch_packages) if profile.pip_install_torch else ()
+    torch_wheels = torch_wheel_set(wh, wh_files, torch_packages) if wh is not None and torch_packages else set()
+    dep_wheels = {rel for rel, _ in wh_files} - torch_wheels
 
     meta = source if source is not None else source_metadata(root)
     volatile = {"org.opencontainers.image.created": created or created_timestamp(),
@@ -578,20 +850,24 @@ def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: s
         job_name=spec.name, vendor=profile.name, base=base, python=profile.python,
         workdir=image.workdir, wheel_name=wheel_name, wmctl_version=wmctl_version,
         offline=wh is not None, requirements=requirements is not None,
-        torch_packages=tuple(profile.torch_packages) if profile.pip_install_torch else (),
+        requirements_rel=requirements_files[0][0] if requirements_files else "requirements.txt",
+        has_torch_wheels=bool(torch_wheels), has_dep_wheels=bool(dep_wheels),
+        torch_packages=torch_packages,
         optional_packages=tuple(profile.system_packages), required_packages=tuple(image.system_packages),
         image_env=tuple(sorted(profile.image_env.items())), build_arg_names=tuple(sorted(args)),
         labels=tuple(stable.items()),
     )
     canonical = render_dockerfile(inputs)
-    digest = content_digest(canonical, scan, requirements, wh_files, wheel_fingerprint, args, platform)
+    digest = content_digest(canonical, scan, requirements_files, wh, wh_files, wheel_fingerprint, args, platform,
+                            base_image_id)
     labels = {**stable, "io.wmctl.content-digest": digest[:12], **volatile}
     dockerfile = render_dockerfile(DockerfileInputs(**{**inputs.__dict__, "labels": tuple(labels.items())}))
     return BuildPlan(
         dockerfile=dockerfile, context=scan, requirements=requirements, wheelhouse=wh,
         wheelhouse_files=wh_files, wheel_name=wheel_name, wheel_fingerprint=wheel_fingerprint,
         build_args=args, platform=platform, tag=user_tag, content_tag=f"{repo}:wmctl-{digest[:12]}",
-        digest=digest, labels=labels,
+        digest=digest, labels=labels, requirements_files=requirements_files, torch_wheels=torch_wheels,
+        base=base, base_image_id=base_image_id,
     )
 
 
@@ -616,11 +892,22 @@ def context_summary(plan: BuildPlan, max_excluded: int = 20) -> str:
         lines.append(f"    ... and {len(scan.excluded) - max_excluded} more")
     lines.append(f"  runtime wheel: wmctl/wheels/{plan.wheel_name}")
     if plan.requirements is not None:
-        lines.append(f"  requirements: {plan.requirements} -> wmctl/requirements.txt")
+        lines.append(f"  requirements: {plan.requirements} -> {REQUIREMENTS_DIR}/{plan.requirements_files[0][0]}")
+        for rel, _path in plan.requirements_files[1:]:
+            lines.append(f"    named with -r/-c: {rel} -> {REQUIREMENTS_DIR}/{rel}")
     if plan.wheelhouse is not None:
         size = sum(s for _, s in plan.wheelhouse_files)
         lines.append(f"  wheelhouse (offline build, pip --no-index): {plan.wheelhouse} "
-                     f"({len(plan.wheelhouse_files)} files, {_human(size)})")
+                     f"({len(plan.wheelhouse_files)} files, {_human(size)}; stays in the image's layers)")
+        if plan.torch_wheels:
+            torch_size = sum(s for rel, s in plan.wheelhouse_files if rel in plan.torch_wheels)
+            lines.append(f"    for the torch step: {len(plan.torch_wheels)} files ({_human(torch_size)}); "
+                         "the rest is copied just before the requirements step")
+    if plan.base_image_id:
+        lines.append(f"  base image: {plan.base} ({plan.base_image_id[7:19]}), its id is part of the content digest")
+    else:
+        lines.append(f"  base image: {plan.base}; its id is not part of this content digest (no engine "
+                     "asked, or the engine does not have it yet)")
     if plan.build_args:
         lines.append("  build args: " + ", ".join(sorted(plan.build_args)))
     if plan.platform:
@@ -648,5 +935,5 @@ def parse_dockerfile_instructions(text: str) -> list[str]:
 __all__ = [
     "BuildPlan", "ContextScan", "DockerfileInputs", "IgnorePattern", "check_ref", "content_digest",
     "context_summary", "dq", "execform", "is_ignored", "parse_dockerignore", "plan_build",
-    "render_dockerfile", "scan_context", "split_tag",
+    "render_dockerfile", "requirements_closure", "scan_context", "split_tag", "torch_wheel_set",
 ]

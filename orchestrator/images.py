@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterable
 
-from .dockerfile import BuildPlan, split_tag
+from .dockerfile import REQUIREMENTS_DIR, WHEELHOUSE_DIR, WHEELHOUSE_TORCH_DIR, BuildPlan, split_tag
 from .errors import BuildError, EngineUnavailable
 
 TAIL_LINES = 25
@@ -82,12 +82,13 @@ def write_context(plan: BuildPlan, wheel_path: Path, fileobj: IO[bytes]) -> int:
         _add_bytes(tar, "Dockerfile", plan.dockerfile.encode("utf-8"))
         _add_file(tar, f"wmctl/wheels/{plan.wheel_name}", wheel_path, 0o644)
         count += 2
-        if plan.requirements is not None:
-            _add_file(tar, "wmctl/requirements.txt", plan.requirements, 0o644)
+        for rel, path in plan.requirements_files:
+            _add_file(tar, f"{REQUIREMENTS_DIR}/{rel}", path, 0o644)
             count += 1
         if plan.wheelhouse is not None:
             for rel, _size in plan.wheelhouse_files:
-                _add_file(tar, f"wmctl/wheelhouse/{rel}", plan.wheelhouse / rel, 0o644)
+                folder = WHEELHOUSE_TORCH_DIR if rel in plan.torch_wheels else WHEELHOUSE_DIR
+                _add_file(tar, f"{folder}/{rel}", plan.wheelhouse / rel, 0o644)
                 count += 1
         root = plan.context.root
         _add_bytes_dir(tar, "src")

@@ -1,8 +1,8 @@
 """``wmctl build-image SPEC``: render the Dockerfile from the vendor profile, build, tag, push.
 
 ``--dry-run`` prints the Dockerfile and the build context summary and loads no engine SDK.
-A content tag (``<repo>:wmctl-<digest>``, from the Dockerfile, the context files, the runtime
-wheel, the wheelhouse and build args) sits next to the user's tag: when the engine already has
+A content tag (``<repo>:wmctl-<digest>``, from the Dockerfile, the base image's id on the engine,
+the context files, the runtime wheel, the wheelhouse and build args) sits next to the user's tag: when the engine already has
 it, the image is reported up to date and not rebuilt. What was built and pushed is recorded in
 ``<spec folder>/.wmctl/images.json`` (see ``orchestrator.images.recorded_image``).
 """
@@ -28,22 +28,45 @@ def parse_build_args(items: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def prepare(spec_path: str, *, sets: tuple[str, ...] = (), tag: str | None = None,
-            build_args: tuple[str, ...] = (), platform: str | None = None, wheelhouse: str | None = None):
-    """Load the spec and profile and plan the build: (spec, plan). No engine, no wheel build."""
-    from ..dockerfile import plan_build
+def load(spec_path: str, sets: tuple[str, ...] = ()):
+    """The validated spec and its vendor profile (no engine)."""
     from ..spec import load_spec, parse_set_flags
     from ..vendors import load_profile
-    from .. import wheel
 
     spec = load_spec(spec_path, parse_set_flags(sets))
-    profile = load_profile(spec.image.vendor)
-    plan = plan_build(
+    return spec, load_profile(spec.image.vendor)
+
+
+def plan(spec, profile, *, tag: str | None = None, build_args: tuple[str, ...] = (),
+         platform: str | None = None, wheelhouse: str | None = None, client=None):
+    """Plan the build (no wheel build). With a Docker ``client`` the base image's id on that engine
+    goes into the content digest; without one no engine is touched and the digest leaves the
+    base's identity out (the dry run's summary says so)."""
+    from ..dockerfile import check_ref, plan_build
+    from .. import wheel
+
+    args = parse_build_args(build_args)
+    base_id = None
+    if client is not None:
+        from .. import images
+
+        base = spec.image.base or profile.base_image
+        check_ref(base, "image.base" if spec.image.base else f"vendor profile {profile.name} base_image")
+        base_id = images.image_exists(client, base)
+    return plan_build(
         spec, profile, wheel_name=wheel.wheel_name(), wheel_fingerprint=wheel.fingerprint(),
         wmctl_version=__version__, tag=tag, wheelhouse=Path(wheelhouse).resolve() if wheelhouse else None,
-        build_args=parse_build_args(build_args), platform=platform,
+        build_args=args, platform=platform, base_image_id=base_id,
     )
-    return spec, plan
+
+
+def prepare(spec_path: str, *, sets: tuple[str, ...] = (), tag: str | None = None,
+            build_args: tuple[str, ...] = (), platform: str | None = None, wheelhouse: str | None = None,
+            client=None):
+    """Load the spec and plan the build: (spec, plan)."""
+    spec, profile = load(spec_path, sets)
+    return spec, plan(spec, profile, tag=tag, build_args=build_args, platform=platform, wheelhouse=wheelhouse,
+                      client=client)
 
 
 @click.command(name="build-image", context_settings={"help_option_names": ["-h", "--help"]})
@@ -64,33 +87,36 @@ def command(spec_path: str, dry_run: bool, tag: str | None, push: bool, no_cache
     """Render the Dockerfile from the vendor profile and build (and push) the image."""
     from ..dockerfile import context_summary
 
-    spec, plan = prepare(spec_path, sets=sets, tag=tag, build_args=build_args, platform=platform,
-                         wheelhouse=wheelhouse)
+    spec, profile = load(spec_path, sets)
+    options = dict(tag=tag, build_args=build_args, platform=platform, wheelhouse=wheelhouse)
     if dry_run:
+        # No engine here: the summary says the base image's id is left out of this digest.
+        build = plan(spec, profile, **options)
         click.echo("# ---- Dockerfile ----")
-        click.echo(plan.dockerfile, nl=False)
+        click.echo(build.dockerfile, nl=False)
         click.echo("# ---- build context ----")
-        click.echo(context_summary(plan))
+        click.echo(context_summary(build))
         return
 
     from .. import images, wheel
 
     client = images.get_client()
+    build = plan(spec, profile, **options, client=client)
     with images.make_reporter(quiet) as reporter:
         wheel_path = wheel.build_wheel()
         # An offline build gets no network at all: the air-gapped promise is checked, not assumed.
-        result = images.build_image(plan, wheel_path, client=client, reporter=reporter, no_cache=no_cache,
-                                    network_mode="none" if plan.wheelhouse is not None else None)
+        result = images.build_image(build, wheel_path, client=client, reporter=reporter, no_cache=no_cache,
+                                    network_mode="none" if build.wheelhouse is not None else None)
     entry = {
-        "tag": plan.tag, "content_tag": plan.content_tag, "image_id": result.image_id,
+        "tag": build.tag, "content_tag": build.content_tag, "image_id": result.image_id,
         "spec_hash": spec.spec_hash(), "vendor": spec.image.vendor, "wmctl_version": __version__,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if push:
         with images.make_reporter(quiet) as reporter:
-            digest = images.push_image(plan.tag, client=client, reporter=reporter)
-        images.push_image(plan.content_tag, client=client, reporter=images.Reporter(quiet=True))
-        repo = plan.tag.rsplit(":", 1)[0]
+            digest = images.push_image(build.tag, client=client, reporter=reporter)
+        images.push_image(build.content_tag, client=client, reporter=images.Reporter(quiet=True))
+        repo = build.tag.rsplit(":", 1)[0]
         entry.update(repo_digest=f"{repo}@{digest}", digest=digest,
                      pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         click.echo(f"digest: {repo}@{digest}")

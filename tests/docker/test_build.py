@@ -114,12 +114,65 @@ def test_code_only_change_reuses_dependency_layers(docker_client, base_image, tm
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
 
     steps = steps_from_output(second.stdout)
-    req_copy = [cached for instr, cached in steps if instr.startswith("COPY") and "requirements.txt" in instr]
-    req_run = [cached for instr, cached in steps if instr.startswith("RUN") and "requirements.txt" in instr]
-    code_copy = [cached for instr, cached in steps if instr.startswith("COPY") and '"src/"' in instr]
-    assert req_copy == [True] and req_run == [True], steps
-    assert code_copy == [False], steps
+    code = next(i for i, (instr, _) in enumerate(steps) if instr.startswith("COPY") and '"src/"' in instr)
+    assert steps[code][1] is False, steps
+    # Every layer that installs something comes before the code and must be reused.
+    dependency = [(instr, cached) for instr, cached in steps[:code] if instr.startswith(("RUN", "COPY"))]
+    kinds = {
+        "torch": lambda i: i.startswith("RUN") and "torch==" in i,
+        "requirements copy": lambda i: i.startswith("COPY") and "wmctl/req/" in i,
+        "requirements install": lambda i: i.startswith("RUN") and "/tmp/wmctl/req/requirements.txt" in i,
+        "runtime wheel copy": lambda i: i.startswith("COPY") and "wmctl/wheels/" in i,
+        "runtime wheel install": lambda i: i.startswith("RUN") and "--no-deps" in i,
+        "check": lambda i: i.startswith("RUN") and "wmctl-bind" in i,
+    }
+    for kind, match in kinds.items():
+        assert [c for i, c in dependency if match(i)] == [True], (kind, steps)
+    uncached = [instr for instr, cached in dependency if not cached]
+    assert not uncached, uncached
     assert "train v2" in run_in_image(docker_client, tag, "python train.py")
+
+
+def test_spec_in_a_subfolder_with_nested_requirements_builds_and_stays_up_to_date(docker_client, base_image,
+                                                                                   tmp_path, tag):
+    # The spec (and so the build record) sits inside the context; requirements.txt names other files.
+    project = tmp_path / "project"
+    write_job(project, base_image, requirements="-r reqs/base.txt\n-c reqs/constraints.txt\n")
+    (project / "reqs").mkdir()
+    (project / "reqs" / "base.txt").write_text("numpy\n")
+    (project / "reqs" / "constraints.txt").write_text("numpy>=1\n")
+    (project / "deploy").mkdir()
+    spec = project / "deploy" / "job.yaml"
+    spec.write_text((project / "job.yaml").read_text().replace("  vendor: cpu\n", "  vendor: cpu\n  context: ..\n"))
+    first = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert (project / "deploy" / ".wmctl" / "images.json").is_file()
+    out = run_in_image(docker_client, tag, "ls /tmp/wmctl/req/reqs; ls -a /workspace/deploy")
+    assert "base.txt" in out and "constraints.txt" in out and ".wmctl" not in out
+
+    again = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "up to date" in again.stdout and "Step 1/" not in again.stdout
+
+
+def test_repointed_base_tag_is_not_up_to_date(docker_client, base_image, tmp_path, tag):
+    # A tag of our own for the base, so re-pointing it touches neither the cached base nor its tags.
+    alias_repo = f"wmctl-test/base-alias-{uuid.uuid4().hex[:8]}"
+    alias = f"{alias_repo}:v1"
+    docker_client.api.tag(base_image, alias_repo, "v1")
+    try:
+        spec = write_job(tmp_path / "job", alias)
+        first = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
+        assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+        built = docker_client.images.get(tag).id
+        # Same name, other bytes: the alias now means the image just built (it has python and torch).
+        docker_client.api.tag(built, alias_repo, "v1")
+        second = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
+        assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+        assert "up to date" not in second.stdout
+        assert docker_client.images.get(tag).id != built
+    finally:
+        docker_client.api.remove_image(alias, force=False, noprune=True)
 
 
 def test_broken_requirement_fails_naming_the_step(docker_client, base_image, tmp_path, tag):
@@ -127,7 +180,7 @@ def test_broken_requirement_fails_naming_the_step(docker_client, base_image, tmp
     result = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
     assert result.returncode == 3, result.stdout[-2000:] + result.stderr[-2000:]
     assert "image build failed at step" in result.stderr
-    assert "/tmp/wmctl/requirements.txt" in result.stderr
+    assert "/tmp/wmctl/req/requirements.txt" in result.stderr
     assert "returned a non-zero code" in result.stderr
     assert "Traceback" not in result.stderr
 

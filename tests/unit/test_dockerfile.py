@@ -54,6 +54,24 @@ def write_spec(root: Path, image_extra: str = "", name: str = "tiny", requiremen
     return root / "job.yaml"
 
 
+def make_wheel(folder: Path, name: str, version: str = "1.0", requires: tuple[str, ...] | list[str] = (),
+               tag: str = "py3-none-any") -> Path:
+    """A minimal valid wheel (METADATA, WHEEL, RECORD) that pip can read."""
+    import zipfile
+
+    path = folder / f"{name}-{version}-{tag}.whl"
+    info = f"{name}-{version}.dist-info"
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires)
+    wheel = f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{name}/__init__.py", "")
+        zf.writestr(f"{info}/METADATA", meta)
+        zf.writestr(f"{info}/WHEEL", wheel)
+        zf.writestr(f"{info}/RECORD", "")
+    return path
+
+
 def plan_for(spec_path: Path, profile=None, **kwargs):
     spec = load_spec(spec_path)
     profile = profile or load_profile(spec.image.vendor)
@@ -107,8 +125,8 @@ def test_layer_order_dependencies_before_code(tmp_path):
         return found[0]
     frm = at(lambda l: l.startswith("FROM "))
     torch = at(lambda l: l.startswith("RUN ") and "torch==2.13.0" in l)
-    req_copy = at(lambda l: l.startswith("COPY ") and "requirements.txt" in l)
-    req_run = at(lambda l: l.startswith("RUN ") and "/tmp/wmctl/requirements.txt" in l)
+    req_copy = at(lambda l: l.startswith("COPY ") and "wmctl/req/" in l)
+    req_run = at(lambda l: l.startswith("RUN ") and "/tmp/wmctl/req/requirements.txt" in l)
     wheel_copy = at(lambda l: l.startswith("COPY ") and "wmctl/wheels/" in l)
     wheel_run = at(lambda l: l.startswith("RUN ") and "--no-deps" in l)
     workdir = at(lambda l: l.startswith("WORKDIR "))
@@ -163,7 +181,7 @@ def test_offline_mode_every_pip_reads_only_the_wheelhouse(tmp_path):
 
 def test_online_mode_uses_the_index(tmp_path):
     text = plan_for(write_spec(tmp_path / "job")).dockerfile
-    req_run = next(l for l in text.splitlines() if l.startswith("RUN ") and "/tmp/wmctl/requirements.txt" in l)
+    req_run = next(l for l in text.splitlines() if l.startswith("RUN ") and "/tmp/wmctl/req/requirements.txt" in l)
     assert "--no-index" not in req_run and "wheelhouse" not in text
 
 
@@ -276,12 +294,17 @@ def test_hostile_spec_fields_are_refused_with_the_field_name(tmp_path, field, va
     assert field in str(info.value)
 
 
-def test_hostile_requirements_path_never_reaches_the_dockerfile(tmp_path):
-    name = "req;$(id)`x`ü 'q\".txt"
+def test_hostile_requirements_path_stays_one_exec_form_argument(tmp_path):
+    name = "req;$(id)`x`ü 'q\" ${HOME}.txt"
     plan = plan_for(write_spec(tmp_path / "job", requirements=name))
-    assert name not in plan.dockerfile
     assert plan.requirements.name == name
     assert instructions(plan.dockerfile).count("COPY") == 3
+    # Only a RUN argument (exec form: no shell, no Docker variable expansion); COPY paths are fixed.
+    run = next(l for l in plan.dockerfile.splitlines() if l.startswith("RUN ") and '"-r"' in l)
+    assert json.loads(run[4:])[-1] == "/tmp/wmctl/req/" + name
+    assert all(ord(c) < 128 for c in run)
+    copies = [l for l in plan.dockerfile.splitlines() if l.startswith("COPY ")]
+    assert not any("req;" in l for l in copies)
 
 
 def test_build_args_are_declared_and_validated(tmp_path):
@@ -419,3 +442,173 @@ def test_bad_build_arg_is_a_clear_error(tmp_path):
 def test_missing_wheelhouse_is_a_clear_error(tmp_path):
     with pytest.raises(BuildError, match="not a directory"):
         plan_for(write_spec(tmp_path / "job"), wheelhouse=tmp_path / "nope")
+
+
+# ---- wmctl's own state never enters the context (audit: record inside the context) -----------------------
+
+def test_record_next_to_a_spec_in_a_subfolder_is_not_sent(tmp_path):
+    root = tmp_path / "project"
+    (root / "deploy").mkdir(parents=True)
+    (root / "train.py").write_text("print(1)\n")
+    (root / "requirements.txt").write_text("numpy\n")
+    spec = root / "deploy" / "job.yaml"
+    spec.write_text("name: tiny\nimage:\n  vendor: cpu\n  base: wmctl-test/base:x\n  context: ..\n"
+                    "  requirements: requirements.txt\ncommand: [python, train.py]\n")
+    first = plan_for(spec)
+    record = root / "deploy" / ".wmctl" / "images.json"
+    record.parent.mkdir()
+    record.write_text('{"tiny": {"built_at": "1"}}\n')
+    second = plan_for(spec)
+    assert all(".wmctl" not in e.rel.split("/") for e in second.context.entries)
+    assert "deploy/.wmctl/" in second.context.excluded
+    record.write_text('{"tiny": {"built_at": "2"}}\n')
+    assert plan_for(spec).digest == second.digest == first.digest
+
+
+# ---- the content digest: base identity and wheel contents (audit 5) ------------------------------------------
+
+def test_base_image_id_is_part_of_the_digest(tmp_path):
+    spec = write_spec(tmp_path / "job")
+    none = plan_for(spec)
+    a = plan_for(spec, base_image_id="sha256:" + "1" * 64)
+    b = plan_for(spec, base_image_id="sha256:" + "2" * 64)
+    assert len({none.digest, a.digest, b.digest}) == 3
+    assert a.content_tag != b.content_tag
+    assert "its id is part of the content digest" in context_summary(a)
+    assert "its id is not part of this content digest" in context_summary(none)
+
+
+def test_wheelhouse_digest_follows_wheel_contents_not_name_and_size(tmp_path):
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    wheel = wh / "six-1.17.0-py2.py3-none-any.whl"
+    wheel.write_bytes(b"a" * 100)
+    spec = write_spec(tmp_path / "job")
+    before = plan_for(spec, wheelhouse=wh)
+    wheel.write_bytes(b"b" * 100)   # rebuilt in place: same name, same size
+    assert plan_for(spec, wheelhouse=wh).digest != before.digest
+
+
+def test_dry_run_summary_says_the_base_id_is_left_out(tmp_path):
+    from orchestrator.cli import cli
+
+    result = CliRunner().invoke(cli, ["build-image", str(write_spec(tmp_path / "job")), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "its id is not part of this content digest" in result.output
+
+
+# ---- requirements files named with -r / -c (audit 7) ---------------------------------------------------------
+
+def _req_job(tmp_path: Path, files: dict[str, str], requirements: str = "requirements.txt") -> Path:
+    root = tmp_path / "job"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    spec = write_spec(root, requirements=None)
+    spec.write_text(spec.read_text().replace("  base: wmctl-test/base:x\n",
+                                             f"  base: wmctl-test/base:x\n  requirements: {requirements}\n"))
+    return spec
+
+
+def test_nested_requirement_and_constraint_files_travel_with_their_paths(tmp_path):
+    spec = _req_job(tmp_path, {
+        "reqs/requirements.txt": "# top\n-r base.txt\n--constraint=../constraints/pins.txt\n"
+                                 "six --hash=sha256:00  # hashed\n-rextra.txt\n--requirem \\\n  more.txt\n",
+        "reqs/base.txt": "numpy\n-c ../constraints/pins.txt\n",
+        "reqs/extra.txt": "idna\n",
+        "reqs/more.txt": "--requirement https://example.com/remote.txt\ncharset-normalizer\n",
+        "constraints/pins.txt": "numpy<3\n",
+    }, requirements="reqs/requirements.txt")
+    plan = plan_for(spec)
+    assert [rel for rel, _ in plan.requirements_files] == [
+        "reqs/requirements.txt", "reqs/base.txt", "constraints/pins.txt", "reqs/extra.txt", "reqs/more.txt"]
+    run = next(l for l in plan.dockerfile.splitlines() if l.startswith("RUN ") and '"-r"' in l)
+    assert json.loads(run[4:])[-2:] == ["-r", "/tmp/wmctl/req/reqs/requirements.txt"]
+    assert 'COPY ["wmctl/req/", "/tmp/wmctl/req/"]' in plan.dockerfile
+    summary = context_summary(plan)
+    assert "named with -r/-c: constraints/pins.txt" in summary
+    # A change in a nested file changes the digest.
+    before = plan.digest
+    (tmp_path / "job" / "constraints" / "pins.txt").write_text("numpy<2\n")
+    assert plan_for(spec).digest != before
+
+
+@pytest.mark.parametrize("line,words", [
+    ("-r ../../outside.txt", ["line 1", "outside image.context", "-r ../../outside.txt"]),
+    ("-c /etc/constraints.txt", ["line 1", "absolute path", "relative to this file"]),
+    ("-r missing.txt", ["line 1", "does not exist"]),
+    ("-r ${REQS}/base.txt", ["line 1", "environment variable"]),
+    ("./libs/mypkg", ["line 1", "local path", "image.wheelhouse"]),
+    ("mypkg @ file:///opt/mypkg", ["line 1", "local path"]),
+    ("-e .", ["line 1", "editable install of a local path"]),
+    ("--find-links ./wheels", ["line 1", "local folder", "image.wheelhouse"]),
+    ("dist/mypkg-1.0-py3-none-any.whl", ["line 1", "local path"]),
+])
+def test_requirements_the_build_cannot_resolve_are_refused_naming_the_line(tmp_path, line, words):
+    (tmp_path / "outside.txt").write_text("six\n")
+    spec = _req_job(tmp_path, {"requirements.txt": f"{line}\nnumpy\n"})
+    with pytest.raises(BuildError) as info:
+        plan_for(spec)
+    text = str(info.value)
+    assert text.startswith("image.requirements: requirements.txt line 1")
+    for word in words:
+        assert word in text, text
+
+
+def test_circular_requirement_files_are_refused(tmp_path):
+    spec = _req_job(tmp_path, {"requirements.txt": "-r a.txt\n", "a.txt": "six\n-r requirements.txt\n"})
+    with pytest.raises(BuildError, match="a.txt line 2.*includes requirements.txt"):
+        plan_for(spec)
+
+
+@pytest.mark.parametrize("line", [
+    "numpy>=1.26; python_version >= '3.10'", "requests[socks]==2.32.3", "torch==2.13.0+cpu",
+    "pkg @ https://example.com/pkg-1.0-py3-none-any.whl", "-e git+https://example.com/x.git#egg=x",
+    "--index-url https://pypi.example.com/simple", "-f https://example.com/wheels/", "--pre", "",
+    "# just a comment",
+])
+def test_ordinary_requirement_lines_are_accepted(tmp_path, line):
+    spec = _req_job(tmp_path, {"requirements.txt": f"{line}\n"})
+    assert [rel for rel, _ in plan_for(spec).requirements_files] == ["requirements.txt"]
+
+
+# ---- offline builds: each wheel group copied just before its step (audit 8) ----------------------------------
+
+def test_offline_torch_wheels_are_copied_apart_from_the_requirements_wheels(tmp_path):
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    make_wheel(wh, "torch", "2.13.0", requires=["filelock", "typing-extensions>=4; python_version<'3.13'"])
+    make_wheel(wh, "filelock")
+    make_wheel(wh, "typing_extensions")
+    make_wheel(wh, "numpy")
+    make_wheel(wh, "six")
+    plan = plan_for(write_spec(tmp_path / "job"), wheelhouse=wh)
+    assert plan.torch_wheels == {"torch-2.13.0-py3-none-any.whl", "filelock-1.0-py3-none-any.whl",
+                                 "typing_extensions-1.0-py3-none-any.whl", "numpy-1.0-py3-none-any.whl"}
+    lines = plan.dockerfile.splitlines()
+
+    def at(pred):
+        return next(i for i, l in enumerate(lines) if pred(l))
+    torch_copy = at(lambda l: l.startswith("COPY ") and "wmctl/wheelhouse-torch/" in l)
+    torch_run = at(lambda l: l.startswith("RUN ") and "torch==2.13.0" in l)
+    dep_copy = at(lambda l: l.startswith('COPY ["wmctl/wheelhouse/"'))
+    req_run = at(lambda l: l.startswith("RUN ") and "/tmp/wmctl/req/requirements.txt" in l)
+    assert torch_copy < torch_run < dep_copy < req_run
+    # A new requirement's wheel changes only the later layer: the torch part renders the same.
+    make_wheel(wh, "idna")
+    again = plan_for(write_spec(tmp_path / "job"), wheelhouse=wh)
+    assert again.torch_wheels == plan.torch_wheels
+    cut = again.dockerfile.index("# Requirements before the code")
+    assert again.dockerfile[:cut] == plan.dockerfile[:cut]
+
+
+def test_offline_without_a_torch_step_copies_the_wheelhouse_right_before_requirements(tmp_path):
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    make_wheel(wh, "six")
+    profile = dataclasses.replace(load_profile("cpu"), base_has_torch=True)
+    plan = plan_for(write_spec(tmp_path / "job"), profile=profile, wheelhouse=wh)
+    assert "wheelhouse-torch" not in plan.dockerfile and not plan.torch_wheels
+    lines = [l for l in plan.dockerfile.splitlines() if l.startswith(("COPY ", "RUN "))]
+    dep_copy = lines.index('COPY ["wmctl/wheelhouse/", "/tmp/wmctl/wheelhouse/"]')
+    assert lines[dep_copy - 1].startswith('COPY ["wmctl/req/"') and "-r" in lines[dep_copy + 1]

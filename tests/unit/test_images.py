@@ -1,5 +1,5 @@
 """orchestrator.images without an engine: failure and push-error classification, the build
-record, the digest pin used by render/submit, and the reporter's life cycle."""
+record, the digest pin used by render/submit, the context tar, and the reporter's life cycle."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import docker.errors
@@ -239,6 +240,36 @@ def test_pinned_dry_run_imports_no_engine_sdk(tmp_path):
     assert out.returncode == 0, out.stderr
     assert f"reg.example.com/t/tiny@{DIGEST}" in out.stdout
     assert out.stdout.strip().splitlines()[-1] == "HEAVY []"
+
+
+# ---- the context tar ------------------------------------------------------------------------------------------
+
+def test_context_carries_nested_requirements_and_both_wheel_groups(tmp_path):
+    from .test_dockerfile import make_wheel, plan_for, write_spec
+
+    spec = write_spec(tmp_path / "job")
+    (tmp_path / "job" / "requirements.txt").write_text("-r reqs/base.txt\nsix\n")
+    (tmp_path / "job" / "reqs").mkdir()
+    (tmp_path / "job" / "reqs" / "base.txt").write_text("-c ../constraints.txt\nnumpy\n")
+    (tmp_path / "job" / "constraints.txt").write_text("numpy<3\n")
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    make_wheel(wh, "torch", requires=["filelock"])
+    make_wheel(wh, "filelock")
+    make_wheel(wh, "six")
+    plan = plan_for(spec, wheelhouse=wh)
+    runtime = tmp_path / "wmctl-0.1.0-py3-none-any.whl"
+    runtime.write_bytes(b"wheel")
+    buf = io.BytesIO()
+    images.write_context(plan, runtime, buf)
+    buf.seek(0)
+    with tarfile.open(fileobj=buf) as tar:
+        names = set(tar.getnames())
+    assert {"wmctl/req/requirements.txt", "wmctl/req/reqs/base.txt", "wmctl/req/constraints.txt"} <= names
+    assert {"wmctl/wheelhouse-torch/torch-1.0-py3-none-any.whl",
+            "wmctl/wheelhouse-torch/filelock-1.0-py3-none-any.whl",
+            "wmctl/wheelhouse/six-1.0-py3-none-any.whl"} <= names
+    assert "wmctl/requirements.txt" not in names
 
 
 # ---- the reporter is closed on every way out -------------------------------------------------------------------
