@@ -11,19 +11,34 @@ import copy
 import dataclasses
 import hashlib
 import json
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Union
 
 from .errors import SpecError
-from .validate import Invalid, Problems, build, join, parse_duration, parse_quantity
+from .validate import INT32_MAX, Invalid, Problems, build, join, parse_duration, parse_quantity
 
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CPULIST = re.compile(r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$")
 K8S_NAME_MAX = 63
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# The same alphabet dockerfile.check_image_path enforces at build time; checked at load so a
+# spec that renders also builds (tests/unit/test_spec.py keeps the two in step).
+IMAGE_PATH = re.compile(r"^/[A-Za-z0-9._\-/]*$")
 AFFINITY_MODES = ("none", "numa", "exclusive")
+RESERVED_VOLUME_PREFIX = "wmctl-"   # the /dev/shm and vendor driver volumes wmctl adds itself
+
+# Upper bounds: values past them cannot be expressed by some backend, or describe no real machine.
+MAX_NODES = 100_000                # Kubernetes caps an Indexed Job's parallelism at 100000
+MAX_ACCELERATORS_PER_NODE = 256
+MAX_PROCS_PER_NODE = 4096
+MAX_CPUS = 4096
+MIN_CPU = 0.001                    # 1m: the smallest CPU amount Kubernetes and Docker express
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 @dataclass
@@ -138,6 +153,7 @@ class KubernetesSpec:
     annotations: dict[str, str] = field(default_factory=dict)
     ttl_seconds_after_finished: int = 3600
     termination_grace_period: Union[str, float] = "90s"  # torchrun's own SIGTERM->SIGKILL is 30 s
+    cluster_domain: str = "cluster.local"  # the rendezvous endpoint is the pod's FQDN under it
 
 
 @dataclass
@@ -317,17 +333,19 @@ def check(spec: JobSpec, problems: Problems, profile_names: list[str] | None = N
         if not re.fullmatch(r"[a-z0-9][a-z0-9+.\-]*(=[A-Za-z0-9.+~:\-]+)?", pkg):
             problems.append((f"image.system_packages[{i}]", f"{pkg!r} is not a Debian package name"))
     for key in spec.image.build_args:
-        if not ENV_NAME.match(key):
+        if not ENV_NAME.fullmatch(key):
             problems.append((f"image.build_args.{key}", "build arg names are letters, digits and _"))
-    if not spec.image.workdir.startswith("/"):
-        problems.append(("image.workdir", "must be an absolute path inside the image, e.g. /workspace"))
+    workdir = spec.image.workdir
+    if not IMAGE_PATH.fullmatch(workdir) or ".." in workdir.split("/"):
+        problems.append(("image.workdir", f"{workdir!r} must be an absolute path inside the image of letters, "
+                         "digits and . _ - / without '..' (build-image bakes it into the Dockerfile), "
+                         "e.g. /workspace"))
 
-    if spec.nodes < 1:
-        problems.append(("nodes", f"must be at least 1, got {spec.nodes}"))
-    for fname in ("accelerators_per_node", "nproc_per_node"):
-        value = getattr(spec, fname)
-        if value is not None and value < (1 if fname == "nproc_per_node" else 0):
-            problems.append((fname, f"must be at least {1 if fname == 'nproc_per_node' else 0}, got {value}"))
+    _check_int(spec.nodes, "nodes", 1, MAX_NODES, problems)
+    if spec.accelerators_per_node is not None:
+        _check_int(spec.accelerators_per_node, "accelerators_per_node", 0, MAX_ACCELERATORS_PER_NODE, problems)
+    if spec.nproc_per_node is not None:
+        _check_int(spec.nproc_per_node, "nproc_per_node", 1, MAX_PROCS_PER_NODE, problems)
     if not spec.command:
         problems.append(("command", "must list the program and its arguments, e.g. [python, train.py]"))
     for i, arg in enumerate(spec.command):
@@ -337,7 +355,7 @@ def check(spec: JobSpec, problems: Problems, profile_names: list[str] | None = N
     _check_resources(spec, problems)
     _check_volumes(spec, problems)
     for key, value in spec.env.items():
-        if not ENV_NAME.match(str(key)):
+        if not ENV_NAME.fullmatch(str(key)):
             problems.append((f"env.{key}", "environment variable names are letters, digits and _, not starting with a digit"))
         if value is not None and "\x00" in value:
             problems.append((f"env.{key}", "contains a NUL byte"))
@@ -345,23 +363,23 @@ def check(spec: JobSpec, problems: Problems, profile_names: list[str] | None = N
             problems.append((f"env.{key}", "WMCTL_* variables are set by wmctl; use the matching spec field instead"))
     _check_affinity(spec, problems)
 
-    if spec.checkpoint.every_steps < 1:
-        problems.append(("checkpoint.every_steps", "must be at least 1"))
-    if spec.checkpoint.keep < 1:
-        problems.append(("checkpoint.keep", "must be at least 1 (wmctl always keeps 2 so a torn save has a fallback)"))
-    if spec.restart.max_attempts < 1:
-        problems.append(("restart.max_attempts", "must be at least 1 (1 = no retries)"))
+    _check_int(spec.checkpoint.every_steps, "checkpoint.every_steps", 1, INT32_MAX, problems)
+    _check_int(spec.checkpoint.keep, "checkpoint.keep", 1, INT32_MAX, problems,
+               "wmctl always keeps 2 so a torn save has a fallback")
+    _check_int(spec.restart.max_attempts, "restart.max_attempts", 1, 10_000, problems, "1 = no retries")
     for fname in ("backoff", "node_loss_timeout", "heartbeat_timeout"):
         _check_duration(spec.restart, fname, f"restart.{fname}", problems)
     _check_duration(spec.rendezvous, "join_timeout", "rendezvous.join_timeout", problems)
     _check_duration(spec.kubernetes, "termination_grace_period", "kubernetes.termination_grace_period", problems)
     if not 1 <= spec.rendezvous.port <= 65535:
         problems.append(("rendezvous.port", "must be a TCP port, 1-65535"))
+    if spec.local.master_port is not None and not 1 <= spec.local.master_port <= 65535:
+        problems.append(("local.master_port", "must be a TCP port, 1-65535"))
     if spec.checkpoint.dir is not None and spec.checkpoint.dir.strip() == "":
         problems.append(("checkpoint.dir", "must not be empty"))
     _check_kubernetes(spec, problems)
     for i, cpus in enumerate(spec.docker.cpusets):
-        if not CPULIST.match(cpus):
+        if not CPULIST.fullmatch(cpus):
             problems.append((f"docker.cpusets[{i}]", f"{cpus!r} is not a CPU list like 0-15 or 0,2,4"))
     if spec.docker.cpusets and len(spec.docker.cpusets) != spec.nodes:
         problems.append(("docker.cpusets", f"give one CPU list per node ({spec.nodes}), got {len(spec.docker.cpusets)}"))
@@ -369,7 +387,7 @@ def check(spec: JobSpec, problems: Problems, profile_names: list[str] | None = N
 
 def _check_name(spec: JobSpec, problems: Problems) -> None:
     name = spec.name
-    if not isinstance(name, str) or not DNS_LABEL.match(name):
+    if not isinstance(name, str) or not DNS_LABEL.fullmatch(name):
         problems.append(("name", f"{name!r} is not a valid run name: use lowercase letters, digits and '-', "
                          "starting with a letter and ending with a letter or digit (it becomes Kubernetes "
                          "object names and hostnames)"))
@@ -380,6 +398,11 @@ def _check_name(spec: JobSpec, problems: Problems) -> None:
         problems.append(("name", f"{name!r} is {len(name)} characters; with the attempt and node suffixes "
                          f"(e.g. {name}-a{spec.restart.max_attempts - 1}-{spec.nodes - 1}) it would exceed "
                          f"{K8S_NAME_MAX}; shorten it to at most {K8S_NAME_MAX - suffix}"))
+
+
+def _check_int(value: int, path: str, low: int, high: int, problems: Problems, why: str = "") -> None:
+    if not low <= value <= high:
+        problems.append((path, f"must be between {low} and {high}, got {value}" + (f" ({why})" if why else "")))
 
 
 def _check_duration(obj: Any, fname: str, path: str, problems: Problems) -> None:
@@ -393,6 +416,12 @@ def _check_resources(spec: JobSpec, problems: Problems) -> None:
     res = spec.resources
     if res.cpu is not None and res.cpu <= 0:
         problems.append(("resources.cpu", "must be a positive number of CPUs"))
+    elif res.cpu is not None and res.cpu < MIN_CPU:
+        # Kubernetes would render 0m (no request at all) and Docker 0 nano-CPUs (no limit).
+        problems.append(("resources.cpu", f"{res.cpu:g} is below 1m (0.001 CPU), the smallest amount "
+                         "Kubernetes and Docker can express; use 0.001 or more"))
+    elif res.cpu is not None and res.cpu > MAX_CPUS:
+        problems.append(("resources.cpu", f"{res.cpu:g} CPUs is more than any node has; use at most {MAX_CPUS}"))
     shm = mem = None
     try:
         shm = res.shm_bytes
@@ -416,15 +445,23 @@ def _check_volumes(spec: JobSpec, problems: Problems) -> None:
     mounts: dict[str, int] = {}
     for i, vol in enumerate(spec.volumes):
         path = f"volumes[{i}]"
-        if not DNS_LABEL.match(vol.name or ""):
+        if not DNS_LABEL.fullmatch(vol.name or ""):
             problems.append((join(path, "name"), f"{vol.name!r} must be a DNS label (lowercase letters, digits, '-')"))
+        elif vol.name.startswith(RESERVED_VOLUME_PREFIX):
+            problems.append((join(path, "name"), f"{vol.name!r}: names starting with {RESERVED_VOLUME_PREFIX!r} are "
+                             "reserved for the volumes wmctl adds (/dev/shm, vendor driver mounts); rename it"))
         if vol.name in names:
             problems.append((join(path, "name"), f"duplicate volume name {vol.name!r} (also volumes[{names[vol.name]}])"))
         names.setdefault(vol.name, i)
         mount = vol.mount or ""
         if not mount.startswith("/"):
             problems.append((join(path, "mount"), f"{mount!r} must be an absolute path in the container"))
-        normalized = str(PurePosixPath(mount)) if mount else mount
+        if ".." in mount.split("/"):
+            problems.append((join(path, "mount"), f"{mount!r} contains '..'; write the path it means, "
+                             "e.g. /workspace/data"))
+        normalized = normalize_mount(mount) if mount else mount
+        if mount and vol.mount != normalized:
+            vol.mount = normalized   # rendered as written here, so /data/ and /data are one mount
         if normalized == "/dev/shm":
             problems.append((join(path, "mount"), "/dev/shm is managed by wmctl; set resources.shm instead"))
         if normalized in mounts:
@@ -446,42 +483,113 @@ def _check_volumes(spec: JobSpec, problems: Problems) -> None:
                 problems.append((join(path, "empty_dir.size_limit"), str(exc)))
 
 
+def normalize_mount(mount: str) -> str:
+    """'/data//x/./' -> '/data/x'. posixpath keeps a leading '//' (POSIX leaves its meaning to the
+    system); a container path has no such meaning, so it collapses too."""
+    normalized = posixpath.normpath(mount)
+    return "/" + normalized.lstrip("/") if normalized.startswith("//") else normalized
+
+
 def _check_affinity(spec: JobSpec, problems: Problems) -> None:
     if isinstance(spec.affinity, dict):
         for rank, cpus in spec.affinity.items():
             if rank < 0:
                 problems.append((f"affinity.{rank}", "local ranks start at 0"))
-            if not isinstance(cpus, str) or not CPULIST.match(cpus):
+            if not isinstance(cpus, str) or not CPULIST.fullmatch(cpus):
                 problems.append((f"affinity.{rank}", f"{cpus!r} is not a CPU list like 0-15 or 0,2,4"))
 
 
 def _check_kubernetes(spec: JobSpec, problems: Problems) -> None:
     k = spec.kubernetes
-    if not DNS_LABEL.match(k.namespace) and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", k.namespace):
+    if len(k.namespace) > K8S_NAME_MAX or (
+            not DNS_LABEL.fullmatch(k.namespace) and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", k.namespace)):
         problems.append(("kubernetes.namespace", f"{k.namespace!r} is not a valid namespace name"))
+    _check_cluster_domain(spec, problems)
     label_key = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
     label_value = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
     for fname in ("node_selector", "labels"):
         for key, value in getattr(k, fname).items():
-            if not label_key.match(key):
+            if not label_key.fullmatch(key):
                 problems.append((f"kubernetes.{fname}.{key}", "not a valid label key"))
-            if not label_value.match(value or ""):
+            if not label_value.fullmatch(value or ""):
                 problems.append((f"kubernetes.{fname}.{key}", f"{value!r} is not a valid label value "
                                  "(at most 63 letters, digits, - _ .)"))
     for key in k.annotations:
-        if not label_key.match(key):
+        if not label_key.fullmatch(key):
             problems.append((f"kubernetes.annotations.{key}", "not a valid annotation key"))
     for fname in ("queue", "scheduler", "service_account", "priority_class"):
         value = getattr(k, fname)
         if value is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", value):
             problems.append((f"kubernetes.{fname}", f"{value!r} is not a valid Kubernetes name"))
     for i, t in enumerate(k.tolerations):
-        allowed = {"key", "operator", "value", "effect", "tolerationSeconds"}
-        extra = set(t) - allowed
-        if extra:
-            problems.append((f"kubernetes.tolerations[{i}]", f"unknown keys {sorted(extra)}; allowed: {sorted(allowed)}"))
-    if k.ttl_seconds_after_finished < 0:
-        problems.append(("kubernetes.ttl_seconds_after_finished", "must be 0 or more"))
+        _check_toleration(t, f"kubernetes.tolerations[{i}]", label_key, label_value, problems)
+    _check_int(k.ttl_seconds_after_finished, "kubernetes.ttl_seconds_after_finished", 0, INT32_MAX, problems)
+
+
+def _check_cluster_domain(spec: JobSpec, problems: Problems) -> None:
+    domain = spec.kubernetes.cluster_domain
+    if len(domain) > 253 or not DNS_SUBDOMAIN.fullmatch(domain) or any(len(p) > 63 for p in domain.split(".")):
+        problems.append(("kubernetes.cluster_domain", f"{domain!r} is not a DNS name; give the cluster's DNS "
+                         "domain (kubelet --cluster-domain), e.g. cluster.local"))
+        return
+    # The rendezvous endpoint <job>-0.<service>.<namespace>.svc.<domain> must stay a valid DNS name.
+    job = f"{spec.name}-a{max(spec.restart.max_attempts - 1, 0)}"
+    fqdn = f"{job}-0.{job}.{spec.kubernetes.namespace}.svc.{domain}"
+    if len(fqdn) > 253:
+        problems.append(("kubernetes.cluster_domain", f"the rendezvous host {fqdn} would exceed 253 "
+                         "characters; shorten the cluster domain, the namespace or the run name"))
+
+
+def _check_toleration(t: dict[str, Any], path: str, label_key: re.Pattern, label_value: re.Pattern,
+                      problems: Problems) -> None:
+    """The rules the API server applies (core/v1 validation), so a bad toleration fails here, not at submit."""
+    allowed = {"key", "operator", "value", "effect", "tolerationSeconds"}
+    extra = set(t) - allowed
+    if extra:
+        problems.append((path, f"unknown keys {sorted(map(str, extra))}; allowed: {sorted(allowed)}"))
+    # null is what YAML gives for `key:` with nothing after it: the same as leaving it out.
+    t = {k: v for k, v in t.items() if v is not None}
+    operator = t.get("operator", "Equal")      # the API server's default
+    if operator not in TOLERATION_OPERATORS:
+        problems.append((join(path, "operator"), f"{operator!r} is not one of {', '.join(TOLERATION_OPERATORS)}"))
+    key = t.get("key", "")
+    if not isinstance(key, str) or (key and not label_key.fullmatch(key)):
+        problems.append((join(path, "key"), f"{key!r} is not a valid taint key"))
+    elif not key and operator != "Exists":
+        problems.append((join(path, "key"), "an empty key matches every taint only with operator: Exists"))
+    value = t.get("value")
+    if value is not None:
+        if operator == "Exists" and value != "":
+            problems.append((join(path, "value"), "operator Exists matches any value; drop value or use "
+                             "operator: Equal"))
+        elif not isinstance(value, str):
+            problems.append((join(path, "value"), f"expected a string, got {value!r}; quote it"))
+        elif not label_value.fullmatch(value):
+            problems.append((join(path, "value"), f"{value!r} is not a valid taint value "
+                             "(at most 63 letters, digits, - _ .)"))
+    effect = t.get("effect", "")
+    if effect not in ("", *TAINT_EFFECTS):
+        problems.append((join(path, "effect"), f"{effect!r} is not one of {', '.join(TAINT_EFFECTS)} "
+                         "(or empty for every effect)"))
+    if "tolerationSeconds" in t:
+        seconds = t["tolerationSeconds"]
+        if effect != "NoExecute":
+            problems.append((join(path, "tolerationSeconds"), "applies only to effect: NoExecute (other "
+                             "effects never evict); set effect: NoExecute or drop tolerationSeconds"))
+        if isinstance(seconds, bool) or not isinstance(seconds, int):
+            problems.append((join(path, "tolerationSeconds"), f"expected an integer number of seconds, "
+                             f"got {seconds!r}"))
+        else:
+            _check_int(seconds, join(path, "tolerationSeconds"), 0, INT32_MAX, problems)
+
+
+def kubernetes_volume_problems(spec: JobSpec) -> Problems:
+    """Docker resolves a relative host_path against the spec folder and local maps it; a
+    Kubernetes hostPath is a path on whichever node runs the pod, so it must be absolute."""
+    return [(f"volumes[{i}].host_path", f"{vol.host_path!r} is relative; Kubernetes needs an absolute path "
+             "on the node, e.g. /mnt/ckpt (or use a pvc or nfs volume)")
+            for i, vol in enumerate(spec.volumes)
+            if vol.host_path is not None and not vol.host_path.startswith("/")]
 
 
 def check_backend(spec: JobSpec, backend: str, *, auto_resume: bool) -> None:
@@ -509,6 +617,8 @@ def check_backend(spec: JobSpec, backend: str, *, auto_resume: bool) -> None:
         for i, vol in enumerate(spec.volumes):
             if vol.source in ("secret", "config_map"):
                 problems.append((f"volumes[{i}]", f"{vol.source} volumes exist only on Kubernetes; use host_path on Docker"))
+    if backend == "kubernetes":
+        problems += kubernetes_volume_problems(spec)
     if backend == "local" and spec.nodes > 1 and spec.accelerators_per_node:
         pass  # several agents on one machine share its devices; the plan splits them
     if problems:

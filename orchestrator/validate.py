@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
+from decimal import Decimal
 from typing import Any, Literal, Union, get_args, get_origin
 
 Problems = list[tuple[str, str]]
@@ -23,6 +25,14 @@ _FACTORS = {
 }
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)?\s*$")
 _DURATION_FACTORS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_INTEGER = re.compile(r"^\s*-?[0-9]+\s*$")   # ASCII digits only: int() refuses '²' that isdigit() accepts
+
+INT32_MAX = 2**31 - 1
+# Kubernetes stores quantities as int64; Docker's shm_size and memory limits are int64 bytes too.
+MAX_QUANTITY = 2**63 - 1
+# Durations become Kubernetes int32/int64 seconds (tolerationSeconds, grace periods) and Docker
+# stop timeouts; int32 seconds (68 years) keeps every one of them in range.
+MAX_DURATION_S = INT32_MAX
 
 
 class Invalid(Exception):
@@ -40,15 +50,24 @@ def parse_quantity(value: Any) -> int:
     if isinstance(value, bool):
         raise Invalid("expected a size such as 16Gi or 512Mi, got a boolean")
     if isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise Invalid(f"{value} is not a size; write it like 16Gi, 512Mi or 64G")
         if value < 0:
             raise Invalid("a size cannot be negative")
-        return int(value)
+        return _bounded_quantity(int(value), value)
     if not isinstance(value, str):
         raise Invalid(f"expected a size such as 16Gi or 512Mi, got {type(value).__name__}")
     m = _QUANTITY.match(value)
     if not m or m.group(2) == "m":
         raise Invalid(f"{value!r} is not a size; write it like 16Gi, 512Mi or 64G")
-    return int(float(m.group(1)) * _FACTORS[m.group(2)])
+    # Decimal, not float: exact for '9223372036854775807', and hundreds of digits cannot overflow.
+    return _bounded_quantity(int(Decimal(m.group(1)) * _FACTORS[m.group(2)]), value)
+
+
+def _bounded_quantity(n: int, given: Any) -> int:
+    if n > MAX_QUANTITY:
+        raise Invalid(f"{given!r} is too large; sizes must be below 8Ei")
+    return n
 
 
 def parse_duration(value: Any) -> float:
@@ -56,15 +75,22 @@ def parse_duration(value: Any) -> float:
     if isinstance(value, bool):
         raise Invalid("expected a duration such as 30s or 5m, got a boolean")
     if isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise Invalid(f"{value} is not a duration; write it like 30s, 5m or 1h")
         if value < 0:
             raise Invalid("a duration cannot be negative")
-        return float(value)
-    if not isinstance(value, str):
+        # Compared before float(): a huge int would overflow the conversion itself.
+        seconds = float(value) if value <= MAX_DURATION_S else math.inf
+    elif isinstance(value, str):
+        m = _DURATION.match(value)
+        if not m:
+            raise Invalid(f"{value!r} is not a duration; write it like 30s, 5m or 1h")
+        seconds = float(m.group(1)) * _DURATION_FACTORS[m.group(2)]
+    else:
         raise Invalid(f"expected a duration such as 30s or 5m, got {type(value).__name__}")
-    m = _DURATION.match(value)
-    if not m:
-        raise Invalid(f"{value!r} is not a duration; write it like 30s, 5m or 1h")
-    return float(m.group(1)) * _DURATION_FACTORS[m.group(2)]
+    if not seconds <= MAX_DURATION_S:   # also catches a float overflowed to inf
+        raise Invalid(f"{value!r} is too long; durations go up to {MAX_DURATION_S}s (68 years)")
+    return seconds
 
 
 def format_quantity(n: int) -> str:
@@ -116,6 +142,11 @@ def convert(tp: Any, value: Any, path: str, problems: Problems) -> Any:
             result = convert(arg, value, path, trial)
             if not trial:
                 return result
+        # A mapping or list that only one alternative could hold failed inside: that
+        # alternative's own problems name the key at fault ("affinity.x"), the union's cannot.
+        shaped = [a for a in args if _shape(a) == _shape(type(value))]
+        if len(shaped) == 1 and _shape(type(value)) != "scalar":
+            return convert(shaped[0], value, path, problems)
         problems.append((path, f"expected {_type_name(tp)}, got {_describe(value)}"))
         return None
     if value is None:
@@ -143,7 +174,13 @@ def convert(tp: Any, value: Any, path: str, problems: Problems) -> Any:
         key_tp, val_tp = get_args(tp)
         out = {}
         for k, v in value.items():
-            kk = convert(key_tp, k, path, problems) if key_tp is not str else _scalar_str(k, join(path, str(k)), problems)
+            if key_tp is str:
+                kk = _scalar_str(k, join(path, str(k)), problems)
+            else:
+                key_problems: Problems = []
+                kk = convert(key_tp, k, join(path, str(k)), key_problems)
+                if key_problems:
+                    problems.append((join(path, str(k)), f"the key {k!r} is not {_type_name(key_tp)}"))
             if val_tp is str:  # env, labels, build args: YAML scalars written as the user wrote them
                 out[kk] = _scalar_str(v, join(path, str(k)), problems)
             else:
@@ -157,23 +194,42 @@ def convert(tp: Any, value: Any, path: str, problems: Problems) -> Any:
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        if isinstance(value, str) and _INTEGER.match(value):
             return int(value)
         problems.append((path, f"expected an integer, got {_describe(value)}"))
         return None
     if tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        try:
-            if isinstance(value, str):
-                return float(value)
-        except ValueError:
-            pass
-        problems.append((path, f"expected a number, got {_describe(value)}"))
-        return None
+            try:
+                number = float(value)
+            except OverflowError:   # an int beyond any float
+                number = math.inf
+        elif isinstance(value, str):
+            try:
+                number = float(value)
+            except ValueError:
+                pass
+        if number is None:
+            problems.append((path, f"expected a number, got {_describe(value)}"))
+            return None
+        # inf and nan pass float() but no backend can express them (int(inf) raises).
+        if not math.isfinite(number):
+            problems.append((path, f"expected a finite number, got {_describe(value)}"))
+            return None
+        return number
     if tp is str:
         return _scalar_str(value, path, problems, strict=True)
     raise TypeError(f"unsupported spec field type {tp!r}")  # a bug in the spec types, not user input
+
+
+def _shape(tp: Any) -> str:
+    origin = get_origin(tp) or tp
+    if origin is dict or dataclasses.is_dataclass(tp):
+        return "mapping"
+    if origin is list:
+        return "list"
+    return "scalar"
 
 
 def _scalar_str(value: Any, path: str, problems: Problems, strict: bool = False) -> str | None:

@@ -60,6 +60,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--num-workers", "--num_workers", type=int, default=2)
     a("--prefetch-factor", "--prefetch_factor", type=int, default=4)
     a("--pin-memory", "--pin_memory", action="store_true", help="pin host memory (only used when a device exists)")
+    a("--no-augment", "--no_augment", dest="augment", action="store_false",
+      help="turn off the random flip + brightness per clip (drawn from the sample's own stream, so exact across resumes)")
     # model
     a("--vision-tower", "--vision_tower", choices=["conv", "llava"], default="conv")
     a("--vision-tower-path", "--vision_tower_path", default=None, help="local LLaVA / CLIP folder for --vision-tower llava")
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         ensure_dataset(args.data_dir, args.num_clips, args.frames, args.size, seed=args.seed)
     dist.barrier()
-    dataset = ClipDataset(args.data_dir, cache_in_memory=args.cache_in_memory)
+    dataset = ClipDataset(args.data_dir, cache_in_memory=args.cache_in_memory, augment=args.augment, seed=args.seed)
 
     # Same init on every rank (DDP also broadcasts rank 0's), then per-rank streams for dropout.
     seed_everything(args.seed)
@@ -169,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_factory(args.warmup_steps, args.max_steps))
     ddp = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
 
-    sampler = ResumableDistributedSampler(len(dataset), seed=args.seed)
+    # (epoch, index) keys: the dataset seeds each sample's augmentation from them.
+    sampler = ResumableDistributedSampler(len(dataset), seed=args.seed, yield_epoch=True)
     loader_gen = torch.Generator()
     loader_kw: dict[str, Any] = {}
     if args.num_workers > 0:

@@ -6,6 +6,8 @@ this module computes every value, renders, parses the YAML back and checks the r
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 from .. import __version__
@@ -13,12 +15,13 @@ from .. import labels as L
 from ..errors import SpecError
 from ..launch import accelerators_per_node, job_env, rendezvous_id, torchrun_args
 from ..plan import AttemptContext, Plan
-from ..spec import JobSpec, Volume
+from ..spec import JobSpec, Volume, kubernetes_volume_problems
 from ..validate import format_quantity, parse_duration, parse_quantity
 from ..vendors import VendorProfile
 from .jinja import render_objects
 
 SHM_VOLUME = "wmctl-dshm"
+DRIVER_VOLUME = "wmctl-driver-{i}"
 NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 
@@ -28,6 +31,9 @@ def render_kubernetes(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
     image = image or spec.image.tag
     if not image:
         raise SpecError([("image.tag", "the kubernetes backend runs an image: set image.tag or pass --image")])
+    problems = kubernetes_volume_problems(spec)
+    if problems:
+        raise SpecError(problems)
     values = kubernetes_values(spec, profile, ctx, image)
     objects: list[dict[str, Any]] = []
     if values["scheduler_name"] == "volcano":
@@ -66,11 +72,19 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
         suspend = True   # Kueue unsuspends the Job when the queue admits it
         notes.append(f"queued in Kueue LocalQueue {k.queue!r}: the Job is created suspended until admitted")
 
-    endpoint = f"{job_name}-0.{job_name}:{spec.rendezvous.port}"
+    # The FQDN, not <job>-0.<service>: torch hosts the c10d TCPStore on the agent whose own
+    # canonical name equals the endpoint host (_matches_machine_hostname). kubelet writes this
+    # FQDN first in the pod's /etc/hosts, so pod 0 recognises itself without waiting for the
+    # headless Service's DNS record; the short name needs DNS and races pod 0's start.
+    endpoint = f"{pod_fqdn(spec, job_name, 0)}:{spec.rendezvous.port}"
     command = torchrun_args(spec, profile, endpoint=endpoint, rdzv_id=rendezvous_id(spec, ctx), node_rank=None)
     ckpt = spec.checkpoint.dir
     env = job_env(spec, profile, ctx, checkpoint_dir=ckpt, backend_env=profile.kubernetes.env)
-    env_list: list[dict[str, Any]] = [{"name": n, "value": v} for n, v in env.items()]
+    _note_node_local_checkpoint(spec, ctx, notes)
+    # wmctl's own values use no $(VAR) reference (the node rank comes through fieldRef), so
+    # every string is escaped: Docker and local pass them literally and so must Kubernetes.
+    command = [escape_expansion(a) for a in command]
+    env_list: list[dict[str, Any]] = [{"name": n, "value": escape_expansion(v)} for n, v in env.items()]
     env_list += [
         # torchrun reads --node-rank from PET_NODE_RANK: the completion index, no shell needed.
         {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
@@ -107,6 +121,42 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
     }
 
 
+def pod_fqdn(spec: JobSpec, job_name: str, index: int) -> str:
+    """<hostname>.<subdomain>.<namespace>.svc.<cluster domain> of an Indexed Job's pod."""
+    return f"{job_name}-{index}.{job_name}.{spec.kubernetes.namespace}.svc.{spec.kubernetes.cluster_domain}"
+
+
+# A '$' the kubelet would rewrite: before '$', before '(' and before a non-ASCII character
+# (its expansion copies the byte after '$' as if it were a whole character, which splits a
+# UTF-8 sequence: '$世' would arrive mangled).
+_EXPANDED = re.compile(r"\$(?=[$(]|[^\x00-\x7f])")
+
+
+def escape_expansion(text: str) -> str:
+    """Make Kubernetes' $(VAR) expansion of command, args and env values give back ``text``.
+
+    The kubelet turns '$$' into '$' and '$(NAME)' into NAME's value, and keeps a '$' before any
+    other ASCII character or at the end. Doubling exactly the '$' it would rewrite is therefore
+    exact: '$(X)' -> '$$(X)', '$$' -> '$$$', '$HOME' unchanged.
+    """
+    return _EXPANDED.sub("$$", text)
+
+
+def _note_node_local_checkpoint(spec: JobSpec, ctx: AttemptContext, notes: list[str]) -> None:
+    if not (spec.restart.auto_resume or ctx.resume) or not spec.checkpoint.dir:
+        return
+    if spec.nodes == 1 and not spec.restart.exclude_failed_nodes:
+        return
+    vol = spec.volume_for(spec.checkpoint.dir)
+    if vol is None or vol.host_path is None:
+        return
+    # Not an error: the host path may be a shared mount on every node, which wmctl cannot see.
+    notes.append(f"checkpoint dir {spec.checkpoint.dir} is on host_path volume {vol.name!r} ({vol.host_path}), "
+                 "which each node keeps for itself unless that path is a shared mount on every node: a resumed "
+                 "attempt placed on another node would start from scratch; put the checkpoint on storage every "
+                 "node sees (a pvc or nfs volume)")
+
+
 def _resources(spec: JobSpec, profile: VendorProfile, notes: list[str]) -> dict[str, Any]:
     limits: dict[str, Any] = {}
     if spec.resources.cpu is not None:
@@ -131,8 +181,9 @@ def _resources(spec: JobSpec, profile: VendorProfile, notes: list[str]) -> dict[
 
 
 def _tolerations(spec: JobSpec) -> list[dict[str, Any]]:
-    seconds = int(spec.restart.node_loss_timeout_s)
-    user = [dict(t) for t in spec.kubernetes.tolerations]
+    # Rounded up: truncating 0.4s would give 0, which evicts at the first not-ready blip.
+    seconds = max(1, math.ceil(spec.restart.node_loss_timeout_s))
+    user = [{k: v for k, v in t.items() if v is not None} for t in spec.kubernetes.tolerations]
     user_keys = {t.get("key") for t in user}
     # The default is a 300 s toleration added by the admission plugin: a lost node would hold
     # the run for ~6 minutes before Kubernetes even deletes its pod.
@@ -151,11 +202,9 @@ def _volumes(spec: JobSpec, profile: VendorProfile) -> tuple[list[dict], list[di
         if vol.read_only:
             mount["readOnly"] = True
         mounts.append(mount)
-    used = {v.name for v in spec.volumes}
+    # No user volume can take these names: the spec reserves the wmctl- prefix.
     for i, path in enumerate(profile.kubernetes.host_mounts):
-        name = f"wmctl-driver-{i}"
-        if name in used:
-            continue
+        name = DRIVER_VOLUME.format(i=i)
         volumes.append({"name": name, "hostPath": {"path": path}})
         mounts.append({"name": name, "mountPath": path, "readOnly": True})
     return volumes, mounts

@@ -9,6 +9,10 @@ One chain per (num_workers, checkpoint mode) covers the three kill points of the
   attempt 3  runs to the end.
 The final parameters, optimizer state and scheduler must equal the uninterrupted run's
 bit for bit, and the effective per-step sample sequence of every rank must be identical.
+The example augments every clip at random and attempt 0 resumes in the middle of an epoch, so
+this also checks that augmentation is exact across such a resume with DataLoader workers (it is
+drawn from sample_generator(seed, epoch, index); the same augmentation drawn from the global
+RNG makes the num_workers 2 chain fail).
 """
 
 from __future__ import annotations

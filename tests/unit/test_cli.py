@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -142,3 +143,30 @@ def test_help_and_dry_run_import_no_heavy_sdk():
         mods = _modules_after(args)
         loaded = sorted(m for m in mods if m.split(".")[0] in HEAVY)
         assert not loaded, f"{args} imported {loaded}"
+
+
+@pytest.mark.parametrize("line,field", [
+    ("resources: {cpu: .inf}", "resources.cpu"),
+    ("resources: {cpu: .nan}", "resources.cpu"),
+    ("nodes: 99999999999999999999999", "nodes"),
+    ("resources: {cpu: 1e-9}", "resources.cpu"),
+    ("affinity: {0: '0-3', x: '1'}", "affinity.x"),
+    ("image: {workdir: '/my work'}", "image.workdir"),
+])
+@pytest.mark.parametrize("backend", ["local", "docker", "kubernetes"])
+def test_accepted_looking_numbers_exit_2_naming_the_field(tmp_path, capsys, line, field, backend):
+    spec = tmp_path / "j.yaml"
+    spec.write_text(f"name: j\ncommand: [python, t.py]\n{line}\n")
+    code, _, err = run_main(["render", str(spec), "-b", backend, "--image", "r/x:1"], capsys)
+    assert code == 2 and f"{field}:" in err and "Traceback" not in err, err
+
+
+def test_relative_host_path_on_kubernetes_exits_2(tmp_path, capsys):
+    spec = tmp_path / "j.yaml"
+    spec.write_text("name: j\ncommand: [python, t.py]\ncheckpoint: {dir: /ckpt}\n"
+                    "volumes: [{name: ckpt, mount: /ckpt, host_path: ckpt}]\n")
+    code, _, err = run_main(["render", str(spec), "-b", "kubernetes", "--image", "r/x:1", "--auto-resume",
+                             "--nodes", "2"], capsys)
+    assert code == 2 and "volumes[0].host_path:" in err and "absolute" in err
+    code, out, _ = run_main(["render", str(spec), "-b", "docker", "--image", "r/x:1", "--nodes", "2"], capsys)
+    assert code == 0 and str(tmp_path / "ckpt") in out

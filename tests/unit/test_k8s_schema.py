@@ -10,6 +10,7 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 
+from orchestrator.errors import SpecError
 from orchestrator.plan import AttemptContext
 from orchestrator.render.kubernetes import render_kubernetes
 from orchestrator.vendors import available_profiles, load_profile
@@ -23,7 +24,10 @@ VARIANTS = {
     "volcano": {"kubernetes.scheduler": "volcano", "kubernetes.queue": "research"},
     "no-memory-limit": {"resources.memory": None, "resources.cpu": None},
     "user-tolerations": {"kubernetes.tolerations": [
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoExecute",
+         "tolerationSeconds": 60},
+        {"operator": "Exists"}]},
 }
 
 
@@ -61,7 +65,9 @@ def test_job_shape_for_supervised_retries():
     assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 2
     assert spec["backoffLimit"] == 0 and pod["restartPolicy"] == "Never"
     assert svc["spec"]["clusterIP"] == "None" and pod["subdomain"] == svc["metadata"]["name"]
-    assert "--rdzv-endpoint=worldmodel-a2-0.worldmodel-a2:29500" in c["command"]
+    # The FQDN kubelet puts first in pod 0's /etc/hosts: torch's _matches_machine_hostname
+    # compares it with the canonical name, so pod 0 hosts the store without a DNS lookup.
+    assert "--rdzv-endpoint=worldmodel-a2-0.worldmodel-a2.training.svc.cluster.local:29500" in c["command"]
     assert "--rdzv-id=worldmodel-a2" in c["command"] and "--max-restarts=0" in c["command"]
     assert c["command"][c["command"].index("--no-python") + 1] == "wmctl-bind"
     rank = next(e for e in c["env"] if e["name"] == "PET_NODE_RANK")
@@ -91,3 +97,35 @@ def test_kueue_and_volcano():
     assert job["spec"]["template"]["spec"]["schedulerName"] == "volcano"
     assert job["spec"]["template"]["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == group["metadata"]["name"]
     assert group["spec"]["queue"] == "research" and "suspend" not in job["spec"]
+
+
+def test_rendezvous_endpoint_follows_cluster_domain_and_namespace():
+    spec = full_spec("cuda", **{"kubernetes.cluster_domain": "k8s.corp.example", "kubernetes.namespace": "team"})
+    job = next(o for o in render_kubernetes(spec, load_profile("cuda")).resources if o["kind"] == "Job")
+    pod = job["spec"]["template"]["spec"]
+    host = next(a for a in pod["containers"][0]["command"] if a.startswith("--rdzv-endpoint="))
+    # <hostname>.<subdomain>.<namespace>.svc.<domain>: exactly the name the kubelet writes.
+    assert host == f"--rdzv-endpoint=worldmodel-a0-0.{pod['subdomain']}.team.svc.k8s.corp.example:29500"
+
+
+@pytest.mark.parametrize("domain", ["Cluster.Local", "cluster..local", "-bad.local", "a" * 64 + ".local",
+                                    "cluster.local.", "cluster local", ""])
+def test_cluster_domain_must_be_a_dns_name(domain):
+    with pytest.raises(SpecError) as err:
+        full_spec("cuda", **{"kubernetes.cluster_domain": domain})
+    assert "cluster.local" in dict(err.value.problems)["kubernetes.cluster_domain"]
+
+
+def test_node_loss_timeout_rounds_up_to_a_whole_second():
+    for given, want in (("0.4s", 1), ("0s", 1), ("1.2s", 2), ("20s", 20)):
+        spec = full_spec("cuda", **{"restart.node_loss_timeout": given})
+        job = next(o for o in render_kubernetes(spec, load_profile("cuda")).resources if o["kind"] == "Job")
+        tol = {t["key"]: t for t in job["spec"]["template"]["spec"]["tolerations"]}
+        assert tol["node.kubernetes.io/unreachable"]["tolerationSeconds"] == want, given
+        assert tol["node.kubernetes.io/not-ready"]["tolerationSeconds"] == want, given
+
+
+def test_fractional_cpu_renders_millicores():
+    spec = full_spec("cuda", **{"resources.cpu": 0.001})
+    job = next(o for o in render_kubernetes(spec, load_profile("cuda")).resources if o["kind"] == "Job")
+    assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "1m"

@@ -148,3 +148,170 @@ def test_spec_hash_changes_with_content():
     a = spec_from(BASE).spec_hash()
     b = spec_from({**BASE, "nodes": 2}).spec_hash()
     assert a != b and a == spec_from(BASE).spec_hash()
+
+
+# ---- backend-specific volume checks ------------------------------------------------------------
+
+def test_relative_host_path_rejected_only_on_kubernetes():
+    spec = spec_from({**BASE, "image": {"tag": "x:1"},
+                      "volumes": [{"name": "ckpt", "mount": "/ckpt", "host_path": "ckpt"}]})
+    with pytest.raises(SpecError) as err:
+        check_backend(spec, "kubernetes", auto_resume=False)
+    message = dict(err.value.problems)["volumes[0].host_path"]
+    assert "absolute" in message and "/mnt/ckpt" in message
+    # Docker resolves it against the spec folder and local maps it: both keep accepting it.
+    check_backend(spec, "docker", auto_resume=False)
+    check_backend(spec, "local", auto_resume=False)
+    absolute = spec_from({**BASE, "image": {"tag": "x:1"},
+                          "volumes": [{"name": "ckpt", "mount": "/ckpt", "host_path": "/mnt/ckpt"}]})
+    check_backend(absolute, "kubernetes", auto_resume=False)
+
+
+def test_kubernetes_renderer_refuses_relative_host_path_itself():
+    # The supervisor renders later attempts without the CLI's check_backend in between.
+    from orchestrator.render import render_plan
+    spec = spec_from({**BASE, "image": {"tag": "x:1"},
+                      "volumes": [{"name": "ckpt", "mount": "/ckpt", "host_path": "./ckpt"}]})
+    with pytest.raises(SpecError) as err:
+        render_plan(spec, load_profile("cpu"), "kubernetes")
+    assert "volumes[0].host_path" in dict(err.value.problems)
+
+
+def _kubernetes_notes(data, resume=True):
+    from orchestrator.plan import AttemptContext
+    from orchestrator.render import render_plan
+    spec = spec_from({**BASE, "image": {"tag": "x:1"}, "checkpoint": {"dir": "/ckpt/run"}, **data})
+    check_backend(spec, "kubernetes", auto_resume=resume)     # accepted: a note, not an error
+    return render_plan(spec, load_profile("cpu"), "kubernetes", AttemptContext(resume=resume)).notes
+
+
+HOST_CKPT = [{"name": "ckpt", "mount": "/ckpt", "host_path": "/mnt/ckpt"}]
+
+
+@pytest.mark.parametrize("data", [
+    {"nodes": 2, "restart": {"exclude_failed_nodes": False}},
+    {"nodes": 1, "restart": {"exclude_failed_nodes": True}},
+])
+def test_node_local_checkpoint_gets_a_plan_note(data):
+    notes = _kubernetes_notes({**data, "volumes": HOST_CKPT})
+    [note] = [n for n in notes if "host_path" in n]
+    assert "/ckpt/run" in note and "pvc" in note and "nfs" in note and "from scratch" in note
+
+
+def test_no_node_local_note_when_it_cannot_matter():
+    single = {"nodes": 1, "restart": {"exclude_failed_nodes": False}, "volumes": HOST_CKPT}
+    assert not [n for n in _kubernetes_notes(single) if "host_path" in n]
+    pvc = {"nodes": 2, "volumes": [{"name": "ckpt", "mount": "/ckpt", "pvc": "wm-ckpt"}]}
+    assert not [n for n in _kubernetes_notes(pvc) if "host_path" in n]
+    no_resume = {"nodes": 2, "volumes": HOST_CKPT}
+    assert not [n for n in _kubernetes_notes(no_resume, resume=False) if "host_path" in n]
+    # auto_resume in the spec counts as much as the --auto-resume flag.
+    in_spec = {"nodes": 2, "volumes": HOST_CKPT, "restart": {"auto_resume": True}}
+    assert [n for n in _kubernetes_notes(in_spec, resume=False) if "host_path" in n]
+
+
+@pytest.mark.parametrize("name", ["wmctl-dshm", "wmctl-driver-0", "wmctl-anything"])
+def test_volume_names_with_the_wmctl_prefix_are_reserved(name):
+    p = problems_of({"volumes": [{"name": name, "mount": "/data", "pvc": "x"}]})
+    assert "reserved" in p["volumes[0].name"] and "rename" in p["volumes[0].name"]
+
+
+def test_ascend_driver_mounts_survive_any_user_volume_name():
+    from orchestrator.render import render_plan
+    spec = spec_from({**BASE, "image": {"vendor": "ascend", "tag": "x:1"},
+                      "volumes": [{"name": "driver-0", "mount": "/data", "pvc": "x"}]})
+    job = next(o for o in render_plan(spec, load_profile("ascend"), "kubernetes").resources if o["kind"] == "Job")
+    mounts = {m["mountPath"] for m in job["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    assert {"/usr/local/Ascend/driver", "/dev/shm", "/data"} <= mounts
+
+
+# ---- tolerations --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("toleration,path,words", [
+    ({"key": "a", "operator": "Exist"}, "operator", "Exists, Equal"),
+    ({"key": "a", "operator": "Exists", "effect": "NoSchedul"}, "effect", "NoSchedule"),
+    ({"key": "a", "operator": "Exists", "value": "v"}, "value", "drop value"),
+    ({"key": "a", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 30}, "tolerationSeconds",
+     "NoExecute"),
+    ({"key": "a", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": "30s"}, "tolerationSeconds",
+     "integer"),
+    ({"key": "a", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 2**31}, "tolerationSeconds",
+     "2147483647"),
+    ({"key": "a", "operator": "Equal", "value": 5}, "value", "quote it"),
+    ({"key": "a", "value": "bad value!"}, "value", "taint value"),
+    ({"value": "x"}, "key", "Exists"),
+    ({"key": "bad key!", "operator": "Exists"}, "key", "taint key"),
+])
+def test_tolerations_are_validated_like_the_api_server(toleration, path, words):
+    p = problems_of({"kubernetes": {"tolerations": [{"key": "ok", "operator": "Exists"}, toleration]}})
+    assert words in p[f"kubernetes.tolerations[1].{path}"], p
+
+
+def test_valid_tolerations_pass():
+    spec = spec_from({**BASE, "kubernetes": {"tolerations": [
+        {"operator": "Exists"},
+        {"key": "a", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "b", "value": "v", "effect": "PreferNoSchedule"},        # operator defaults to Equal
+        {"key": "c", "operator": "Equal", "value": "", "effect": ""},
+        {"key": "d", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 0},
+        {"key": "e", "operator": "Exists", "value": None},
+    ]}})
+    assert len(spec.kubernetes.tolerations) == 6
+
+
+# ---- smaller checks ---------------------------------------------------------------------------
+
+def test_affinity_error_names_the_bad_key():
+    p = problems_of({"affinity": {0: "0-3", "x": "1"}})
+    assert "affinity.x" in p and "integer" in p["affinity.x"]
+    assert "affinity" not in p, "the whole mapping is not at fault, one key is"
+    assert "affinity.1" in problems_of({"affinity": {0: "0-3", 1: "zero"}})
+
+
+def test_cpu_below_one_millicore_is_rejected():
+    assert "1m" in problems_of({"resources": {"cpu": 1e-9}})["resources.cpu"]
+    assert spec_from({**BASE, "resources": {"cpu": 0.001}}).resources.cpu == 0.001
+
+
+@pytest.mark.parametrize("workdir", ["/work space", "/work\nRUN x", "/w/../etc", "relative", "/w$x", "/w\u2028"])
+def test_image_workdir_checked_at_load_like_build_image(workdir):
+    from orchestrator.dockerfile import check_image_path
+    from orchestrator.errors import BuildError
+    assert "image.workdir" in problems_of({"image": {"workdir": workdir}})
+    with pytest.raises(BuildError):   # the build-time rule agrees, so a spec that loads also builds
+        check_image_path(workdir, "image.workdir")
+
+
+@pytest.mark.parametrize("workdir", ["/workspace", "/opt/my-app_1.0/src", "/"])
+def test_image_workdir_accepted_at_load_is_accepted_by_build_image(workdir):
+    from orchestrator.dockerfile import check_image_path
+    assert spec_from({**BASE, "image": {"workdir": workdir}}).image.workdir == workdir
+    check_image_path(workdir, "image.workdir")
+
+
+def test_mount_paths_are_normalised_so_duplicates_are_caught():
+    p = problems_of({"volumes": [{"name": "a", "mount": "/data", "pvc": "x"},
+                                 {"name": "b", "mount": "//data//", "pvc": "y"},
+                                 {"name": "c", "mount": "/data/./", "pvc": "z"}]})
+    assert "two volumes on one mount path" in p["volumes[1].mount"]
+    assert "two volumes on one mount path" in p["volumes[2].mount"]
+    spec = spec_from({**BASE, "volumes": [{"name": "a", "mount": "//srv//data/./", "pvc": "x"}]})
+    assert spec.volumes[0].mount == "/srv/data"
+    assert "/dev/shm" in problems_of({"volumes": [{"name": "a", "mount": "/dev//shm/", "pvc": "x"}]})[
+        "volumes[0].mount"]
+
+
+def test_mount_path_with_dotdot_is_rejected():
+    p = problems_of({"volumes": [{"name": "a", "mount": "/data/../etc", "pvc": "x"}]})
+    assert "'..'" in p["volumes[0].mount"]
+
+
+@pytest.mark.parametrize("data,path", [
+    ({"name": "ok\n"}, "name"),
+    ({"env": {"A\n": "x"}}, "env.A\n"),
+    ({"kubernetes": {"labels": {"team": "a\n"}}}, "kubernetes.labels.team"),
+    ({"kubernetes": {"namespace": "ns\n"}}, "kubernetes.namespace"),
+])
+def test_trailing_newline_does_not_slip_past_a_pattern(data, path):
+    # re.match's '$' also matches before a final newline; Kubernetes would refuse the value.
+    assert path in problems_of(data)
