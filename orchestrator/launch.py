@@ -36,6 +36,18 @@ def nproc_per_node(spec: JobSpec, profile: VendorProfile) -> int:
     return max(1, int(spec.resources.cpu)) if spec.resources.cpu else 1
 
 
+def device_ids_per_node(spec: JobSpec, profile: VendorProfile) -> list[str] | None:
+    """Which accelerators each node sees when every node shares one host (Docker, local):
+    contiguous disjoint slices ('0,1,2,3'), 'all' when one node owns the host, None without
+    accelerators. One split for both backends, so a job sees the same devices on either."""
+    accel = accelerators_per_node(spec, profile)
+    if not profile.accelerator or not accel:
+        return None
+    if spec.nodes == 1:
+        return ["all"]
+    return [",".join(str(i) for i in range(n * accel, (n + 1) * accel)) for n in range(spec.nodes)]
+
+
 def rendezvous_id(spec: JobSpec, ctx: AttemptContext) -> str:
     # Unique per attempt: a late agent of attempt N can never join attempt N+1's rendezvous.
     return f"{spec.name}-a{ctx.attempt}"

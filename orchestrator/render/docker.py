@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import labels as L
 from ..errors import SpecError
-from ..launch import (accelerators_per_node, host_cpus, job_env, rendezvous_id,
+from ..launch import (accelerators_per_node, device_ids_per_node, host_cpus, job_env, rendezvous_id,
                       split_evenly, torchrun_args)
 from ..plan import AttemptContext, Plan
 from ..runtime.topology import format_cpulist
@@ -90,13 +90,9 @@ def _cpusets(spec: JobSpec, cpus: list[int], notes: list[str]) -> list[str]:
 
 def _device_ids(spec: JobSpec, profile: VendorProfile, notes: list[str]) -> list[str] | None:
     """Which accelerators each node container sees; 'all' when one node owns the host."""
-    accel = accelerators_per_node(spec, profile)
-    if not profile.accelerator or not accel:
-        return None
-    if spec.nodes == 1:
-        return ["all"]
-    ids = [",".join(str(i) for i in range(n * accel, (n + 1) * accel)) for n in range(spec.nodes)]
-    notes.append(f"{spec.nodes} nodes share one Docker host: accelerators split per node as {'; '.join(ids)}")
+    ids = device_ids_per_node(spec, profile)
+    if ids is not None and spec.nodes > 1:
+        notes.append(f"{spec.nodes} nodes share one Docker host: accelerators split per node as {'; '.join(ids)}")
     return ids
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..launch import (host_cpus, job_env, rendezvous_id, split_evenly,
+from ..launch import (device_ids_per_node, host_cpus, job_env, rendezvous_id, split_evenly,
                       torchrun_args)
 from ..plan import AttemptContext, Plan
 from ..runtime.topology import format_cpulist
@@ -67,9 +67,17 @@ def render_local(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext | No
         if len(allowed) >= spec.nodes:
             cpu_sets = [format_cpulist(c) for c in split_evenly(allowed, spec.nodes)]
             notes.append(f"{spec.nodes} agents share this machine: CPUs per agent {', '.join(cpu_sets)}")
-    env = job_env(spec, profile, ctx, checkpoint_dir=str(ckpt))
+    # Agents on one machine would each claim every accelerator; give each its own slice, as the
+    # Docker plan does per container. One agent keeps the default (all devices).
+    device_ids = device_ids_per_node(spec, profile) if profile.visible_devices_env and spec.nodes > 1 else None
+    if device_ids:
+        notes.append(f"{spec.nodes} agents share this machine: {profile.visible_devices_env} per agent "
+                     f"{'; '.join(device_ids)}")
     agents: list[dict[str, Any]] = []
     for node in range(spec.nodes):
+        # The visible-devices env goes in before the user's env, which may still override it.
+        backend_env = {profile.visible_devices_env: device_ids[node]} if device_ids else None
+        env = job_env(spec, profile, ctx, checkpoint_dir=str(ckpt), backend_env=backend_env)
         argv = torchrun_args(spec, profile, endpoint=f"127.0.0.1:{port}", rdzv_id=rendezvous_id(spec, ctx),
                              node_rank=node, launcher=launcher, torchrun=[python, "-m", "torch.distributed.run"],
                              command=command)
