@@ -7,6 +7,7 @@ line, quoted, for review and for users who want to run it by hand.
 
 from __future__ import annotations
 
+import copy
 import shlex
 
 from typing import Any
@@ -69,6 +70,9 @@ def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext | N
         if cpusets:
             create["cpuset_cpus"] = cpusets[node]
         _device_exposure(create, profile, device_ids[node] if device_ids else None, accelerators_per_node(spec, profile))
+        # Containers share the command, mounts and profile lists; copies keep each container's
+        # description its own (and the YAML plan free of &id001 anchors).
+        create = copy.deepcopy(create)
         resources.append({"kind": "container", "node": node, "aliases": [name], "create": create,
                           "docker_run": docker_run_line(create, [name])})
     return Plan(backend="docker", run=spec.name, attempt=ctx.attempt, spec_hash=spec.spec_hash(),

@@ -55,3 +55,15 @@ def test_golden_render(vendor, backend, monkeypatch):
     assert path.exists(), f"missing golden {path}; regenerate with WMCTL_REGEN_GOLDEN=1"
     assert text == path.read_text(encoding="utf-8"), (
         f"render of {vendor}/{backend} changed; review and regenerate with WMCTL_REGEN_GOLDEN=1")
+
+
+@pytest.mark.parametrize("backend", ["kubernetes", "docker", "local"])
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_plans_have_no_yaml_anchors(vendor, backend, monkeypatch):
+    # An object shared between two containers dumps as &id001/*id001: valid YAML, but a reader
+    # (or a tool editing one container) no longer sees each container on its own.
+    import yaml
+
+    monkeypatch.setenv("WMCTL_HOME", "<home>/.wmctl")
+    events = list(yaml.parse(render_golden(vendor, backend)))
+    assert not [e for e in events if isinstance(e, yaml.AliasEvent) or getattr(e, "anchor", None)]
