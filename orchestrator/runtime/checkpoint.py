@@ -233,12 +233,29 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def _unwrap(model: Any) -> Any:
-    # DDP / FSDP wrappers keep the real module in .module; torch.compile in ._orig_mod.
+    """The module whose state_dict has the model's own names: through DDP and DataParallel
+    (``.module``) and torch.compile (``._orig_mod``) only. A user module that merely has an
+    attribute called ``module`` is saved whole."""
+    torch = _torch()
+    wrappers: tuple[type, ...] = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+    # A compiled model implies torch._dynamo is loaded; importing it here would cost seconds.
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    compiled = getattr(eval_frame, "OptimizedModule", None)
     while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if inner is None:
+        if isinstance(model, wrappers):
+            model = model.module
+        elif compiled is not None and isinstance(model, compiled):
+            model = model._orig_mod
+        else:
             return model
-        model = inner
+
+
+def _fsdp_classes() -> tuple[type, ...]:
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is None:
+        return ()
+    return tuple(c for c in (getattr(fsdp, "FullyShardedDataParallel", None), getattr(fsdp, "FSDPModule", None))
+                 if isinstance(c, type))
 
 
 def _to_cpu_copy(obj: Any) -> Any:
@@ -334,6 +351,12 @@ class CheckpointManager:
 
     def register(self, model: Any = None, optimizer: Any = None, scheduler: Any = None,
                  scaler: Any = None, sampler: Any = None, generators: dict[str, Any] | None = None) -> None:
+        fsdp = _fsdp_classes()
+        if model is not None and fsdp and any(isinstance(m, fsdp) for m in _unwrap(model).modules()):
+            # Rank 0 alone writes a full state_dict here; FSDP's is sharded (or gathered by a
+            # collective every rank must join), so saving it this way would be wrong or hang.
+            raise CheckpointError("FSDP models need sharded checkpoints (torch.distributed.checkpoint); "
+                                  "CheckpointManager saves rank 0's full replica (DDP, DataParallel, single process)")
         for name, obj in (("model", model), ("optimizer", optimizer), ("scheduler", scheduler),
                           ("scaler", scaler), ("sampler", sampler)):
             if obj is not None:
@@ -354,7 +377,10 @@ class CheckpointManager:
         self.wait()
         final = self.root / step_dir_name(step)
         if self.last_saved_step == step:
-            # Preemption right after a periodic save: the state on disk is this state.
+            # Preemption right after a periodic save: the state on disk is this state. If that
+            # save was async, wait() above joined only this rank's writer; rank 0's may still be
+            # committing, and no rank may move on (and maybe exit) before it has.
+            dist.barrier()
             self.last_blocking_s = time.perf_counter() - started
             return final
         if self.check_finite:
@@ -402,7 +428,9 @@ class CheckpointManager:
         return final
 
     def wait(self) -> None:
-        """Block until an in-flight async save has committed; re-raise its error."""
+        """Block until this rank's in-flight async save is done (on rank 0: committed); raise
+        its error, including a commit that timed out. Other ranks learn that rank 0 committed
+        only through a collective: save() of the same step, or the caller's own barrier."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -411,6 +439,8 @@ class CheckpointManager:
             raise CheckpointError(f"async checkpoint failed: {err}") from err
 
     def close(self) -> None:
+        """Finish: wait() for an async save and raise its error. Local, no collective: call a
+        barrier after it before a rank exits if every rank must know the last save committed."""
         self.wait()
 
     def _nonfinite_parameters(self) -> list[str]:
@@ -469,9 +499,13 @@ class CheckpointManager:
             missing = [r for r in range(self.world_size) if not (final / rank_done_name(r)).exists()]
             while missing:
                 if time.monotonic() > deadline:
-                    # Left torn on purpose: resume falls back to the previous checkpoint.
-                    print(f"wmctl: checkpoint {final} not committed: ranks {missing} did not finish "
-                          f"within {self.commit_timeout_s:.0f} s", file=sys.stderr, flush=True)
+                    # Left torn on purpose: resume falls back to the previous checkpoint. An error
+                    # too, raised by the next save()/wait()/close(): a job that believes it has a
+                    # checkpoint it does not have would lose that work on the next failure.
+                    msg = (f"checkpoint {final} not committed: ranks {missing} did not finish within "
+                           f"{self.commit_timeout_s:.0f} s (is the checkpoint folder shared by every rank?)")
+                    print(f"wmctl: {msg}", file=sys.stderr, flush=True)
+                    self._error = CheckpointError(msg)
                     return
                 time.sleep(0.01)
                 missing = [r for r in missing if not (final / rank_done_name(r)).exists()]
