@@ -30,6 +30,10 @@ def submit_and_maybe_watch(spec_path: Path, overrides: dict[str, Any], *, backen
     store = RunStore(spec.name)
     engine = _backend(backend, kube_context, spec.kubernetes.namespace)
     _clear_the_name(store, engine, echo or _echo)
+    if spec.image.tag and "@sha256:" in spec.image.tag:
+        # Pinned from the build record: every attempt, and a watcher started again after a
+        # rebuild, must run these bytes, not what the tag or the record says by then.
+        overrides = {**overrides, "image.tag": spec.image.tag}
     record = RunRecord(run=spec.name, backend=backend, spec_path=str(Path(spec_path).resolve()),
                        overrides=overrides, spec_hash=spec.spec_hash(), auto_resume=auto_resume,
                        kube_context=kube_context,
