@@ -341,7 +341,7 @@ def check(spec: JobSpec, problems: Problems, profile_names: list[str] | None = N
                          "digits and . _ - / without '..' (build-image bakes it into the Dockerfile), "
                          "e.g. /workspace"))
 
-    _check_int(spec.nodes, "nodes", 1, MAX_NODES, problems)
+    _check_int(spec.nodes, "nodes", 1, MAX_NODES, problems, "Kubernetes caps an Indexed Job's parallelism there")
     if spec.accelerators_per_node is not None:
         _check_int(spec.accelerators_per_node, "accelerators_per_node", 0, MAX_ACCELERATORS_PER_NODE, problems)
     if spec.nproc_per_node is not None:

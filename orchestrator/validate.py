@@ -181,6 +181,7 @@ def convert(tp: Any, value: Any, path: str, problems: Problems) -> Any:
                 kk = convert(key_tp, k, join(path, str(k)), key_problems)
                 if key_problems:
                     problems.append((join(path, str(k)), f"the key {k!r} is not {_type_name(key_tp)}"))
+                    continue   # a None key would trip the cross-field checks that follow
             if val_tp is str:  # env, labels, build args: YAML scalars written as the user wrote them
                 out[kk] = _scalar_str(v, join(path, str(k)), problems)
             else:

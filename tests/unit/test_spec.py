@@ -266,6 +266,9 @@ def test_affinity_error_names_the_bad_key():
     assert "affinity.x" in p and "integer" in p["affinity.x"]
     assert "affinity" not in p, "the whole mapping is not at fault, one key is"
     assert "affinity.1" in problems_of({"affinity": {0: "0-3", 1: "zero"}})
+    # The bad key is dropped, not kept as None, so the checks after it still run and report.
+    p = problems_of({"affinity": {0: "0-3", "x": "1"}, "kubernetes": {"cluster_domain": "Bad"}})
+    assert "affinity.x" in p and "kubernetes.cluster_domain" in p
 
 
 def test_cpu_below_one_millicore_is_rejected():
