@@ -81,14 +81,27 @@ def pin_image(spec_path: Path, spec: Any) -> str | None:
             "pass --image with a repo@sha256:... reference to run another")
 
 
+def _no_alias_dumper():
+    import yaml
+
+    class NoAliasDumper(yaml.SafeDumper):
+        """Plans are read by people and by kubectl: an object shared between two places must
+        print twice, never as ``&id001`` / ``*id001``."""
+
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return NoAliasDumper
+
+
 def dump(data: Any, output: str) -> str:
     if output == "json":
         return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
     import yaml
 
     if isinstance(data, list):
-        return yaml.safe_dump_all(data, sort_keys=False, allow_unicode=False, width=1000)
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=False, width=1000)
+        return yaml.dump_all(data, Dumper=_no_alias_dumper(), sort_keys=False, allow_unicode=False, width=1000)
+    return yaml.dump(data, Dumper=_no_alias_dumper(), sort_keys=False, allow_unicode=False, width=1000)
 
 
 def plan_document(plan: Any, output: str) -> str:

@@ -170,3 +170,12 @@ def test_relative_host_path_on_kubernetes_exits_2(tmp_path, capsys):
     assert code == 2 and "volumes[0].host_path:" in err and "absolute" in err
     code, out, _ = run_main(["render", str(spec), "-b", "docker", "--image", "r/x:1", "--nodes", "2"], capsys)
     assert code == 0 and str(tmp_path / "ckpt") in out
+
+
+def test_yaml_output_never_uses_anchors():
+    """An object shared inside a plan must print in full: kubectl users and reviewers read it."""
+    from orchestrator.commands._common import dump
+
+    shared = {"a": 1}
+    text = dump({"x": shared, "y": shared}, "yaml")
+    assert "&" not in text and "*" not in text and text.count("a: 1") == 2

@@ -63,8 +63,10 @@ def test_installed_wheel_runs_from_another_directory_with_its_data(tmp_path):
     version = wmctl("--version")
     assert version.returncode == 0 and __version__ in version.stdout
 
+    # The example's checkpoint is a relative host_path (right locally, refused on Kubernetes).
     rendered = wmctl("render", "job/job.yaml", "--backend", "kubernetes", "--vendor", "musa",
-                    "--image", "registry.example.com/wm:v1")
+                     "--image", "registry.example.com/wm:v1",
+                     "--set", "volumes=[{name: ckpt, mount: /workspace/ckpt, pvc: wm-ckpt}]")
     assert rendered.returncode == 0, rendered.stderr
     kinds = [doc["kind"] for doc in yaml.safe_load_all(rendered.stdout) if doc]
     assert kinds == ["Service", "Job"], kinds
