@@ -8,7 +8,7 @@ Resumes automatically from the newest complete checkpoint in the checkpoint fold
 step and exit with code 83. Rank 0 prints ``WMCTL-PROGRESS {json}`` lines for the supervisor.
 
 Test hooks (used by tests/runtime, harmless otherwise): --record-samples, --dump-final,
---fail-at-step, --sleep-per-step, --pause-at/--pause-file, --inject-nan-at.
+--fail-at-step, --sleep-per-step, --pause-at/--pause-file, --inject-nan-at, --sleep-before-restore.
 """
 
 from __future__ import annotations
@@ -24,20 +24,25 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-import numpy as np
-import torch
-
 try:
     import orchestrator  # noqa: F401  (installed wmctl)
 except ImportError:   # running from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from orchestrator.runtime.preemption import PreemptionHandler  # noqa: E402  (no torch: imports fast)
+
+# Before torch is imported (seconds) and long before the restore: from here on a SIGTERM (a node
+# drained during start-up) is a flag the job acts on, never a death by signal (exit -15).
+EARLY_PREEMPTION = PreemptionHandler().install() if __name__ == "__main__" else None
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 from orchestrator.runtime import dist  # noqa: E402
 from orchestrator.runtime.checkpoint import CheckpointManager  # noqa: E402
 from orchestrator.runtime.data import PreemptibleDataLoader, ResumableDistributedSampler  # noqa: E402
 from orchestrator.runtime import preflight  # noqa: E402
 from orchestrator.runtime.preflight import DtypeGuard, agree_step_finite  # noqa: E402
-from orchestrator.runtime.preemption import PreemptionHandler  # noqa: E402
 from orchestrator.runtime.progress import Progress  # noqa: E402
 from orchestrator.runtime.timing import StepTimer  # noqa: E402
 from orchestrator.runtime.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_EVERY,  # noqa: E402
@@ -92,6 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--pause-at", "--pause_at", default=None,
       help="test hook STEP:MICRO: rank 0 touches --pause-file and hangs before micro-batch MICRO of step STEP")
     a("--pause-file", "--pause_file", default=None)
+    a("--sleep-before-restore", "--sleep_before_restore", type=float, default=0.0,
+      help="test hook: a slow start-up (sleep just before restoring the checkpoint)")
     a("--inject-nan-at", "--inject_nan_at", default=None,
       help="test hook STEP:MICRO[:RANK]: that micro-batch's loss becomes NaN (on RANK only, default every rank)")
     args = ap.parse_args(argv)
@@ -140,7 +147,8 @@ def batch_bytes(args: argparse.Namespace) -> int:
     return args.batch_size * args.frames * 3 * args.size * args.size * 4
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, preempt: PreemptionHandler | None = None) -> int:
+    preempt = preempt or EARLY_PREEMPTION or PreemptionHandler().install()
     args = parse_args(argv)
     progress = Progress()
     device_mod = dist.device_module()
@@ -197,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     progress.start(world_size=world, max_steps=args.max_steps, batch_size=args.batch_size,
                    gradient_accumulation_steps=args.gradient_accumulation_steps, num_workers=args.num_workers)
     step, samples = 0, 0
+    if args.sleep_before_restore:
+        time.sleep(args.sleep_before_restore)
     resumed = ckpt.restore() if ckpt is not None and not args.no_resume else None
     if resumed is not None:
         step, samples = resumed.step, resumed.samples
@@ -211,7 +221,6 @@ def main(argv: list[str] | None = None) -> int:
     pause_at = tuple(int(x) for x in args.pause_at.split(":")) if args.pause_at else None
     nan_at = [int(x) for x in args.inject_nan_at.split(":")] if args.inject_nan_at else None
     attempt = os.environ.get(ENV_ATTEMPT, "")
-    preempt = PreemptionHandler().install()
     global_batch = args.batch_size * args.gradient_accumulation_steps * world
 
     def fresh_iterator() -> Iterator[Any]:
@@ -231,8 +240,14 @@ def main(argv: list[str] | None = None) -> int:
 
     ddp.train()
     status = "completed"
+    # A SIGTERM during start-up: there is nothing new to save (the state is the checkpoint just
+    # restored, or a fresh start), so every rank agrees and leaves as it would at a step boundary.
+    stop_at_start = preempt.should_stop()
+    if stop_at_start:
+        progress.preempted(step=step, signal=preempt.received, during="start-up")
+        status = "preempted"
     try:
-        while step < args.max_steps:
+        while not stop_at_start and step < args.max_steps:
             accum = args.gradient_accumulation_steps
             loss_sum = 0.0
             use_scaler = scaler is not None and guard.needs_grad_scaler

@@ -78,3 +78,30 @@ def test_sigterm_saves_exits_83_and_resume_loses_no_step(tmp_path: Path, shared_
     assert [e["step"] for e in job.events("resume")] == [stop], why   # zero steps lost
     assert_bit_identical(ref["final"], tmp_path / "final.pt")
     assert effective_samples(tmp_path / "samples") == ref["samples"], why
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sigterm_during_start_up_exits_83_not_minus_15(tmp_path: Path, shared_data: Path) -> None:
+    """The handler is installed before torch is imported and before the restore: a SIGTERM then
+    is a graceful stop (exit code 83 on every rank), not death by signal (-15)."""
+    ckpt = tmp_path / "ckpt"
+    base = TINY + ["--data-dir", str(shared_data), "--num-workers", "2", "--checkpoint-dir", str(ckpt)]
+    job = start_job(base + ["--max_steps", "4"], tmp_path / "a0.log", job_env(WMCTL_ATTEMPT="0"))
+    assert job.wait() == 0, job.text()[-4000:]
+    assert latest_complete(ckpt).step == 4
+    # A second attempt that is still starting (sleeping just before its restore) when rank 1 alone
+    # gets SIGTERM: both ranks must agree to stop before training a step.
+    job = start_job(base + ["--max_steps", "8", "--sleep-before-restore", "4"], tmp_path / "a1.log",
+                    job_env(WMCTL_ATTEMPT="1"))
+    wait_until(lambda: bool(job.events("start")), 180, job, "the start line")
+    os.kill(_worker_pid(job.proc.pid, 1), signal.SIGTERM)
+    rc = job.wait()
+    log = job.text()
+    assert rc == 1, log[-4000:]
+    codes = [int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", log)]
+    assert codes and set(codes) == {PREEMPTED_EXIT_CODE}, f"{codes}\n{log[-4000:]}"
+    [preempted] = job.events("preempted")
+    assert preempted["step"] == 4 and preempted["during"] == "start-up"
+    assert job.events("step") == [] and job.events("exit")[-1]["status"] == "preempted"
+    assert latest_complete(ckpt).step == 4
