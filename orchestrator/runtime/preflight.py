@@ -405,7 +405,9 @@ def in_job(*, num_workers: int = 0, prefetch_factor: int = 2, batch_bytes: int =
     if (env_int("LOCAL_RANK") or 0) != 0:
         return []
     vendor = job_vendor(env)
-    findings = run_preflight(env_int("WMCTL_EXPECT_DEVICES"), vendor, minimum_devices=env_int("LOCAL_WORLD_SIZE"),
+    from .protocol import ENV_EXPECT_DEVICES
+
+    findings = run_preflight(env_int(ENV_EXPECT_DEVICES), vendor, minimum_devices=env_int("LOCAL_WORLD_SIZE"),
                              num_workers=num_workers, prefetch_factor=prefetch_factor, batch_bytes=batch_bytes,
                              **checks)
     device_module = checks.get("device_module")

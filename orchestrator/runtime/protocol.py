@@ -30,6 +30,7 @@ ENV_RESUME = "WMCTL_RESUME"                # "1": resume from the latest complet
 ENV_AFFINITY = "WMCTL_AFFINITY"            # none | numa | exclusive | JSON {local_rank: "cpulist"}
 ENV_HEARTBEAT_EVERY = "WMCTL_HEARTBEAT_EVERY"  # emit a step progress line every N steps
 ENV_PROGRESS_FILE = "WMCTL_PROGRESS_FILE"  # optional: also append progress lines to this file
+ENV_EXPECT_DEVICES = "WMCTL_EXPECT_DEVICES"  # accelerators each node must see (preflight); unset: one per local rank
 
 
 def format_progress(event: str, **fields: Any) -> str:
