@@ -100,6 +100,9 @@ def supervise(store: RunStore, record: RunRecord, spec, profile, *, watch: bool,
             return 0
         return sup.run().exit_code
     finally:
+        # Daemon threads still reading a watch stream when the interpreter exits abort it
+        # (SIGABRT while they hold stderr's lock): stop them before returning.
+        backend.close()
         if display:
             display.close()
         store.unlock_watcher()

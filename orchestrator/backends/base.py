@@ -106,3 +106,7 @@ class Backend(Protocol):
 
     def attempts(self, run: str) -> list[AttemptRef]:
         """Every attempt of ``run`` this backend still knows, oldest first."""
+
+    def close(self) -> None:
+        """Stop this object's background threads (watches, log followers); the attempts
+        themselves are left as they are. A process must not exit with them still reading."""

@@ -236,6 +236,9 @@ class LocalBackend:
     def release(self, ref: b.AttemptRef) -> None:
         """Nothing to free: ended processes hold no names, and the logs are in the run folder."""
 
+    def close(self) -> None:
+        """No background threads: the agents are separate processes that outlive this object."""
+
     def kill_node(self, ref: b.AttemptRef, node: int, sig: int = signal.SIGKILL) -> int:
         """Signal every process of one node (used to inject faults). Returns how many."""
         pids = tagged_pids(_tag(ref.attempt_name, node), exact=True)

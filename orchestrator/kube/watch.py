@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any, Callable
 
 from .client import api_status, connection_errors, is_transient
@@ -41,11 +42,21 @@ class ResourceWatcher:
 
     def stop(self, join: bool = True) -> None:
         self._stop.set()
+        self._interrupt()
+        if not join or threading.current_thread() is self._thread:
+            return
+        # Watch.stream() clears its stop flag when it starts and only has a socket to shut once
+        # the request is sent: a stop that lands in between is lost, and the stream would run
+        # out its whole timeout. Interrupting again until the thread ends closes that window.
+        deadline = time.monotonic() + self.watch_timeout + 5
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            self._thread.join(timeout=0.1)
+            self._interrupt()
+
+    def _interrupt(self) -> None:
         w = self._watch
         if w is not None:
             w.stop()
-        if join and self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=self.watch_timeout + 5)
 
     @property
     def stopped(self) -> bool:

@@ -89,6 +89,9 @@ class ScriptedBackend:
     def attempts(self, run: str) -> list[b.AttemptRef]:
         return [b.AttemptRef(self.name, run, a) for a in sorted(self.submitted)]
 
+    def close(self) -> None:
+        self.calls.append(("close", None))
+
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
