@@ -112,6 +112,11 @@ def job_env(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, *,
     })
     if checkpoint_dir:
         env[p.ENV_CHECKPOINT_DIR] = checkpoint_dir
+    # The in-job preflight checks each node sees the cards the spec asked for, not merely one
+    # per local rank: a node that lost a card but still has enough for its ranks is caught.
+    devices = accelerators_per_node(spec, profile)
+    if devices > 0:
+        env[p.ENV_EXPECT_DEVICES] = str(devices)
     env.update(spec.env)
     return env
 

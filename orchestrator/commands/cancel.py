@@ -15,11 +15,14 @@ def command(run, graceful):
     store = RunStore(run)
     record = store.load()
     backend = get_backend(record.backend, kube_context=record.kube_context, namespace=record.namespace)
-    for ref in backend.attempts(run):
-        if graceful and record.backend == "local":
-            backend.cancel(ref, graceful=True)
-        else:
-            backend.cancel(ref)
+    try:
+        for ref in backend.attempts(run):
+            if graceful and record.backend == "local":
+                backend.cancel(ref, graceful=True)
+            else:
+                backend.cancel(ref)
+    finally:
+        backend.close()
     if record.status == "running":
         record.status = "failed"
         record.final_report = f"run {run} cancelled by the user"

@@ -20,5 +20,8 @@ def command(run, node, attempt, follow):
         raise click.ClickException(f"run {run} has no attempts yet")
     n = record.attempts[-1].attempt if attempt is None else attempt
     backend = get_backend(record.backend, kube_context=record.kube_context, namespace=record.namespace)
-    for line in backend.logs(AttemptRef(record.backend, run, n, record.namespace), node=node, follow=follow):
-        click.echo(line)
+    try:
+        for line in backend.logs(AttemptRef(record.backend, run, n, record.namespace), node=node, follow=follow):
+            click.echo(line)
+    finally:
+        backend.close()
