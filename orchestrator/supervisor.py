@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from . import failures as F
 from .backends import base as b
+from .display import step_line
 from .errors import EngineUnavailable
 from .plan import AttemptContext
 from .state import AttemptRecord, RunRecord, RunStore
@@ -37,6 +38,7 @@ class AttemptTracker:
     seen_exit: bool = False
     preempted: bool = False
     all_started_at: float | None = None
+    warned: set[str] = field(default_factory=set)     # timing advice already shown
 
     def __post_init__(self) -> None:
         self.last_heartbeat = self.started_at
@@ -212,8 +214,14 @@ class Supervisor:
                 self.echo(f"attempt {rec.attempt}: resumed from step {p.get('step')}")
                 self._sync(rec, tracker)
             elif kind == "step":
-                loss = p.get("loss")
-                self.echo(f"attempt {rec.attempt}: step {p.get('step')}" + (f" loss {loss:.4f}" if isinstance(loss, float) else ""))
+                self.echo(f"attempt {rec.attempt}: {step_line(p)}")
+                for warning in (p.get("timing") or {}).get("warnings") or []:
+                    # The same advice every ten steps is noise: each kind ("data wait is 31% ...",
+                    # "communication is ...") is said once an attempt.
+                    kind = warning.split(" is ", 1)[0]
+                    if kind not in tracker.warned:
+                        tracker.warned.add(kind)
+                        self.echo(f"attempt {rec.attempt}: {warning}")
             elif kind in ("start", "exit", "preempted"):
                 self.echo(f"attempt {rec.attempt}: {kind} " + ", ".join(f"{k}={v}" for k, v in p.items()
                                                                        if k not in ("event", "time")))

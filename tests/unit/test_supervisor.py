@@ -264,3 +264,22 @@ def test_an_engine_outage_longer_than_the_heartbeat_is_an_error(home):
     with pytest.raises(EngineUnavailable):
         supervise({0: [([progress("checkpoint", 5)], running())] + [EngineUnavailable("refused")] * 100},
                   restart={"heartbeat_timeout": "60s"})
+
+
+def test_step_lines_say_where_the_time_went_and_each_timing_warning_once(home):
+    def timed_step(step, data_share):
+        warnings = [f"data wait is {data_share:.0%} of the step (threshold 30%): raise num_workers"] \
+            if data_share > 0.3 else []
+        timing = {"step_s": 0.05, "compute_share": 0.9 - data_share, "data_share": data_share,
+                  "comm_share": 0.1, "bottleneck": "data" if data_share > 0.45 else "compute",
+                  "warnings": warnings}
+        return b.Event(b.PROGRESS, START, 0, "host-0",
+                       progress={"event": "step", "step": step, "loss": 0.5, "timing": timing})
+
+    _, _, _, lines, _ = supervise({0: [([timed_step(10, 0.2)], running()),
+                                       ([timed_step(20, 0.5)], running()),
+                                       ([timed_step(30, 0.6)], done())]})
+    assert "attempt 0: step 10 loss 0.5000 | 50.0 ms/step: compute 70% data 20% comm 10% -> compute-bound" in lines
+    assert any(line.endswith("data 50% comm 10% -> data-bound") for line in lines)
+    advice = [line for line in lines if "data wait is" in line]
+    assert advice == ["attempt 0: data wait is 50% of the step (threshold 30%): raise num_workers"]
