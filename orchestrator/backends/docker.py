@@ -26,9 +26,9 @@ from typing import Any, Callable, Iterator
 
 from .. import labels as L
 from ..errors import BackendError, EngineUnavailable, RunNotFound
-from ..render.local import run_dir
 from ..runtime.protocol import parse_progress
 from . import base as b
+from .archive import ARCHIVE_TAIL_LINES, read_archive, write_archive
 
 ENGINE_HINT = ("start the Docker engine (`bash .ci/start-dockerd.sh` here, `systemctl start docker` on a "
                "host) or point DOCKER_HOST at a running one")
@@ -41,7 +41,6 @@ _HOST_KEYS = {"shm_size", "mounts", "mem_limit", "memswap_limit", "cpuset_cpus",
               "ipc_mode", "privileged", "init", "oom_kill_disable", "pids_limit"}
 _TERMINAL = (b.SUCCEEDED, b.FAILED, b.LOST)
 # What a torn-down node leaves in the run folder: the end of its output, where the cause is.
-ARCHIVE_TAIL_LINES = 20000
 _ZERO_TIME = "0001-01-01T00:00:00Z"
 
 
@@ -582,10 +581,9 @@ class DockerBackend:
             st.event_times[(node, action)] = t
 
     def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False) -> Iterator[str]:
-        archived = archive_path(ref, node)
-        if archived.exists():      # the attempt was torn down: its containers are gone
-            with open(archived, encoding="utf-8", errors="replace") as fh:
-                yield from (line.rstrip("\n") for line in fh)
+        archived = read_archive(ref, node)
+        if archived is not None:   # the attempt was torn down: its containers are gone
+            yield from archived
             return
         with _engine(f"reading the log of node {node} of {ref.attempt_name}"):
             st = self._state_for(ref)
@@ -654,9 +652,7 @@ class DockerBackend:
                 data = self.client.api.logs(c.id, stdout=True, stderr=True, tail=ARCHIVE_TAIL_LINES)
             except errors.NotFound:
                 continue
-            path = archive_path(ref, int(node))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+            write_archive(ref, int(node), data)
 
     def _quiet_stop(self, container: Any, timeout: float | None) -> None:
         errors, _ = _docker_errors()
@@ -691,11 +687,6 @@ class DockerBackend:
             for t in st.threads:
                 t.join(timeout=5)
         self._attempts.clear()
-
-
-def archive_path(ref: b.AttemptRef, node: int):
-    """Where a torn-down node's output is kept: the local backend's layout in the run folder."""
-    return run_dir(ref.run) / f"attempt-{ref.attempt}" / f"node-{node}.log"
 
 
 def _event_time(st: _Attempt, node: int, prev: b.NodeStatus | None, cur: b.NodeStatus) -> float | None:

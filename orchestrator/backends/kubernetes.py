@@ -20,6 +20,7 @@ from typing import Any, Iterator
 from .. import labels as L
 from ..errors import BackendError, RunNotFound
 from ..runtime.protocol import parse_progress
+from .archive import ARCHIVE_TAIL_LINES, read_archive, write_archive
 from .base import CANCELLED, PROGRESS, AttemptRef, Event, Observation
 
 MANAGED_BY, RUN_LABEL, ATTEMPT_LABEL = L.MANAGED_BY, L.RUN, L.ATTEMPT
@@ -27,6 +28,8 @@ MANAGED_BY, RUN_LABEL, ATTEMPT_LABEL = L.MANAGED_BY, L.RUN, L.ATTEMPT
 Obj = dict[str, Any]
 
 # create order: the Service (DNS for rendezvous) and PodGroup (gang) exist before the Job's pods
+# Teardown reads each pod's log tail before the pod goes; a kubelet slower than this is skipped.
+ARCHIVE_TIMEOUT_S = 5.0
 _ORDER = {"Service": 0, "PodGroup": 1, "ConfigMap": 0, "Job": 2}
 
 
@@ -410,6 +413,10 @@ class KubernetesBackend:
         from kubernetes.client.exceptions import ApiException
         from kubernetes.watch.watch import iter_resp_lines
 
+        archived = read_archive(ref, node)
+        if archived is not None:   # torn down by wmctl: the pods are gone or going
+            yield from archived
+            return
         pod = self._pod_for(ref, node)
         kwargs: dict[str, Any] = {"follow": follow, "_preload_content": False}
         container = ref.extra.get("container") or pod["spec"]["containers"][0]["name"]
@@ -449,8 +456,9 @@ class KubernetesBackend:
         kubernetes.ttl_seconds_after_finished) lets the cluster remove it; nothing to do here."""
 
     def cancel(self, ref: AttemptRef) -> None:
-        """Delete the Job (Foreground: its pods go first), the Service and any PodGroup, and
-        force-delete pods on lost nodes (their kubelet can never confirm a graceful delete)."""
+        """Keep each node's log tail, then delete the Job (Foreground: its pods go first), the
+        Service and any PodGroup, and force-delete pods on lost nodes (their kubelet can never
+        confirm a graceful delete)."""
         from kubernetes.client.exceptions import ApiException
 
         from ..kube.classify_pod import node_healthy
@@ -475,6 +483,7 @@ class KubernetesBackend:
                 if exc.status != 404:
                     raise BackendError(f"cannot {what}: {exc.status} {_reason(exc)}") from None
 
+        self._archive_logs(ref)
         gone_ok(batch.delete_namespaced_job, name, ns, propagation_policy="Foreground",
                 what=f"delete Job {ns}/{name}")
         gone_ok(core.delete_namespaced_service, name, ns, what=f"delete Service {ns}/{name}")
@@ -501,6 +510,57 @@ class KubernetesBackend:
                         what=f"delete pod {p['metadata']['name']}")
         if st is not None:
             self._stop_state(st, join=False)
+
+    def _archive_logs(self, ref: AttemptRef) -> None:
+        """Copy each node's log tail into the run folder before anything is deleted: a failed
+        pod is removed the moment the Job's deletion reaches it (terminal pods need no grace),
+        and its log with it. The reads run in parallel, bounded by ARCHIVE_TIMEOUT_S."""
+        from ..kube.classify_pod import node_healthy, pod_index
+        from ..kube.client import call_json
+
+        ns = ref.namespace or self.namespace
+        core = self._core()
+        pods = call_json(core.list_namespaced_pod, namespace=ns,
+                         label_selector=attempt_selector(ref.run, ref.attempt),
+                         what=f"list pods of {ref.attempt_name}")["items"]
+        if not pods:
+            return
+        nodes = {n["metadata"]["name"]: n for n in call_json(core.list_node, what="list nodes")["items"]}
+        newest: dict[int, Obj] = {}     # a replaced pod (same index): keep the newest's log
+        for p in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
+            # no kubelet serves the log of a pod on a lost node: asking would only wait
+            if pod_index(p) is not None and _container_started(p) \
+                    and node_healthy(nodes.get(p["spec"].get("nodeName"))):
+                newest[pod_index(p)] = p
+        readers = [threading.Thread(target=self._archive_log, args=(ref, i, p), daemon=True,
+                                    name=f"wmctl-archive-{p['metadata']['name']}")
+                   for i, p in newest.items()]
+        for t in readers:
+            t.start()
+        deadline = time.monotonic() + ARCHIVE_TIMEOUT_S
+        for t in readers:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def _archive_log(self, ref: AttemptRef, node: int, pod: Obj) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        from ..kube.client import connection_errors
+
+        container = ref.extra.get("container") or pod["spec"]["containers"][0]["name"]
+        try:
+            resp = self._core().read_namespaced_pod_log(
+                pod["metadata"]["name"], pod["metadata"]["namespace"], container=container,
+                tail_lines=ARCHIVE_TAIL_LINES, _preload_content=False,
+                _request_timeout=ARCHIVE_TIMEOUT_S)
+            try:
+                data = resp.read()
+            finally:
+                resp.release_conn()
+        except ApiException:
+            return              # the pod went first (404) or its container never started (400)
+        except connection_errors():
+            return              # the kubelet did not answer in time: nothing to keep
+        write_archive(ref, node, data)
 
     def _stop_state(self, st: _AttemptState, join: bool) -> None:
         st.stop.set()

@@ -112,6 +112,31 @@ def test_sim_container_failures_are_classified(fake_api, backend, script, kind, 
     assert col.until(lambda c: c.last.nodes[1].phase == base.FAILED)
 
 
+def test_sim_cancel_keeps_each_nodes_log_after_the_pods_are_gone(fake_api, backend):
+    """Simulation: node 1 fails with a traceback; teardown copies its log tail into the run
+    folder before the Job goes (a terminal pod is removed at once, its log with it), so `wmctl
+    logs` of the failed attempt still shows the traceback. A cancelled running attempt keeps
+    every node's log the same way."""
+    fake_api.cluster.script(job="sim-a0", index=1, run_seconds=0.1, exit_code=1,
+                            logs=[(0.0, "Traceback (most recent call last):"),
+                                  (0.05, "ValueError: bad batch shape")])
+    ref, col = _submit(fake_api, backend)
+    assert col.until(lambda c: c.kinds(base.NODE_EXITED))
+    backend.cancel(ref)
+    assert fake_api.cluster.run_until(lambda: not fake_api.store.list("pods")[0])
+    assert list(backend.logs(ref, 1)) == ["Traceback (most recent call last):", "ValueError: bad batch shape"]
+
+    for index in (0, 1):
+        fake_api.cluster.script(job="sim-a1", index=index, run_seconds=None,
+                                logs=[(0.0, f"rank {index} training")])
+    ref1 = backend.submit(rendered_plan("sim", 1, parent=0))
+    col1 = Collector(backend, ref1)
+    assert col1.until(lambda c: [n.phase for n in c.last.nodes] == [base.RUNNING] * 2)
+    backend.cancel(ref1)
+    assert fake_api.cluster.run_until(lambda: not fake_api.store.list("pods")[0])
+    assert [list(backend.logs(ref1, i)) for i in (0, 1)] == [["rank 0 training"], ["rank 1 training"]]
+
+
 def c_first(events):
     assert events, "no such event"
     return events[0]
@@ -190,6 +215,9 @@ def test_sim_cancel_force_deletes_pod_stuck_terminating_and_next_attempt_runs(fa
                and host_of(fake_api, r) == host for r in deletes)
     assert c.run_until(lambda: not fake_api.store.list("pods")[0] and not fake_api.store.list("jobs")[0])
     assert not fake_api.store.list("services")[0]
+    log_reads = [host_of(fake_api, r) for r in fake_api.api.sent("GET", "/log")
+                 if r["query"].get("tailLines")]
+    assert host not in log_reads, "teardown asked a dead kubelet for a log"
     backend.cancel(ref)                        # idempotent: everything is 404 now
     col.poll()
     assert [e.kind for e in col.events[seen:]] == [base.CANCELLED]   # teardown is not a failure
