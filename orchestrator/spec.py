@@ -209,10 +209,17 @@ class JobSpec:
     def wheelhouse_dir(self) -> Path | None:
         return None if self.image.wheelhouse is None else (self.source_dir / self.image.wheelhouse).resolve()
 
+    def container_checkpoint_dir(self) -> str | None:
+        """checkpoint.dir as the job inside a container sees it: relative to the working
+        directory, with '.' and '..' folded, so it can be matched against volume mounts."""
+        if not self.checkpoint.dir:
+            return None
+        return posixpath.normpath(posixpath.join(self.workdir or self.image.workdir, self.checkpoint.dir))
+
     def volume_for(self, path: str) -> Volume | None:
         """The volume whose mount holds ``path`` (the deepest one)."""
         best = None
-        p = PurePosixPath(path)
+        p = PurePosixPath(posixpath.normpath(path))
         for vol in self.volumes:
             m = PurePosixPath(vol.mount)
             if p == m or m in p.parents:
@@ -371,6 +378,12 @@ def check(spec: JobSpec, problems: Problems, profile_names: list[str] | None = N
         _check_duration(spec.restart, fname, f"restart.{fname}", problems)
     _check_duration(spec.rendezvous, "join_timeout", "rendezvous.join_timeout", problems)
     _check_duration(spec.kubernetes, "termination_grace_period", "kubernetes.termination_grace_period", problems)
+    try:
+        if parse_duration(spec.kubernetes.termination_grace_period) < 1:
+            problems.append(("kubernetes.termination_grace_period", "must be at least 1s: with less, SIGKILL "
+                             "follows SIGTERM at once and no emergency checkpoint can be written; e.g. 90s"))
+    except Invalid:
+        pass        # reported just above
     if not 1 <= spec.rendezvous.port <= 65535:
         problems.append(("rendezvous.port", "must be a TCP port, 1-65535"))
     if spec.local.master_port is not None and not 1 <= spec.local.master_port <= 65535:
@@ -605,10 +618,12 @@ def check_backend(spec: JobSpec, backend: str, *, auto_resume: bool) -> None:
         if not spec.checkpoint.dir:
             problems.append(("checkpoint.dir", "auto-resume needs a checkpoint dir on a persistent volume"))
         else:
-            vol = spec.volume_for(spec.checkpoint.dir)
+            where = spec.container_checkpoint_dir()
+            vol = spec.volume_for(where)
             if vol is None or vol.source not in Volume.PERSISTENT:
                 kind = "no volume" if vol is None else f"volume {vol.name!r} ({vol.source})"
-                problems.append(("checkpoint.dir", f"{spec.checkpoint.dir} is on {kind}, which is lost with the "
+                shown = spec.checkpoint.dir if where == spec.checkpoint.dir else f"{spec.checkpoint.dir} ({where})"
+                problems.append(("checkpoint.dir", f"{shown} is on {kind}, which is lost with the "
                                  "container: auto-resume could never find a checkpoint; mount a pvc, nfs or "
                                  "host_path volume there"))
             elif vol.read_only:

@@ -8,6 +8,7 @@ line, quoted, for review and for users who want to run it by hand.
 from __future__ import annotations
 
 import copy
+import math
 import shlex
 
 from typing import Any
@@ -42,7 +43,7 @@ def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext | N
         resources.append({"kind": "network", "name": network, "driver": "bridge",
                           "labels": L.run_labels(spec.name, ctx.attempt)})
     resources += volumes_to_create
-    grace = int(parse_duration(spec.kubernetes.termination_grace_period))
+    grace = math.ceil(parse_duration(spec.kubernetes.termination_grace_period))
     for node in range(spec.nodes):
         name = f"{job_name}-{node}"
         labels = {**L.run_labels(spec.name, ctx.attempt), L.NODE: str(node), L.SPEC_HASH: spec.spec_hash()}

@@ -102,7 +102,7 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
             "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
                                   "values": list(ctx.excluded_nodes)}]}]}}
         notes.append(f"excluding nodes that failed earlier attempts: {', '.join(ctx.excluded_nodes)}")
-    grace = int(parse_duration(k.termination_grace_period))
+    grace = math.ceil(parse_duration(k.termination_grace_period))
     return {
         "job_name": job_name, "service_name": job_name, "namespace": k.namespace,
         "labels": labels, "job_labels": job_labels, "annotations": annotations,
@@ -147,7 +147,7 @@ def _note_node_local_checkpoint(spec: JobSpec, ctx: AttemptContext, notes: list[
         return
     if spec.nodes == 1 and not spec.restart.exclude_failed_nodes:
         return
-    vol = spec.volume_for(spec.checkpoint.dir)
+    vol = spec.volume_for(spec.container_checkpoint_dir())
     if vol is None or vol.host_path is None:
         return
     # Not an error: the host path may be a shared mount on every node, which wmctl cannot see.

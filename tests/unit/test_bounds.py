@@ -51,6 +51,8 @@ def problems_of(data):
     ({"restart": {"heartbeat_timeout": "99999999999h"}}, "restart.heartbeat_timeout"),
     ({"rendezvous": {"join_timeout": "1" * 400}}, "rendezvous.join_timeout"),
     ({"kubernetes": {"termination_grace_period": 2**31}}, "kubernetes.termination_grace_period"),
+    ({"kubernetes": {"termination_grace_period": "0.4s"}}, "kubernetes.termination_grace_period"),
+    ({"kubernetes": {"termination_grace_period": 0}}, "kubernetes.termination_grace_period"),
     ({"kubernetes": {"ttl_seconds_after_finished": 2**31}}, "kubernetes.ttl_seconds_after_finished"),
     ({"local": {"master_port": 70000}}, "local.master_port"),
     ({"local": {"master_port": 0}}, "local.master_port"),

@@ -89,6 +89,29 @@ def test_auto_resume_needs_checkpoint_on_persistent_volume():
     check_backend(ok, "kubernetes", auto_resume=True)
 
 
+def test_checkpoint_dir_is_matched_to_volumes_as_the_container_resolves_it():
+    """A relative dir is relative to the working directory, and '..' leaves the mount."""
+    vols = [{"name": "ckpt", "mount": "/workspace/ckpt", "pvc": "wm-ckpt"}]
+    relative = spec_from({**BASE, "image": {"tag": "x:1"}, "checkpoint": {"dir": "ckpt/run1"}, "volumes": vols})
+    assert relative.container_checkpoint_dir() == "/workspace/ckpt/run1"
+    check_backend(relative, "kubernetes", auto_resume=True)
+    escaping = spec_from({**BASE, "image": {"tag": "x:1"}, "checkpoint": {"dir": "/workspace/ckpt/../tmp"},
+                          "volumes": vols})
+    with pytest.raises(SpecError) as err:
+        check_backend(escaping, "kubernetes", auto_resume=True)
+    assert "(/workspace/tmp) is on no volume" in dict(err.value.problems)["checkpoint.dir"]
+
+
+def test_fractional_grace_period_rounds_up_never_to_zero():
+    from orchestrator.plan import AttemptContext
+    from orchestrator.render import render_plan
+
+    spec = spec_from({**BASE, "image": {"tag": "x:1"}, "kubernetes": {"termination_grace_period": "1.5s"}})
+    plan = render_plan(spec, load_profile("cpu"), "kubernetes", AttemptContext())
+    job = next(r for r in plan.resources if r["kind"] == "Job")
+    assert job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 2
+
+
 def test_image_required_for_container_backends():
     with pytest.raises(SpecError) as err:
         check_backend(spec_from(BASE), "docker", auto_resume=False)
