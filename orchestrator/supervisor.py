@@ -125,8 +125,10 @@ class Supervisor:
             self.backend.cancel(ref)
             rec.timings["teardown_s"] = round(self.clock() - teardown_started, 3)
             rec.timings["detect_s"] = round(max(0.0, teardown_started - failure.time), 3)
+            # A backend on one host (local, Docker) retries in place: "elsewhere" would be a promise it cannot keep.
             decision = F.decide(failure, retry_on_oom=self.spec.restart.retry_on_oom,
-                                exclude_failed_nodes=self.spec.restart.exclude_failed_nodes)
+                                exclude_failed_nodes=self.spec.restart.exclude_failed_nodes
+                                and self.backend.places_nodes)
             self._record_failure(rec, tracker, failure, decision)
             self.echo(f"attempt {rec.attempt} failed: {failure.describe()} -> torn down in "
                       f"{rec.timings['teardown_s']:.2f} s; decision: {decision}")

@@ -209,6 +209,7 @@ def test_a_backend_with_one_host_retries_in_place(home):
     }, places_nodes=False)
     assert outcome.exit_code == 0
     assert backend.submitted[1].excluded_nodes == () and record.attempts[1].excluded_nodes == []
+    assert record.attempts[0].decision == "retry"      # not "retry_elsewhere": there is no elsewhere
 
 
 def test_the_live_display_sees_every_state_change_and_the_end(home):
