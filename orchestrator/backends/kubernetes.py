@@ -21,7 +21,7 @@ from .. import labels as L
 from ..errors import BackendError, RunNotFound
 from ..runtime.protocol import parse_progress
 from .archive import ARCHIVE_TAIL_LINES, read_archive, write_archive
-from .base import CANCELLED, PROGRESS, AttemptRef, Event, Observation
+from .base import CANCELLED, NODE_EXITED, NODE_STARTED, PROGRESS, AttemptRef, Event, Observation
 
 MANAGED_BY, RUN_LABEL, ATTEMPT_LABEL = L.MANAGED_BY, L.RUN, L.ATTEMPT
 
@@ -67,6 +67,7 @@ class _AttemptState:
     job: Obj | None = None
     emitted: set[tuple[str, str]] = field(default_factory=set)
     lost: set[str] = field(default_factory=set)
+    failure_seen: bool = False      # a fact that explains a Failed Job was emitted
     events: list[Event] = field(default_factory=list)
     cancelled: bool = False
     watchers: list[Any] = field(default_factory=list)
@@ -230,13 +231,19 @@ class KubernetesBackend:
                                          name="wmctl-rank0-log", daemon=True)
         st.log_thread.start()
 
-    def _emit(self, st: _AttemptState, facts: list[tuple[tuple[str, str], Event]]) -> None:
+    def _emit(self, st: _AttemptState, facts: list[tuple[tuple[str, str], Event]],
+              terminating: bool = False) -> None:
         for key, ev in facts:
             if key in st.emitted:
                 continue
             st.emitted.add(key)
             if key[0] == "lost":
                 st.lost.add(key[1])
+            # What can explain a Failed Job. A non-zero exit of a pod being deleted cannot: it
+            # is the SIGTERM of a teardown (the Job controller's, after the failure).
+            if ev.kind not in (NODE_STARTED, PROGRESS, NODE_EXITED) or (
+                    ev.kind == NODE_EXITED and ev.exit_code != 0 and not terminating):
+                st.failure_seen = True
             st.events.append(ev)
 
     def _evaluate(self, st: _AttemptState, pod: Obj) -> None:
@@ -245,7 +252,8 @@ class KubernetesBackend:
         if st.cancelled:
             return
         node = st.nodes.get((pod.get("spec") or {}).get("nodeName") or "")
-        self._emit(st, pod_events(pod, node, nodes_known=st.nodes_synced, now=time.time()))
+        self._emit(st, pod_events(pod, node, nodes_known=st.nodes_synced, now=time.time()),
+                   terminating=bool(pod["metadata"].get("deletionTimestamp")))
 
     def _deleted(self, st: _AttemptState, pod: Obj) -> None:
         from ..kube.classify_pod import job_finished, pod_deleted_event, pod_index
@@ -253,21 +261,21 @@ class KubernetesBackend:
         idx = pod_index(pod)
         if idx is not None:
             st.gone[idx] = pod
-        fact = pod_deleted_event(pod, cancelled=st.cancelled,
-                                 job_finished=job_finished(st.job) is not None, now=time.time())
+        fact = pod_deleted_event(pod, cancelled=st.cancelled, job_finished=job_finished(st.job),
+                                 failure_seen=st.failure_seen, now=time.time())
         if fact:
             self._emit(st, [fact])
 
     def _pods_sync(self, st: _AttemptState, items: list[Obj]) -> None:
         with st.lock:
             fresh = {p["metadata"]["uid"]: p for p in items}
-            for uid, old in list(st.pods.items()):
-                if uid not in fresh:          # deleted while we were not watching
-                    del st.pods[uid]
-                    self._deleted(st, old)
+            gone = [old for uid, old in st.pods.items() if uid not in fresh]
             st.pods.update(fresh)
-            for p in items:
+            for p in items:                   # exits first: they may explain the deletions
                 self._evaluate(st, p)
+            for old in gone:                  # deleted while we were not watching
+                del st.pods[old["metadata"]["uid"]]
+                self._deleted(st, old)
 
     def _pod_event(self, st: _AttemptState, etype: str, pod: Obj) -> None:
         with st.lock:

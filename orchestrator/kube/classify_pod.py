@@ -148,10 +148,16 @@ def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True,
     return list(first.items())
 
 
-def pod_deleted_event(pod: Obj, *, cancelled: bool, job_finished: bool,
+def pod_deleted_event(pod: Obj, *, cancelled: bool, job_finished: str | None, failure_seen: bool,
                       now: float | None = None) -> tuple[FactKey, Event] | None:
-    """The pod object is gone: a loss unless we cancelled, the Job ended, or it had exited."""
-    if cancelled or job_finished or exit_info(pod)[0] is not None:
+    """The pod object is gone: a loss unless we cancelled, it had exited, or the Job's end
+    explains it. A Complete Job's pods go with its TTL; a Failed Job's controller deletes the
+    pods still running, a consequence only when some failure was already seen. The Job watch
+    and the pod watch are separate streams, so a Failed Job can arrive before the deletion
+    that failed it (a pod deleted by hand or drained): that deletion is the root cause."""
+    if cancelled or exit_info(pod)[0] is not None:
+        return None
+    if job_finished == "Complete" or (job_finished == "Failed" and failure_seen):
         return None
     kw: dict[str, Any] = {"node": pod_index(pod), "host": (pod.get("spec") or {}).get("nodeName")}
     if now is not None:

@@ -64,14 +64,18 @@ def test_pod_events_table(p, n, expected):
 def test_one_loss_fact_however_it_is_seen():
     dt = [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]
     keys = {k for k, e in pod_events(pod(conds=dt), node("Unknown")) if e.kind == base.NODE_LOST}
-    deleted = pod_deleted_event(pod(), cancelled=False, job_finished=False)
+    deleted = pod_deleted_event(pod(), cancelled=False, job_finished=None, failure_seen=False)
     assert keys == {("lost", "u1")} and deleted[0] == ("lost", "u1")
 
 
 @pytest.mark.parametrize("kw,lost", [
-    ({"cancelled": False, "job_finished": False}, True),
-    ({"cancelled": True, "job_finished": False}, False),
-    ({"cancelled": False, "job_finished": True}, False),
+    ({"cancelled": False, "job_finished": None, "failure_seen": False}, True),
+    ({"cancelled": True, "job_finished": None, "failure_seen": False}, False),
+    ({"cancelled": False, "job_finished": "Complete", "failure_seen": False}, False),
+    # the Job controller deleting the survivors of a failure already seen: a consequence
+    ({"cancelled": False, "job_finished": "Failed", "failure_seen": True}, False),
+    # a Failed Job seen before the deletion that failed it (separate watch streams): the cause
+    ({"cancelled": False, "job_finished": "Failed", "failure_seen": False}, True),
 ])
 def test_pod_deleted(kw, lost):
     assert (pod_deleted_event(pod(), **kw) is not None) == lost

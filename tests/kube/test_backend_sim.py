@@ -101,7 +101,8 @@ def test_sim_pods_succeed_and_progress_lines_arrive(fake_api, backend):
     ({"exit_code": 83}, base.NODE_EXITED, 83, "Error"),
 ])
 def test_sim_container_failures_are_classified(fake_api, backend, script, kind, code, reason):
-    """Simulation: node 1's container fails; the event names the kind, exit code and node."""
+    """Simulation: node 1's container fails; the event names the kind, exit code and node,
+    and the survivor the Job controller then deletes is not reported as lost."""
     fake_api.cluster.script(job="sim-a0", index=0, run_seconds=None)
     fake_api.cluster.script(job="sim-a0", index=1, run_seconds=0.1, **script)
     ref, col = _submit(fake_api, backend)
@@ -110,6 +111,10 @@ def test_sim_container_failures_are_classified(fake_api, backend, script, kind, 
     assert (ev.node, ev.exit_code, ev.reason) == (1, code, reason)
     assert ev.host in ("node-a", "node-b", "node-c")
     assert col.until(lambda c: c.last.nodes[1].phase == base.FAILED)
+    # the Job fails (backoffLimit 0) and its controller deletes node 0's pod: a consequence
+    assert fake_api.cluster.run_until(lambda: len(fake_api.store.list("pods")[0]) == 1)
+    col.until(lambda c: False, timeout=0.3)
+    assert not col.kinds(base.NODE_LOST)
 
 
 def test_sim_cancel_keeps_each_nodes_log_after_the_pods_are_gone(fake_api, backend):
@@ -300,6 +305,34 @@ def test_sim_pod_deleted_by_someone_else_is_node_lost(fake_api, backend):
                                                             grace_period_seconds=0)
     assert col.until(lambda col: col.kinds(base.NODE_LOST))
     assert (col.kinds(base.NODE_LOST)[0].node, col.kinds(base.NODE_LOST)[0].reason) == (1, "PodDeleted")
+
+
+def test_sim_pod_deleted_while_the_pod_watch_is_down_is_still_the_root_cause(fake_api, backend):
+    """Simulation: the pod watch drops and cannot re-list while a pod is deleted by hand; the
+    Job watch reports the Job Failed (the deletion counts against backoffLimit 0) before the
+    pod watch learns of the deletion. The deletion is still the root cause (NODE_LOST on node
+    1), not hidden as a consequence of the Job's failure; the survivor the Job controller
+    then deletes is not reported as a second loss."""
+    c = fake_api.cluster
+    c.default_script.run_seconds = None
+    ref, col = _submit(fake_api, backend)
+    assert col.until(lambda col: [n.phase for n in col.last.nodes] == [base.RUNNING] * 2)
+    fake_api.server.faults.fail_next(10_000, code=503, verb="GET", path=r"/pods$", watch=False)
+    fake_api.server.faults.fail_next(10_000, code=503, verb="GET", path=r"/pods$", watch=True)
+    fake_api.server.faults.drop_watches()
+    pod = next(p for p in fake_api.store.list("pods")[0]
+               if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1")
+    client.CoreV1Api(fake_api.client).delete_namespaced_pod(pod["metadata"]["name"], "default",
+                                                            grace_period_seconds=0)
+    state = next(iter(backend._states.values()))    # peek: the Job watch has seen the failure
+    assert c.run_until(lambda: any(cd.get("type") == "Failed" for cd in
+                                   ((state.job or {}).get("status") or {}).get("conditions") or []))
+    assert not col.kinds(base.NODE_LOST)
+    fake_api.server.faults.clear()
+    assert col.until(lambda col: col.kinds(base.NODE_LOST) and not fake_api.store.list("pods")[0])
+    col.until(lambda col: False, timeout=0.3)
+    lost = col.kinds(base.NODE_LOST)
+    assert [(e.node, e.reason) for e in lost] == [(1, "PodDeleted")]
 
 
 VERSIONS = ["1.30", "1.34"]
