@@ -28,9 +28,9 @@ MANAGED_BY, RUN_LABEL, ATTEMPT_LABEL = L.MANAGED_BY, L.RUN, L.ATTEMPT
 Obj = dict[str, Any]
 
 # create order: the Service (DNS for rendezvous) and PodGroup (gang) exist before the Job's pods
+_ORDER = {"Service": 0, "PodGroup": 1, "ConfigMap": 0, "Job": 2}
 # Teardown reads each pod's log tail before the pod goes; a kubelet slower than this is skipped.
 ARCHIVE_TIMEOUT_S = 5.0
-_ORDER = {"Service": 0, "PodGroup": 1, "ConfigMap": 0, "Job": 2}
 
 
 def attempt_selector(run: str, attempt: int) -> str:
@@ -522,18 +522,22 @@ class KubernetesBackend:
     def _archive_logs(self, ref: AttemptRef) -> None:
         """Copy each node's log tail into the run folder before anything is deleted: a failed
         pod is removed the moment the Job's deletion reaches it (terminal pods need no grace),
-        and its log with it. The reads run in parallel, bounded by ARCHIVE_TIMEOUT_S."""
+        and its log with it. The reads run in parallel, bounded by ARCHIVE_TIMEOUT_S. Best
+        effort: whatever fails here must not keep the attempt from being torn down."""
+        from kubernetes.client.exceptions import ApiException
+
         from ..kube.classify_pod import node_healthy, pod_index
         from ..kube.client import call_json
 
         ns = ref.namespace or self.namespace
         core = self._core()
-        pods = call_json(core.list_namespaced_pod, namespace=ns,
-                         label_selector=attempt_selector(ref.run, ref.attempt),
-                         what=f"list pods of {ref.attempt_name}")["items"]
-        if not pods:
-            return
-        nodes = {n["metadata"]["name"]: n for n in call_json(core.list_node, what="list nodes")["items"]}
+        try:
+            pods = call_json(core.list_namespaced_pod, namespace=ns,
+                             label_selector=attempt_selector(ref.run, ref.attempt),
+                             what=f"list pods of {ref.attempt_name}")["items"]
+            nodes = {n["metadata"]["name"]: n for n in call_json(core.list_node, what="list nodes")["items"]}
+        except (ApiException, BackendError):
+            return          # teardown reports these itself when it lists the same objects
         newest: dict[int, Obj] = {}     # a replaced pod (same index): keep the newest's log
         for p in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
             # no kubelet serves the log of a pod on a lost node: asking would only wait
