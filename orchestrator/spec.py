@@ -377,13 +377,11 @@ def check(spec: JobSpec, problems: Problems, profile_names: list[str] | None = N
     for fname in ("backoff", "node_loss_timeout", "heartbeat_timeout"):
         _check_duration(spec.restart, fname, f"restart.{fname}", problems)
     _check_duration(spec.rendezvous, "join_timeout", "rendezvous.join_timeout", problems)
-    _check_duration(spec.kubernetes, "termination_grace_period", "kubernetes.termination_grace_period", problems)
-    try:
-        if parse_duration(spec.kubernetes.termination_grace_period) < 1:
-            problems.append(("kubernetes.termination_grace_period", "must be at least 1s: with less, SIGKILL "
-                             "follows SIGTERM at once and no emergency checkpoint can be written; e.g. 90s"))
-    except Invalid:
-        pass        # reported just above
+    grace = _check_duration(spec.kubernetes, "termination_grace_period", "kubernetes.termination_grace_period",
+                            problems)
+    if grace is not None and grace < 1:
+        problems.append(("kubernetes.termination_grace_period", "must be at least 1s: with less, SIGKILL "
+                         "follows SIGTERM at once and no emergency checkpoint can be written; e.g. 90s"))
     if not 1 <= spec.rendezvous.port <= 65535:
         problems.append(("rendezvous.port", "must be a TCP port, 1-65535"))
     if spec.local.master_port is not None and not 1 <= spec.local.master_port <= 65535:
@@ -418,11 +416,13 @@ def _check_int(value: int, path: str, low: int, high: int, problems: Problems, w
         problems.append((path, f"must be between {low} and {high}, got {value}" + (f" ({why})" if why else "")))
 
 
-def _check_duration(obj: Any, fname: str, path: str, problems: Problems) -> None:
+def _check_duration(obj: Any, fname: str, path: str, problems: Problems) -> float | None:
+    """The duration in seconds, or None after recording why it is invalid."""
     try:
-        parse_duration(getattr(obj, fname))
+        return parse_duration(getattr(obj, fname))
     except Invalid as exc:
         problems.append((path, str(exc)))
+        return None
 
 
 def _check_resources(spec: JobSpec, problems: Problems) -> None:

@@ -526,7 +526,7 @@ class KubernetesBackend:
         effort: whatever fails here must not keep the attempt from being torn down."""
         from kubernetes.client.exceptions import ApiException
 
-        from ..kube.classify_pod import node_healthy, pod_index
+        from ..kube.classify_pod import newest_per_index, node_healthy
         from ..kube.client import call_json
 
         ns = ref.namespace or self.namespace
@@ -538,12 +538,10 @@ class KubernetesBackend:
             nodes = {n["metadata"]["name"]: n for n in call_json(core.list_node, what="list nodes")["items"]}
         except (ApiException, BackendError):
             return          # teardown reports these itself when it lists the same objects
-        newest: dict[int, Obj] = {}     # a replaced pod (same index): keep the newest's log
-        for p in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
-            # no kubelet serves the log of a pod on a lost node: asking would only wait
-            if pod_index(p) is not None and _container_started(p) \
-                    and node_healthy(nodes.get(p["spec"].get("nodeName"))):
-                newest[pod_index(p)] = p
+        # no kubelet serves the log of a pod on a lost node: asking would only wait
+        readable = [p for p in pods if _container_started(p)
+                    and node_healthy(nodes.get(p["spec"].get("nodeName")))]
+        newest = newest_per_index(readable)
         readers = [threading.Thread(target=self._archive_log, args=(ref, i, p), daemon=True,
                                     name=f"wmctl-archive-{p['metadata']['name']}")
                    for i, p in newest.items()]

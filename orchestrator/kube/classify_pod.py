@@ -179,11 +179,8 @@ def _created(pod: Obj) -> tuple[str, str]:
     return meta.get("creationTimestamp") or "", meta.get("name") or ""
 
 
-def node_statuses(pods: list[Obj], completions: int, lost: set[str],
-                  gone: dict[int, Obj] | None = None) -> list[NodeStatus]:
-    """One NodeStatus per completion index, from the newest pod of each index.
-
-    ``lost``: uids of pods with a loss fact. ``gone``: last state of deleted pods per index."""
+def newest_per_index(pods: list[Obj]) -> dict[int, Obj]:
+    """The newest pod of each completion index (a replaced pod keeps its index)."""
     newest: dict[int, Obj] = {}
     for p in pods:
         idx = pod_index(p)
@@ -191,6 +188,15 @@ def node_statuses(pods: list[Obj], completions: int, lost: set[str],
             continue
         if idx not in newest or _created(p) > _created(newest[idx]):
             newest[idx] = p
+    return newest
+
+
+def node_statuses(pods: list[Obj], completions: int, lost: set[str],
+                  gone: dict[int, Obj] | None = None) -> list[NodeStatus]:
+    """One NodeStatus per completion index, from the newest pod of each index.
+
+    ``lost``: uids of pods with a loss fact. ``gone``: last state of deleted pods per index."""
+    newest = newest_per_index(pods)
     out = []
     for idx in range(completions):
         p = newest.get(idx) or (gone or {}).get(idx)
