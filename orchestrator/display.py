@@ -19,29 +19,6 @@ def stamp(line: str) -> str:
     return f"[{time.strftime('%H:%M:%S')}] {line}"
 
 
-def step_line(progress: dict[str, Any]) -> str:
-    """One step report as a line: loss, then where the step's time went and what bounds it.
-
-    >>> step_line({"step": 300, "loss": 0.0059, "timing": {"step_s": 0.0604, "bottleneck": "compute",
-    ...     "compute_share": 0.56, "data_share": 0.27, "comm_share": 0.16}})
-    'step 300 loss 0.0059 | 60.4 ms/step: compute 56% data 27% comm 16% -> compute-bound'
-    """
-    text = f"step {progress.get('step')}"
-    loss = progress.get("loss")
-    if isinstance(loss, (int, float)):
-        text += f" loss {loss:.4f}"
-    timing = progress.get("timing")
-    if isinstance(timing, dict) and isinstance(timing.get("step_s"), (int, float)):
-        text += f" | {timing['step_s'] * 1000:.1f} ms/step:"
-        for part in ("compute", "data", "comm"):
-            share = timing.get(f"{part}_share")
-            if isinstance(share, (int, float)):
-                text += f" {part} {share * 100:.0f}%"
-        if timing.get("bottleneck"):
-            text += f" -> {timing['bottleneck']}-bound"
-    return text
-
-
 class PlainDisplay:
     """Lines only: what pipes, files and CI get."""
 

@@ -58,7 +58,13 @@ class EngineUnavailable(BackendError):
 
 
 class RunNotFound(WmctlError):
+    """No run of that name is recorded here."""
+
     exit_code = 6
+
+
+class RecordDamaged(RunNotFound):
+    """A run's record exists but cannot be read (truncated, edited, from a newer wmctl)."""
 
 
 class RunFailed(WmctlError):

@@ -7,7 +7,6 @@ rendezvous host and the node rank's source.
 from __future__ import annotations
 
 import json
-import os
 
 from .plan import AttemptContext
 from .runtime import protocol as p
@@ -46,11 +45,6 @@ def device_ids_per_node(spec: JobSpec, profile: VendorProfile) -> list[str] | No
     if spec.nodes == 1:
         return ["all"]
     return [",".join(str(i) for i in range(n * accel, (n + 1) * accel)) for n in range(spec.nodes)]
-
-
-def rendezvous_id(spec: JobSpec, ctx: AttemptContext) -> str:
-    # Unique per attempt: a late agent of attempt N can never join attempt N+1's rendezvous.
-    return f"{spec.name}-a{ctx.attempt}"
 
 
 def torchrun_args(spec: JobSpec, profile: VendorProfile, *, endpoint: str, rdzv_id: str,
@@ -130,10 +124,3 @@ def split_evenly(items: list, parts: int) -> list[list]:
         out.append(items[start:start + n])
         start += n
     return out
-
-
-def host_cpus() -> list[int]:
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return list(range(os.cpu_count() or 1))

@@ -1,9 +1,11 @@
-"""A run's record on the watcher's machine: what was asked, what each attempt did.
+"""A run's state: what was asked (the resolved spec), what each attempt did, who watches it, and
+what its torn-down nodes printed. Every piece of it goes through one ``RunStore``.
 
 The live truth is where the run lives (processes, containers, Kubernetes objects, labelled
-with run and attempt); this record adds what those cannot hold: the resolved spec, the
-excluded nodes, each attempt's failure and decision. A watcher lock (flock) makes sure only
-one watcher acts on a run; deterministic attempt names make a duplicate submit a conflict.
+with run and attempt); the store adds what those cannot hold: the resolved spec, the excluded
+nodes, each attempt's failure and decision, the logs of nodes that are gone. ``LocalRunStore``
+keeps it in files under ``$WMCTL_HOME/runs/<run>``, each written atomically; a store kept in the
+cluster can implement the same interface. The store is the one owner of the watcher lease.
 """
 
 from __future__ import annotations
@@ -11,13 +13,18 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import IO, Any
 
-from typing import Any
+from . import layout
+from .errors import RecordDamaged, RunNotFound, WmctlError
 
-from .errors import RunNotFound, WmctlError
-from .render.local import run_dir, wmctl_home
+# Version 1 records (before the resolved spec was kept) carry no "version" key.
+RECORD_VERSION = 2
 
 
 @dataclass
@@ -46,44 +53,107 @@ class RunRecord:
     spec_hash: str
     auto_resume: bool
     kube_context: str | None = None
-    namespace: str | None = None        # Kubernetes: where the run's objects live
+    namespace: str | None = None        # where the run's objects live, on a namespaced backend
     created_at: float = field(default_factory=time.time)
     status: str = "running"             # running, succeeded, failed
     final_report: str | None = None
     attempts: list[AttemptRecord] = field(default_factory=list)
+    # The spec as submitted (overrides applied, image pinned): every attempt, and a watcher
+    # started again later, runs this, not what the YAML file on disk says by then.
+    spec: dict[str, Any] | None = None
+    source_dir: str | None = None       # the spec file's folder: relative paths resolve against it
+    version: int = RECORD_VERSION
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunRecord":
-        attempts = [AttemptRecord(**a) for a in data.pop("attempts", [])]
-        return cls(**data, attempts=attempts)
+        """Read a record of this or an older version; keys a newer wmctl added are ignored."""
+        data = dict(data)
+        data.setdefault("version", 1)
+        attempt_keys = {f.name for f in fields(AttemptRecord)}
+        attempts = [AttemptRecord(**{k: v for k, v in a.items() if k in attempt_keys})
+                    for a in data.pop("attempts", None) or []]
+        known = {f.name for f in fields(cls)} - {"attempts"}
+        return cls(**{k: v for k, v in data.items() if k in known}, attempts=attempts)
 
 
-class RunStore:
+class RunStore(ABC):
+    """Where one run's state is kept."""
+
     def __init__(self, run: str):
         self.run = run
-        self.dir = run_dir(run)
-        self.path = self.dir / "run.json"
-        self._lock_fh = None
+
+    @abstractmethod
+    def exists(self) -> bool:
+        """Is there a record of this run?"""
+
+    @abstractmethod
+    def load(self) -> RunRecord:
+        """The record; RunNotFound when there is none, RecordDamaged when it cannot be read."""
+
+    @abstractmethod
+    def save(self, record: RunRecord) -> None:
+        """Replace the record, atomically: a reader sees the old one or the new one."""
+
+    @abstractmethod
+    def acquire_watcher(self) -> None:
+        """Become the only watcher of this run, or raise naming the one that is."""
+
+    @abstractmethod
+    def release_watcher(self) -> None:
+        """Give the watcher lease up (idempotent)."""
+
+    @abstractmethod
+    def archive_log(self, attempt: int, node: int, data: bytes) -> None:
+        """Keep a torn-down node's output."""
+
+    @abstractmethod
+    def archived_log(self, attempt: int, node: int) -> list[str] | None:
+        """A torn-down node's kept output, or None when teardown kept none."""
+
+    @abstractmethod
+    def retire(self) -> None:
+        """Move an ended run's state out of the way of a new run of the same name."""
+
+
+class LocalRunStore(RunStore):
+    """Files under ``$WMCTL_HOME/runs/<run>``: ``run.json``, the watcher lock, ``attempt-N/``."""
+
+    def __init__(self, run: str, home: Path | None = None):
+        super().__init__(run)
+        self.home = home or layout.wmctl_home()
+        self.dir = layout.run_dir(run, self.home)
+        self.path = self.dir / layout.RECORD_FILE
+        self._lock_fh: IO[str] | None = None
 
     def exists(self) -> bool:
         return self.path.exists()
 
     def load(self) -> RunRecord:
         if not self.path.exists():
-            known = ", ".join(list_runs()) or "none"
-            raise RunNotFound(f"no run named {self.run!r} under {wmctl_home()} (known runs: {known})")
-        return RunRecord.from_dict(json.loads(self.path.read_text()))
+            known = ", ".join(list_runs(self.home)) or "none"
+            raise RunNotFound(f"no run named {self.run!r} under {self.home} (known runs: {known})")
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+            if not isinstance(data, dict):
+                raise ValueError(f"expected a JSON object, found {json.dumps(data)[:40]}")
+            record = RunRecord.from_dict(data)
+        except (OSError, UnicodeDecodeError, ValueError, TypeError) as exc:
+            raise RecordDamaged(f"the record of run {self.run!r} ({self.path}) is damaged: {exc}",
+                                hint=f"the run's objects are untouched; look at the file, then move it aside "
+                                     f"(mv {self.path} {self.path}.bad) to forget the run") from None
+        if record.version > RECORD_VERSION:
+            raise RecordDamaged(f"the record of run {self.run!r} was written by a newer wmctl "
+                                f"(record version {record.version}, this one reads up to {RECORD_VERSION})",
+                                hint="upgrade wmctl on this machine")
+        return record
 
     def save(self, record: RunRecord) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".tmp.{os.getpid()}")
-        tmp.write_text(json.dumps(asdict(record), indent=1))
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(asdict(record), indent=1))
 
-    def lock_watcher(self) -> None:
-        """Become the only watcher of this run, or fail at once naming the one that is."""
+    def acquire_watcher(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        fh = open(self.dir / "watcher.lock", "a+")
+        fh = open(self.dir / layout.WATCHER_LOCK, "a+")
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -91,23 +161,53 @@ class RunStore:
             holder = fh.read().strip() or "another process"
             fh.close()
             raise WmctlError(f"run {self.run!r} is already being watched by {holder}",
-                             hint="stop that watcher first, or use `wmctl status` to look without acting")
+                             hint="stop that watcher first, or use `wmctl status` to look without acting") from None
         fh.seek(0)
         fh.truncate()
         fh.write(f"pid {os.getpid()}")
         fh.flush()
         self._lock_fh = fh
 
-    def unlock_watcher(self) -> None:
+    def release_watcher(self) -> None:
         if self._lock_fh is not None:
             self._lock_fh.close()
             self._lock_fh = None
 
+    def archive_log(self, attempt: int, node: int, data: bytes) -> None:
+        path = layout.node_log(self.run, attempt, node, self.home)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, data)
 
-def list_runs() -> list[str]:
-    root = wmctl_home() / "runs"
+    def archived_log(self, attempt: int, node: int) -> list[str] | None:
+        path = layout.node_log(self.run, attempt, node, self.home)
+        if not path.exists():
+            return None
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return [line.rstrip("\n") for line in fh]
+
+    def retire(self) -> None:
+        dest = layout.archive_dir(self.home) / f"{self.run}-{int(time.time())}"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(self.dir), str(dest))
+
+
+def open_store(run: str) -> RunStore:
+    """The store of ``run`` on this machine."""
+    return LocalRunStore(run)
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write to a temporary name beside ``path``, fsync, rename: never a torn file."""
+    tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
+    with open(tmp, "wb") as fh:
+        fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def list_runs(home: Path | None = None) -> list[str]:
+    root = layout.runs_root(home)
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if (p / "run.json").exists())
-
-
+    return sorted(p.name for p in root.iterdir() if (p / layout.RECORD_FILE).exists())

@@ -14,9 +14,8 @@ from typing import Any, Callable
 
 from . import failures as F
 from .backends import base as b
-from .display import step_line
-from .errors import EngineUnavailable
-from .plan import AttemptContext
+from .errors import EngineUnavailable, RunFailed
+from .plan import AttemptContext, Plan
 from .state import AttemptRecord, RunRecord, RunStore
 
 POLL_INTERVAL_S = 0.25
@@ -35,7 +34,6 @@ class AttemptTracker:
     resumed_from_step: int | None = None
     first_progress_at: float | None = None
     first_step_at: float | None = None
-    seen_exit: bool = False
     preempted: bool = False
     all_started_at: float | None = None
     warned: set[str] = field(default_factory=set)     # timing advice already shown
@@ -65,8 +63,6 @@ class AttemptTracker:
                 self.last_checkpoint_step = max(self.last_checkpoint_step or 0, p["step"])
             if p.get("event") == "resume" and isinstance(p.get("step"), int):
                 self.resumed_from_step = p["step"]
-            if p.get("event") == "exit":
-                self.seen_exit = True
             if p.get("event") == "preempted":
                 self.preempted = True
         return obs.events
@@ -97,15 +93,16 @@ class Outcome:
 
 
 class Supervisor:
-    def __init__(self, spec, profile, backend, store: RunStore, record: RunRecord, *,
-                 auto_resume: bool, plan_fn: Callable[..., Any] | None = None,
+    def __init__(self, spec, profile, backend: b.Backend[Any], store: RunStore, record: RunRecord, *,
+                 auto_resume: bool, first_plan: Plan[Any] | None = None,
                  echo: Callable[[str], None] = print, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep, poll_interval: float = POLL_INTERVAL_S,
                  show_state: Callable[[RunRecord, AttemptRecord, list[b.NodeStatus]], None] | None = None):
         self.spec, self.profile, self.backend = spec, profile, backend
         self.store, self.record = store, record
         self.auto_resume = auto_resume
-        self.plan_fn = plan_fn
+        # The plan a dry run already made for the first attempt: submitted as printed.
+        self._first_plan = first_plan
         self.echo, self.clock, self.sleep = echo, clock, sleep
         self.poll_interval = poll_interval
         self.show_state = show_state or (lambda record, attempt, nodes: None)
@@ -113,9 +110,9 @@ class Supervisor:
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> Outcome:
-        rec = self._current_or_new_attempt()
+        rec = self.current_or_new_attempt()
         while True:
-            ref = b.AttemptRef(self.backend.name, self.spec.name, rec.attempt, self.spec.kubernetes.namespace)
+            ref = b.AttemptRef(self.backend.name, self.spec.name, rec.attempt, self.backend.namespace_of(self.spec))
             tracker, failure = self._watch(ref, rec)
             if failure is None:
                 self.backend.release(ref)
@@ -134,7 +131,7 @@ class Supervisor:
                       f"{rec.timings['teardown_s']:.2f} s; decision: {decision}")
             stop = self._why_stop(rec, failure, decision)
             if stop:
-                return self._finish(rec, tracker, "failed", stop, 7)
+                return self._finish(rec, tracker, "failed", stop, RunFailed.exit_code)
             backoff = self.spec.restart.backoff_s if failure.kind != F.PREEMPTED else 0.0
             if backoff:
                 self.echo(f"backing off {backoff:.0f} s before attempt {rec.attempt + 1}")
@@ -232,7 +229,7 @@ class Supervisor:
             self.echo(f"attempt {rec.attempt}: node {ev.node} {ev.kind}{detail}" + (f" ({ev.message})" if ev.message else ""))
 
     # -- attempts ------------------------------------------------------------------------------
-    def _current_or_new_attempt(self) -> AttemptRecord:
+    def current_or_new_attempt(self) -> AttemptRecord:
         known = {r.attempt for r in self.backend.attempts(self.spec.name)}
         if self.record.attempts:
             last = self.record.attempts[-1]
@@ -260,7 +257,9 @@ class Supervisor:
         ctx = AttemptContext(attempt=attempt, excluded_nodes=tuple(excluded), resume=attempt > 0 or self.auto_resume,
                              parent=parent.attempt if parent else None)
         started = self.clock()
-        plan = self.plan_fn(self.spec, self.profile, ctx)
+        plan, self._first_plan = self._first_plan, None
+        if plan is None or plan.attempt != attempt or plan.context != ctx:
+            plan = self.backend.plan(self.spec, self.profile, ctx)
         self.backend.submit(plan)
         rec.timings["submit_s"] = round(self.clock() - started, 3)
         self.store.save(self.record)
@@ -291,6 +290,29 @@ class Supervisor:
         self.show_state(self.record, rec, tracker.nodes)
         self.echo(self.record.final_report)
         return Outcome(status, self.record.final_report, code)
+
+
+def step_line(progress: dict[str, Any]) -> str:
+    """One step report as a line: loss, then where the step's time went and what bounds it.
+
+    >>> step_line({"step": 300, "loss": 0.0059, "timing": {"step_s": 0.0604, "bottleneck": "compute",
+    ...     "compute_share": 0.56, "data_share": 0.27, "comm_share": 0.16}})
+    'step 300 loss 0.0059 | 60.4 ms/step: compute 56% data 27% comm 16% -> compute-bound'
+    """
+    text = f"step {progress.get('step')}"
+    loss = progress.get("loss")
+    if isinstance(loss, (int, float)):
+        text += f" loss {loss:.4f}"
+    timing = progress.get("timing")
+    if isinstance(timing, dict) and isinstance(timing.get("step_s"), (int, float)):
+        text += f" | {timing['step_s'] * 1000:.1f} ms/step:"
+        for part in ("compute", "data", "comm"):
+            share = timing.get(f"{part}_share")
+            if isinstance(share, (int, float)):
+                text += f" {part} {share * 100:.0f}%"
+        if timing.get("bottleneck"):
+            text += f" -> {timing['bottleneck']}-bound"
+    return text
 
 
 def steps_redone(record: RunRecord) -> list[int]:

@@ -1,4 +1,5 @@
-"""The backend protocol: what local, Docker and Kubernetes backends all provide.
+"""The backend base class: what every backend provides, and the capability flags that say
+what it cannot do.
 
 A backend turns a Plan (pure data, printable with --dry-run) into a running attempt and
 reports what happens to it. It never retries on its own: the supervisor owns retries.
@@ -11,7 +12,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol, runtime_checkable
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Generic, Iterator
+
+from ..layout import attempt_name
+from ..plan import AttemptContext, HostFacts, Plan, R
+from ..serialize import dump
 
 # Node phases as the supervisor sees them, whatever the backend.
 PENDING, RUNNING, SUCCEEDED, FAILED, LOST, PAUSED, UNKNOWN = (
@@ -28,6 +34,10 @@ IMAGE_PULL_FAILED = "image_pull_failed"
 PROGRESS = "progress"                  # a WMCTL-PROGRESS line from rank 0 (also the heartbeat)
 CANCELLED = "cancelled"
 
+# What teardown keeps of a node whose output goes with it (containers, pods): the end, where the
+# cause is. `wmctl logs` of a failed attempt is the first thing a user asks for.
+ARCHIVE_TAIL_LINES = 20000
+
 
 @dataclass(frozen=True)
 class AttemptRef:
@@ -36,17 +46,11 @@ class AttemptRef:
     backend: str
     run: str
     attempt: int
-    namespace: str | None = None   # Kubernetes namespace; Docker/local: None
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    namespace: str | None = None   # where the attempt's objects live, on a namespaced backend
 
     @property
     def attempt_name(self) -> str:
         return attempt_name(self.run, self.attempt)
-
-
-def attempt_name(run: str, attempt: int) -> str:
-    """Deterministic per-attempt name: a second submit of the same attempt is a conflict."""
-    return f"{run}-a{attempt}"
 
 
 @dataclass(frozen=True)
@@ -82,28 +86,96 @@ class Observation:
         return bool(self.nodes) and all(n.phase in (SUCCEEDED, FAILED, LOST) for n in self.nodes)
 
 
-@runtime_checkable
-class Backend(Protocol):
-    name: str
-    places_nodes: bool    # can an attempt be kept off named hosts (exclude_failed_nodes)?
+@dataclass(frozen=True)
+class BackendOptions:
+    """How to reach a backend's engine: what a user gives on the command line or a record holds."""
 
-    def submit(self, plan: Any) -> AttemptRef:
+    context: str | None = None      # Kubernetes: kubeconfig context
+    namespace: str | None = None    # Kubernetes: default namespace of the run's objects
+
+
+class Backend(ABC, Generic[R]):
+    """A place to run attempts: plans them (pure, from the spec and the host's facts), then
+    submits, observes, tears down and lists them. It never retries on its own: the supervisor
+    owns retries.
+
+    The class attributes are what the backend can and cannot do. They are checked in one
+    generic place (``backends.check``) and read by the supervisor; nothing else asks which
+    backend it is talking to.
+    """
+
+    name: ClassVar[str]
+    #: can an attempt be kept off named hosts (``restart.exclude_failed_nodes``)?
+    places_nodes: ClassVar[bool] = False
+    #: can ``cancel(graceful=True)`` send SIGTERM and wait for the job's checkpoint?
+    graceful_cancel: ClassVar[bool] = False
+    #: do nodes run ``image.tag`` (so it must be set and the command must be non-empty)?
+    runs_image: ClassVar[bool] = True
+    #: do checkpoints outlive a node without a volume (a local run writes to this machine's disk)?
+    checkpoints_outlive_nodes: ClassVar[bool] = False
+    #: the volume sources it can mount
+    volume_sources: ClassVar[frozenset[str]] = frozenset(("pvc", "host_path", "nfs", "empty_dir",
+                                                           "secret", "config_map"))
+    #: do its objects live in a namespace (``kubernetes.namespace``)?
+    namespaced: ClassVar[bool] = False
+
+    @classmethod
+    def create(cls, options: BackendOptions) -> "Backend[Any]":
+        """The one factory: the registry calls it with what the user or the run record gives."""
+        return cls()
+
+    # -- planning: pure renders of the spec, given the host's facts ----------------------------
+    @classmethod
+    def check(cls, spec: Any) -> list[tuple[str, str]]:
+        """Spec problems only this backend has (beyond what its capability flags imply)."""
+        return []
+
+    @classmethod
+    @abstractmethod
+    def render(cls, spec: Any, profile: Any, ctx: AttemptContext, host: HostFacts) -> Plan[R]:
+        """Exactly what ``submit`` will create for this attempt. Pure: no host reads."""
+
+    def host_facts(self, spec: Any) -> HostFacts:
+        """The facts of the machine that plans (and, for local, runs) the attempt."""
+        return HostFacts.of_this_machine()
+
+    def plan(self, spec: Any, profile: Any, ctx: AttemptContext) -> Plan[R]:
+        """The one planner: ``--dry-run`` prints it, ``submit`` hands it to ``submit``."""
+        return self.render(spec, profile, ctx, self.host_facts(spec))
+
+    @classmethod
+    def document(cls, plan: Plan[R], output: str) -> str:
+        """What ``render`` and ``submit --dry-run`` print for a plan."""
+        return dump(plan.to_dict(), output)
+
+    def namespace_of(self, spec: Any) -> str | None:
+        """Where this backend keeps the run's objects (None on a backend without namespaces)."""
+        return None
+
+    # -- the engine --------------------------------------------------------------------------
+    @abstractmethod
+    def submit(self, plan: Plan[R]) -> AttemptRef:
         """Start the attempt the plan describes. Idempotent per attempt name: an existing
         attempt with that name is adopted, never duplicated."""
 
+    @abstractmethod
     def poll(self, ref: AttemptRef) -> Observation:
         """New events since the last poll plus the state of every node."""
 
+    @abstractmethod
     def logs(self, ref: AttemptRef, node: int = 0, follow: bool = False) -> Iterator[str]:
         """Lines of one node's output."""
 
-    def cancel(self, ref: AttemptRef) -> None:
-        """Tear down everything of the attempt at once. Idempotent."""
+    @abstractmethod
+    def cancel(self, ref: AttemptRef, graceful: bool = False) -> None:
+        """Tear down everything of the attempt at once (SIGTERM first and a wait for the job's
+        checkpoint with ``graceful``, where ``graceful_cancel``). Idempotent."""
 
     def release(self, ref: AttemptRef) -> None:
         """The attempt ended well: free what still holds its name (finished containers) while
         keeping its logs readable. Idempotent."""
 
+    @abstractmethod
     def attempts(self, run: str) -> list[AttemptRef]:
         """Every attempt of ``run`` this backend still knows, oldest first."""
 

@@ -2,15 +2,39 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import click
 
+from ..backends import DEFAULT as DEFAULT_BACKEND
+from ..backends import names as backend_names
 from ..errors import SpecError
+from ..serialize import dump
 
-BACKEND_CHOICE = click.Choice(["local", "docker", "kubernetes"])
+class _BackendChoice(click.Choice):
+    """The registry's backends, read when the option is parsed: a backend registered at run time
+    (a plugin, a test) is a valid choice too."""
+
+    def __init__(self) -> None:
+        super().__init__(backend_names())
+
+    @property  # type: ignore[override]
+    def choices(self) -> list[str]:
+        return backend_names()
+
+    @choices.setter
+    def choices(self, value: Any) -> None:
+        pass
+
+
+BACKEND_CHOICE = _BackendChoice()
+
+
+def backend_option(func: Callable) -> Callable:
+    return click.option("-b", "--backend", type=BACKEND_CHOICE, default=DEFAULT_BACKEND, show_default=True,
+                        help="Where the run goes.")(func)
 
 
 def spec_options(func: Callable) -> Callable:
@@ -41,78 +65,27 @@ def overrides_from(set_flags: tuple[str, ...], nodes: int | None, image_tag: str
     return overrides
 
 
-def load(spec_path: Path, overrides: dict[str, Any]):
-    """Load and validate the spec, then its vendor profile. The image is pinned to the digest the
-    build record holds for its tag (see ``pin_image``); the note saying so goes to stderr, so a
-    plan piped into kubectl stays clean."""
-    from ..spec import load_spec
-    from ..vendors import load_profile
+def load(spec_path: Path, overrides: dict[str, Any]) -> Any:
+    """The job, with any note (the image pin) on stderr, so a plan piped into kubectl stays clean."""
+    from ..api import load_job
 
-    spec = load_spec(spec_path, overrides)
-    note = pin_image(spec_path, spec)
-    if note:
+    job = load_job(spec_path, overrides)
+    for note in job.notes:
         click.echo(f"note: {note}", err=True)
-    return spec, load_profile(spec.image.vendor)
-
-
-# images.RECORD_FILE, spelled out so a spec without a build record never imports the build module.
-_RECORD = (".wmctl", "images.json")
-
-
-def pin_image(spec_path: Path, spec: Any) -> str | None:
-    """Replace ``spec.image.tag`` with the ``repo@sha256:...`` that `wmctl build-image --push`
-    recorded for that very tag next to the spec, so every node of every attempt runs the same
-    bytes even if the tag is moved later. Returns the note to show, or None when nothing was
-    pinned. A tag that already holds a digest (``--image repo@sha256:...``) is used as is: that
-    is also how to run a tag as it stands on the registry instead of the recorded push."""
-    tag = spec.image.tag
-    if not tag or "@" in tag:
-        return None
-    record = Path(spec_path).resolve().parent.joinpath(*_RECORD)
-    if not record.is_file():
-        return None
-    from ..images import pinned_ref
-
-    ref = pinned_ref(Path(spec_path), spec.name, tag)
-    if ref is None:
-        return None
-    spec.image.tag = ref
-    return (f"image {tag} pinned to digest {ref} from the build record {record}; "
-            "pass --image with a repo@sha256:... reference to run another")
-
-
-def _no_alias_dumper():
-    import yaml
-
-    class NoAliasDumper(yaml.SafeDumper):
-        """Plans are read by people and by kubectl: an object shared between two places must
-        print twice, never as ``&id001`` / ``*id001``."""
-
-        def ignore_aliases(self, data: Any) -> bool:
-            return True
-
-    return NoAliasDumper
-
-
-def dump(data: Any, output: str) -> str:
-    if output == "json":
-        return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-    import yaml
-
-    if isinstance(data, list):
-        return yaml.dump_all(data, Dumper=_no_alias_dumper(), sort_keys=False, allow_unicode=False, width=1000)
-    return yaml.dump(data, Dumper=_no_alias_dumper(), sort_keys=False, allow_unicode=False, width=1000)
+    return job
 
 
 def plan_document(plan: Any, output: str) -> str:
-    """What `render` and `submit --dry-run` print: for Kubernetes, manifests kubectl accepts."""
-    if plan.backend == "kubernetes":
-        if output == "json":
-            return dump({"apiVersion": "v1", "kind": "List", "items": plan.resources}, "json")
-        header = "".join(f"# {note}\n" for note in
-                         [f"wmctl plan: run {plan.run}, attempt {plan.attempt}, spec {plan.spec_hash}", *plan.notes])
-        return header + dump(plan.resources, "yaml")
-    return dump(plan.to_dict(), output)
+    """What `render` and `submit --dry-run` print: the backend's own document of its plan."""
+    from ..backends import backend_class
+
+    return backend_class(plan.backend).document(plan, output)
+
+
+def echo_line(line: str) -> None:
+    from ..display import stamp
+
+    click.echo(stamp(line))
 
 
 def write_out_dir(plan: Any, out_dir: Path, output: str) -> list[Path]:
@@ -133,3 +106,15 @@ def require(condition: bool, field: str, message: str) -> None:
         raise SpecError([(field, message)])
 
 
+
+
+@contextlib.contextmanager
+def display_for(watching: bool) -> Iterator[Any]:
+    """The watcher's display: a live panel on a terminal while it watches, plain lines otherwise."""
+    from ..display import make_display
+
+    display = make_display(force_plain=not watching)
+    try:
+        yield display
+    finally:
+        display.close()

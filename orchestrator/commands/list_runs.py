@@ -7,10 +7,13 @@ import click
 
 @click.command("list", help="List runs recorded on this machine.")
 def command():
-    from ..state import RunStore, list_runs
+    from .. import api
 
-    for run in list_runs():
-        rec = RunStore(run).load()
+    for item in api.runs():
+        rec = item.record
+        if rec is None:
+            click.echo(f"{item.run}\t-\tdamaged\t{item.problem}")
+            continue
         last = rec.attempts[-1] if rec.attempts else None
-        step = last.last_step if last else None
-        click.echo(f"{run}\t{rec.backend}\t{rec.status}\tattempts={len(rec.attempts)}\tstep={step}")
+        step = "-" if last is None or last.last_step is None else last.last_step
+        click.echo(f"{item.run}\t{rec.backend}\t{rec.status}\tattempts={len(rec.attempts)}\tstep={step}")

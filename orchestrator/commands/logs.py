@@ -11,17 +11,7 @@ import click
 @click.option("--attempt", type=int, default=None, help="Default: the latest attempt.")
 @click.option("-f", "--follow", is_flag=True)
 def command(run, node, attempt, follow):
-    from ..backends import get_backend
-    from ..backends.base import AttemptRef
-    from ..state import RunStore
+    from .. import api
 
-    record = RunStore(run).load()
-    if not record.attempts:
-        raise click.ClickException(f"run {run} has no attempts yet")
-    n = record.attempts[-1].attempt if attempt is None else attempt
-    backend = get_backend(record.backend, kube_context=record.kube_context, namespace=record.namespace)
-    try:
-        for line in backend.logs(AttemptRef(record.backend, run, n, record.namespace), node=node, follow=follow):
-            click.echo(line)
-    finally:
-        backend.close()
+    for line in api.logs(run, node=node, attempt=attempt, follow=follow):
+        click.echo(line)

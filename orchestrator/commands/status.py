@@ -12,14 +12,15 @@ import click
 @click.argument("run")
 @click.option("-o", "--output", type=click.Choice(["text", "yaml", "json"]), default="text", show_default=True)
 def command(run, output):
-    from ..state import RunStore
+    from .. import api
     from ..supervisor import steps_redone, summary
 
-    record = RunStore(run).load()
+    record = api.status(run)
     if output == "text":
         click.echo(summary(record))
         return
     data = {**asdict(record), "steps_redone": steps_redone(record)}
+    data.pop("spec", None)      # the resolved spec is for watchers; `wmctl render` shows a plan
     if output == "json":
         click.echo(json.dumps(data, indent=2))
     else:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from ._common import BACKEND_CHOICE, overrides_from, plan_document, spec_options
+from ._common import backend_option, display_for, load, overrides_from, plan_document, spec_options
 
 
 @click.command("submit", help="Submit a job spec as a run. --dry-run prints what would be submitted.")
 @spec_options
-@click.option("-b", "--backend", type=BACKEND_CHOICE, default="local", show_default=True)
+@backend_option
 @click.option("--dry-run", is_flag=True, help="Print the plan (same output as `wmctl render`) and exit.")
 @click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
 @click.option("--watch/--no-watch", "watch", default=None,
@@ -19,16 +19,15 @@ from ._common import BACKEND_CHOICE, overrides_from, plan_document, spec_options
 @click.option("--detach", is_flag=True, help="Return after submitting; watch later with `wmctl watch RUN`.")
 def command(spec_path, set_flags, nodes, image_tag, vendor, namespace, backend, dry_run, output, watch,
             auto_resume, kube_context, detach):
-    from .render import render_for
+    from .. import api
 
-    overrides = overrides_from(set_flags, nodes, image_tag, vendor, namespace)
+    job = load(spec_path, overrides_from(set_flags, nodes, image_tag, vendor, namespace))
+    request = api.dryrun(job, backend, auto_resume=auto_resume, context=kube_context)
     if dry_run:
-        plan = render_for(spec_path, overrides, backend, resume=auto_resume)
-        click.echo(plan_document(plan, output), nl=False)
+        request.backend.close()
+        click.echo(plan_document(request.plan, output), nl=False)
         return
-    from ..submit import submit_and_maybe_watch
-
-    code = submit_and_maybe_watch(spec_path, overrides, backend=backend, auto_resume=auto_resume,
-                                  watch=(auto_resume if watch is None else watch) and not detach,
-                                  kube_context=kube_context)
+    watching = (request.auto_resume if watch is None else watch) and not detach
+    with display_for(watching) as display:
+        code = api.schedule(request, watch=watching, echo=display, show_state=display.state)
     raise SystemExit(code)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from ._common import display_for
+
 
 @click.command("watch", help="Supervise a run. With --auto-resume, a failed node's attempt is torn down at "
                              "once and resubmitted from the latest complete checkpoint, away from that node.")
@@ -11,6 +13,8 @@ import click
 @click.option("--auto-resume/--no-auto-resume", "auto_resume", default=None,
               help="Resubmit on retryable failures (default: as chosen at submit).")
 def command(run, auto_resume):
-    from ..submit import watch_run
+    from .. import api
 
-    raise SystemExit(watch_run(run, auto_resume=auto_resume))
+    with display_for(True) as display:
+        code = api.watch(run, auto_resume=auto_resume, echo=display, show_state=display.state)
+    raise SystemExit(code)

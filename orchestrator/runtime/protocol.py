@@ -31,6 +31,21 @@ ENV_AFFINITY = "WMCTL_AFFINITY"            # none | numa | exclusive | JSON {loc
 ENV_HEARTBEAT_EVERY = "WMCTL_HEARTBEAT_EVERY"  # emit a step progress line every N steps
 ENV_PROGRESS_FILE = "WMCTL_PROGRESS_FILE"  # optional: also append progress lines to this file
 ENV_EXPECT_DEVICES = "WMCTL_EXPECT_DEVICES"  # accelerators each node must see (preflight); unset: one per local rank
+ENV_NODE_NAME = "WMCTL_NODE_NAME"          # the host (or container) a node runs on, as the backend names it
+ENV_POD_NAME = "WMCTL_POD_NAME"            # Kubernetes: the pod's own name
+ENV_PG_TIMEOUT = "WMCTL_PG_TIMEOUT"        # process-group timeout in seconds (runtime.dist)
+
+# Set by the CPU-binding launcher (wmctl-bind) for the rank it starts.
+ENV_BOUND_CPUS = "WMCTL_BOUND_CPUS"        # the CPU list it bound this rank to
+ENV_KEEP_OMP = "WMCTL_KEEP_OMP"            # "1": leave OMP_NUM_THREADS / MKL_NUM_THREADS alone
+ENV_SYSFS_ROOT = "WMCTL_SYSFS_ROOT"        # tests: read the topology from a fake tree
+
+# Outside the job: the orchestrator's own settings.
+ENV_HOME = "WMCTL_HOME"                    # run folders live under it (default ~/.wmctl)
+ENV_LOCAL_TAG = "WMCTL_LOCAL_TAG"          # local backend: marks every process of one node
+ENV_CACHE_DIR = "WMCTL_CACHE_DIR"          # where the runtime wheel is cached
+ENV_RUNTIME_WHEEL = "WMCTL_RUNTIME_WHEEL"  # a prebuilt runtime wheel to put in images
+ENV_TEST_SLEEP_BEFORE_COMMIT = "WMCTL_TEST_SLEEP_BEFORE_COMMIT"  # tests: widen the torn-commit window
 
 
 def format_progress(event: str, **fields: Any) -> str:

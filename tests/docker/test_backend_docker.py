@@ -21,8 +21,8 @@ import pytest
 from orchestrator import failures
 from orchestrator import labels as L
 from orchestrator.backends import base as b
-from orchestrator.backends.docker import DockerBackend
-from orchestrator.commands.render import render_for
+from orchestrator.backends.docker.engine import DockerBackend
+from orchestrator import api
 from orchestrator.errors import BackendError, EngineUnavailable, RunNotFound
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
@@ -37,7 +37,8 @@ SLEEP = ["python3", "-c", "import time; time.sleep(120)"]
 def make_plan(name: str, image: str, *, commands: dict[int, list[str]] | None = None,
               env: dict[str, str] | None = None, mem_limit: dict[int, int] | None = None,
               attempt: int = 0, exclude: tuple[str, ...] = ()):
-    plan = render_for(DATA / "job.yaml", {"name": name}, "docker", attempt, exclude)
+    plan = api.dryrun(api.load_job(DATA / "job.yaml", {"name": name}), "docker", attempt=attempt,
+                      exclude=exclude).plan
     for res in plan.resources:
         if res["kind"] != "container":
             continue

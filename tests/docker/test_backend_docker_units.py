@@ -9,8 +9,9 @@ import pytest
 
 from orchestrator import failures
 from orchestrator.backends import base as b
-from orchestrator.backends.docker import (DockerBackend, container_kwargs, node_status, parse_docker_ns,
-                                          parse_docker_time, transition_events)
+from orchestrator.backends.docker.classify import node_status, parse_docker_ns, parse_docker_time, transition_events
+from orchestrator.backends.docker.engine import DockerBackend, container_kwargs
+from orchestrator.backends.kubernetes.render import KubernetesRequest
 from orchestrator.errors import BackendError
 from orchestrator.plan import Plan
 
@@ -95,4 +96,5 @@ def test_container_kwargs_split_and_unknown_keys_are_refused():
 
 def test_submit_refuses_a_plan_for_another_backend_without_touching_the_engine():
     with pytest.raises(BackendError, match="kubernetes plan cannot be submitted to Docker"):
-        DockerBackend(client=object()).submit(Plan(backend="kubernetes", run="r", attempt=0, spec_hash="h"))
+        DockerBackend(client=object()).submit(Plan(backend="kubernetes", run="r", attempt=0, spec_hash="h",
+                                                          request=KubernetesRequest(namespace="default")))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.backends.local import tagged_pids
+from orchestrator.backends.local.engine import tagged_pids
 from orchestrator.runtime.protocol import parse_progress
 
 JOBS = Path(__file__).parent / "jobs"

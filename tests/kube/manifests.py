@@ -74,7 +74,7 @@ def rendered_plan(run: str, attempt: int, *, nodes: int = 2, excluded_nodes: tup
                   namespace: str | None = None, kube: dict[str, Any] | None = None):
     """The lead's real renderer (orchestrator/render/kubernetes.py) for a small CPU job."""
     from orchestrator.plan import AttemptContext
-    from orchestrator.render.kubernetes import render_kubernetes
+    from orchestrator.backends.kubernetes.render import render_kubernetes
     from orchestrator.spec import from_dict
     from orchestrator.vendors import load_profile
 
@@ -86,3 +86,13 @@ def rendered_plan(run: str, attempt: int, *, nodes: int = 2, excluded_nodes: tup
     ctx = AttemptContext(attempt=attempt, excluded_nodes=tuple(excluded_nodes),
                          resume=attempt > 0, parent=parent)
     return render_kubernetes(spec, load_profile("cpu"), ctx)
+
+
+def manifest_plan(manifests: list[dict[str, Any]], namespace: str = "default"):
+    """Hand-written manifests as the Plan a Kubernetes backend submits."""
+    from orchestrator.backends.kubernetes.render import KubernetesRequest
+    from orchestrator.plan import Plan
+
+    labels = manifests[-1]["metadata"]["labels"]
+    return Plan(backend="kubernetes", run=labels.get("wmctl.io/run", "?"), attempt=int(labels.get("wmctl.io/attempt", 0)),
+                spec_hash="hand", request=KubernetesRequest(namespace=namespace), resources=manifests)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.backends import base
-from orchestrator.kube.classify_pod import (
+from orchestrator.backends.kubernetes.classify import (
     node_statuses, pod_deleted_event, pod_events)
 
 

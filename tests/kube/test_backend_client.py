@@ -7,9 +7,9 @@ import sys
 import pytest
 import yaml
 
-from orchestrator.backends.kubernetes import KubernetesBackend
+from orchestrator.backends.kubernetes.engine import KubernetesBackend
 from orchestrator.errors import BackendError, EngineUnavailable
-from orchestrator.kube.client import load_api_client
+from orchestrator.adaptors.kubernetes import load_api_client
 
 
 def _kubeconfig(tmp_path, good_url: str) -> str:
@@ -65,8 +65,22 @@ def test_unreachable_api_is_engine_unavailable(tmp_path):
 
 
 def test_plan_without_manifests_is_rejected():
-    with pytest.raises(BackendError):
-        KubernetesBackend(api_client=object()).submit({"resources": []})
+    from orchestrator.backends.kubernetes.render import KubernetesRequest
+    from orchestrator.plan import Plan
+
+    empty = Plan(backend="kubernetes", run="r", attempt=0, spec_hash="h", request=KubernetesRequest("default"))
+    with pytest.raises(BackendError, match="no Kubernetes manifests"):
+        KubernetesBackend(api_client=object()).submit(empty)
+
+
+def test_a_plan_for_another_backend_is_rejected():
+    from orchestrator.backends.docker.render import DockerRequest
+    from orchestrator.plan import Plan
+
+    other = Plan(backend="docker", run="r", attempt=0, spec_hash="h", request=DockerRequest("net"),
+                 resources=[{"kind": "container"}])
+    with pytest.raises(BackendError, match="cannot be submitted to Kubernetes"):
+        KubernetesBackend(api_client=object()).submit(other)
 
 
 def test_importing_the_backend_does_not_import_kubernetes():

@@ -13,10 +13,10 @@ import pytest
 from kubernetes import client
 
 from orchestrator.backends import base
-from orchestrator.backends.kubernetes import KubernetesBackend
+from orchestrator.backends.kubernetes.engine import KubernetesBackend
 from orchestrator.errors import BackendError
 
-from .manifests import attempt_manifests, rendered_plan
+from .manifests import attempt_manifests, manifest_plan, rendered_plan
 from .simhelpers import Collector
 
 pytestmark = pytest.mark.timeout(90)
@@ -344,7 +344,7 @@ def test_sim_every_manifest_sent_passes_strict_schema(fake_api, backend):
     fake_api.faults.lose_response_next(1, verb="POST", path="/jobs")
     backend.submit(rendered_plan("sim", 0))
     backend.submit(rendered_plan("sim", 1, excluded_nodes=("node-a",), parent=0))
-    backend.submit(attempt_manifests("other", 0, excluded_nodes=["node-b"]))
+    backend.submit(manifest_plan(attempt_manifests("other", 0, excluded_nodes=["node-b"])))
     bodies = [r["body"] for r in fake_api.api.sent("POST")]
     assert len(bodies) == 7 and {b["kind"] for b in bodies} == {"Service", "Job"}
     for body in bodies:

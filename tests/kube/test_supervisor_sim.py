@@ -15,11 +15,11 @@ import threading
 import kubernetes_validate
 import pytest
 
-from orchestrator.backends.kubernetes import KubernetesBackend
+from orchestrator.backends.kubernetes.engine import KubernetesBackend
 from orchestrator.plan import AttemptContext
-from orchestrator.render.kubernetes import render_kubernetes
 from orchestrator.spec import from_dict
-from orchestrator.state import RunRecord, RunStore
+from orchestrator.state import LocalRunStore as RunStore
+from orchestrator.state import RunRecord
 from orchestrator.supervisor import Supervisor
 from orchestrator.vendors import load_profile
 
@@ -54,7 +54,7 @@ def test_sim_supervisor_replaces_an_attempt_that_lost_a_node(fake_api, tmp_path,
                        spec_hash=spec.spec_hash(), auto_resume=True)
     lines: list[str] = []
     sup = Supervisor(spec, profile, backend, store, record, auto_resume=True,
-                     plan_fn=lambda s, p, ctx: render_kubernetes(s, p, ctx), echo=lines.append,
+                     echo=lines.append,
                      poll_interval=0.02)
     result: dict = {}
     thread = threading.Thread(target=lambda: result.setdefault("outcome", sup.run()), daemon=True)

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.plan import AttemptContext
-from orchestrator.render import render_plan
+from .helpers import render_plan
 from orchestrator.vendors import load_profile
 
 from .helpers import spec_from

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.launch import device_ids_per_node
-from orchestrator.render import render_plan
+from .helpers import render_plan
 from orchestrator.vendors import available_profiles, load_profile
 
 from .helpers import full_spec, spec_from

@@ -4,16 +4,20 @@ refused there with a SpecError, as the CLI would)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from orchestrator.backends import names
 from orchestrator.errors import SpecError
 from orchestrator.plan import AttemptContext
-from orchestrator.render import BACKENDS, render_plan
-from orchestrator.spec import JobSpec, check_backend, parse_spec
+from orchestrator.spec import JobSpec, parse_spec
 from orchestrator.vendors import available_profiles, load_profile
 
-from .helpers import spec_from
+from .helpers import check_backend, render_plan, spec_from
+
+BACKENDS = names()
 
 IMAGE = "registry.local/fuzz:1"   # the container backends run an image; a spec may name none
 CPUS = list(range(8))             # a fixed host, so a result does not depend on this machine
@@ -57,12 +61,12 @@ def _render_everywhere(spec: JobSpec) -> None:
                 check_backend(spec, backend, auto_resume=resume)
             except SpecError as err:
                 _assert_names_fields(err)
-            kwargs = {"image": IMAGE} if backend != "local" else {}
-            if backend != "kubernetes":
-                kwargs["cpus"] = CPUS
+            # The container backends run an image (--image gives one where the spec names none).
+            runs = dataclasses.replace(spec, image=dataclasses.replace(spec.image, tag=spec.image.tag or IMAGE))
+            runs.source_dir = spec.source_dir
             try:
-                plan = render_plan(spec, profile, backend, AttemptContext(attempt=1, resume=resume, parent=0),
-                                   **kwargs)
+                plan = render_plan(runs if backend != "local" else spec, profile, backend,
+                                   AttemptContext(attempt=1, resume=resume, parent=0), cpus=CPUS)
             except SpecError as err:
                 _assert_names_fields(err)
                 continue

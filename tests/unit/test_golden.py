@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.commands._common import plan_document
 from orchestrator.plan import AttemptContext
-from orchestrator.render import render_plan
+from .helpers import render_plan
 from orchestrator.vendors import available_profiles, load_profile
 
 from .helpers import GOLDEN, full_spec

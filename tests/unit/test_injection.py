@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from orchestrator.commands._common import plan_document
 from orchestrator.errors import SpecError
-from orchestrator.render import render_plan
-from orchestrator.render.kubernetes import escape_expansion
-from orchestrator.render.safe import yaml_value
+from .helpers import render_plan
+from orchestrator.backends.kubernetes.render import escape_expansion
+from orchestrator.templating import yaml_value
 from orchestrator.vendors import load_profile
 
 from .helpers import spec_from

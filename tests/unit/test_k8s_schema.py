@@ -12,7 +12,7 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.plan import AttemptContext
-from orchestrator.render.kubernetes import render_kubernetes
+from orchestrator.backends.kubernetes.render import render_kubernetes
 from orchestrator.vendors import available_profiles, load_profile
 
 from .helpers import full_spec

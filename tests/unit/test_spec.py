@@ -6,10 +6,10 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.launch import nproc_per_node
-from orchestrator.spec import apply_overrides, check_backend, load_spec, parse_set_flags, parse_spec
+from orchestrator.spec import apply_overrides, load_spec, parse_set_flags, parse_spec
 from orchestrator.vendors import load_profile
 
-from .helpers import DATA, full_spec, spec_from
+from .helpers import DATA, check_backend, full_spec, spec_from
 
 BASE = {"name": "wm", "command": ["python", "train.py"]}
 
@@ -104,7 +104,7 @@ def test_checkpoint_dir_is_matched_to_volumes_as_the_container_resolves_it():
 
 def test_fractional_grace_period_rounds_up_never_to_zero():
     from orchestrator.plan import AttemptContext
-    from orchestrator.render import render_plan
+    from .helpers import render_plan
 
     spec = spec_from({**BASE, "image": {"tag": "x:1"}, "kubernetes": {"termination_grace_period": "1.5s"}})
     plan = render_plan(spec, load_profile("cpu"), "kubernetes", AttemptContext())
@@ -192,7 +192,7 @@ def test_relative_host_path_rejected_only_on_kubernetes():
 
 def test_kubernetes_renderer_refuses_relative_host_path_itself():
     # The supervisor renders later attempts without the CLI's check_backend in between.
-    from orchestrator.render import render_plan
+    from .helpers import render_plan
     spec = spec_from({**BASE, "image": {"tag": "x:1"},
                       "volumes": [{"name": "ckpt", "mount": "/ckpt", "host_path": "./ckpt"}]})
     with pytest.raises(SpecError) as err:
@@ -202,7 +202,7 @@ def test_kubernetes_renderer_refuses_relative_host_path_itself():
 
 def _kubernetes_notes(data, resume=True):
     from orchestrator.plan import AttemptContext
-    from orchestrator.render import render_plan
+    from .helpers import render_plan
     spec = spec_from({**BASE, "image": {"tag": "x:1"}, "checkpoint": {"dir": "/ckpt/run"}, **data})
     check_backend(spec, "kubernetes", auto_resume=resume)     # accepted: a note, not an error
     return render_plan(spec, load_profile("cpu"), "kubernetes", AttemptContext(resume=resume)).notes
@@ -240,7 +240,7 @@ def test_volume_names_with_the_wmctl_prefix_are_reserved(name):
 
 
 def test_ascend_driver_mounts_survive_any_user_volume_name():
-    from orchestrator.render import render_plan
+    from .helpers import render_plan
     spec = spec_from({**BASE, "image": {"vendor": "ascend", "tag": "x:1"},
                       "volumes": [{"name": "driver-0", "mount": "/data", "pvc": "x"}]})
     job = next(o for o in render_plan(spec, load_profile("ascend"), "kubernetes").resources if o["kind"] == "Job")

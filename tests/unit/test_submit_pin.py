@@ -8,7 +8,7 @@ import json
 import yaml
 
 from orchestrator import images
-from orchestrator.submit import submit_and_maybe_watch
+from orchestrator import api
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -22,8 +22,7 @@ def test_the_pinned_digest_is_kept_in_the_run_record(tmp_path, monkeypatch):
     images.record_image(spec, "tiny", {"tag": tag, "image_id": "sha256:1",
                                        "repo_digest": f"registry.example.com/team/tiny@{DIGEST}"})
     lines: list[str] = []
-    assert submit_and_maybe_watch(spec, {}, backend="local", auto_resume=False, watch=True,
-                                  echo=lines.append) == 0
+    assert api.submit(api.load_job(spec, {}), "local", watch=True, echo=lines.append) == 0
     record = json.loads((tmp_path / "home" / "runs" / "tiny" / "run.json").read_text())
     assert record["overrides"]["image.tag"] == f"registry.example.com/team/tiny@{DIGEST}"
     assert record["status"] == "succeeded"

@@ -15,7 +15,8 @@ import pytest
 from orchestrator.backends import base as b
 from orchestrator.errors import EngineUnavailable
 from orchestrator.runtime.protocol import PREEMPTED_EXIT_CODE
-from orchestrator.state import RunRecord, RunStore
+from orchestrator.state import LocalRunStore as RunStore
+from orchestrator.state import RunRecord
 from orchestrator.supervisor import Supervisor
 
 from .helpers import spec_from
@@ -66,6 +67,12 @@ class ScriptedBackend:
         self.calls: list[tuple] = []
         self.submitted: dict[int, object] = {}
 
+    def plan(self, spec, profile, ctx) -> FakePlan:
+        return FakePlan(spec.name, ctx.attempt, ctx)
+
+    def namespace_of(self, spec) -> None:
+        return None
+
     def submit(self, plan: FakePlan) -> b.AttemptRef:
         self.calls.append(("submit", plan.attempt))
         self.submitted[plan.attempt] = plan.ctx
@@ -80,7 +87,7 @@ class ScriptedBackend:
             script.append(([], nodes))
         return b.Observation(list(events), nodes)
 
-    def cancel(self, ref: b.AttemptRef) -> None:
+    def cancel(self, ref: b.AttemptRef, graceful: bool = False) -> None:
         self.calls.append(("cancel", ref.attempt))
 
     def release(self, ref: b.AttemptRef) -> None:
@@ -110,7 +117,6 @@ def supervise(scripts, *, restart=None, auto_resume=True, places_nodes=True):
                        spec_hash=spec.spec_hash(), auto_resume=auto_resume)
     lines: list[str] = []
     sup = Supervisor(spec, None, backend, store, record, auto_resume=auto_resume,
-                     plan_fn=lambda s, p, ctx: FakePlan(s.name, ctx.attempt, ctx),
                      echo=lines.append, clock=clock, sleep=clock.sleep, poll_interval=1.0)
     outcome = sup.run()
     return outcome, backend, store.load(), lines, clock
@@ -223,7 +229,7 @@ def test_the_live_display_sees_every_state_change_and_the_end(home):
                        spec_hash=spec.spec_hash(), auto_resume=True)
     seen: list[tuple] = []
     Supervisor(spec, None, backend, store, record, auto_resume=True,
-               plan_fn=lambda s, p, ctx: FakePlan(s.name, ctx.attempt, ctx), echo=lambda line: None,
+               echo=lambda line: None,
                clock=clock, sleep=clock.sleep, poll_interval=1.0,
                show_state=lambda rec, a, nodes: seen.append((rec.status, a.last_step, a.last_checkpoint_step,
                                                              [n.phase for n in nodes]))).run()

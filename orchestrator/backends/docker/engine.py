@@ -11,7 +11,8 @@ local backend writes them, so `wmctl logs` still shows why an attempt failed), t
 containers and the attempt's network; named volumes stay (they hold checkpoints). release does
 the same for an attempt that ended well.
 
-``docker`` is imported lazily so ``wmctl --help`` and dry runs never load it.
+The Docker SDK comes through ``adaptors.docker``, loaded on first use, so ``wmctl --help``
+and dry runs never load it.
 """
 
 from __future__ import annotations
@@ -21,17 +22,17 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Callable, Iterator
 
-from .. import labels as L
-from ..errors import BackendError, EngineUnavailable, RunNotFound
-from ..runtime.protocol import parse_progress
-from . import base as b
-from .archive import ARCHIVE_TAIL_LINES, read_archive, write_archive
-
-ENGINE_HINT = ("start the Docker engine (`bash .ci/start-dockerd.sh` here, `systemctl start docker` on a "
-               "host) or point DOCKER_HOST at a running one")
+from ... import labels as L
+from ...adaptors import docker as sdk
+from ...errors import BackendError, RunNotFound
+from ...plan import AttemptContext, HostFacts, Plan
+from ...runtime.protocol import parse_progress
+from .. import base as b
+from ...state import open_store
+from .classify import TERMINAL, node_status, parse_docker_ns, parse_docker_time, transition_events
+from .render import DockerRequest, render_docker
 
 # Plan "create" keys that belong to the container config; every other known key is host config.
 _CONFIG_KEYS = {"name", "image", "command", "hostname", "environment", "labels", "working_dir",
@@ -39,117 +40,6 @@ _CONFIG_KEYS = {"name", "image", "command", "hostname", "environment", "labels",
 _HOST_KEYS = {"shm_size", "mounts", "mem_limit", "memswap_limit", "cpuset_cpus", "cpuset_mems", "nano_cpus",
               "device_requests", "runtime", "devices", "group_add", "security_opt", "cap_add", "ulimits",
               "ipc_mode", "privileged", "init", "oom_kill_disable", "pids_limit"}
-_TERMINAL = (b.SUCCEEDED, b.FAILED, b.LOST)
-# What a torn-down node leaves in the run folder: the end of its output, where the cause is.
-_ZERO_TIME = "0001-01-01T00:00:00Z"
-
-
-# ---------------------------------------------------------------- pure pieces (unit-testable)
-
-def parse_docker_time(value: str | None) -> float | None:
-    """RFC 3339 with nanoseconds (Docker's format) -> epoch seconds; None for Docker's zero time."""
-    if not value or value.startswith("0001-01-01"):
-        return None
-    ns = parse_docker_ns(value)
-    return ns / 1e9 if ns is not None else None
-
-
-def parse_docker_ns(value: str) -> int | None:
-    """RFC 3339 (up to nanoseconds) -> integer epoch nanoseconds, exact (log de-duplication needs it)."""
-    try:
-        head, _, rest = value.partition(".")
-        if not rest:  # no fraction: "...:05Z" or "...:05+00:00"
-            return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()) * 10**9
-        n = len(rest) - len(rest.lstrip("0123456789"))
-        digits, tz = rest[:n], rest[n:]
-        tz = "+00:00" if tz in ("Z", "") else tz
-        whole = datetime.fromisoformat(head + tz)
-        return int(whole.timestamp()) * 10**9 + int(digits.ljust(9, "0")[:9])
-    except ValueError:
-        return None
-
-
-def node_status(node: int, host: str, state: dict[str, Any] | None, *, signal: int | None,
-                cancelled: bool, previous: b.NodeStatus | None) -> b.NodeStatus:
-    """A container's inspect ``State`` (None: the container is gone) -> the node's phase.
-
-    ``signal``: the last signal someone outside wmctl sent it (from a ``kill`` event). A terminal
-    phase, once seen, sticks: a finished container that is later removed stays finished.
-    """
-    if previous is not None and previous.phase in _TERMINAL:
-        return previous
-    if state is None or state.get("Status") == "removing":
-        if cancelled:
-            return b.NodeStatus(node, b.FAILED, host, None, "cancelled")
-        return b.NodeStatus(node, b.LOST, host, None, "ContainerRemoved")
-    status = state.get("Status")
-    if status == "created":
-        return b.NodeStatus(node, b.PENDING, host)
-    if status in ("running", "restarting"):
-        return b.NodeStatus(node, b.RUNNING, host)
-    if status == "paused":
-        return b.NodeStatus(node, b.PAUSED, host, None, "paused")
-    if status in ("exited", "dead"):
-        code = state.get("ExitCode")
-        if cancelled:
-            return b.NodeStatus(node, b.FAILED, host, code, "cancelled")
-        if state.get("OOMKilled"):
-            return b.NodeStatus(node, b.FAILED, host, code, "OOMKilled")
-        if code == 0 and status == "exited":
-            return b.NodeStatus(node, b.SUCCEEDED, host, 0)
-        return b.NodeStatus(node, b.FAILED, host, code, _exit_reason(code, signal, status))
-    return b.NodeStatus(node, b.UNKNOWN, host, None, str(status))
-
-
-def _exit_reason(code: int | None, signal: int | None, status: str) -> str | None:
-    # 137 = 128 + SIGKILL. Without OOMKilled that is a kill from outside the job (`docker kill`,
-    # a dying host): the classifier treats reason SIGKILL as a lost node.
-    if signal == 9 or code == 137:
-        return "SIGKILL"
-    if signal == 15 or code == 143:
-        return "SIGTERM"
-    if status == "dead":
-        return "dead"
-    return None
-
-
-def transition_events(previous: b.NodeStatus | None, current: b.NodeStatus, *,
-                      started_at: float | None, finished_at: float | None, event_time: float | None,
-                      name: str) -> list[b.Event]:
-    """The events that lead from the last reported phase to the current one (none if unchanged)."""
-    before = previous.phase if previous is not None else None
-    now = current.phase
-    if before == now:
-        return []
-    node, host = current.node, current.host
-    out: list[b.Event] = []
-    if now == b.RUNNING:
-        reason = "unpaused" if before == b.PAUSED else None
-        t = event_time if before == b.PAUSED and event_time else (started_at or time.time())
-        out.append(b.Event(b.NODE_STARTED, t, node, host, reason=reason))
-    elif now == b.PAUSED:
-        out.append(b.Event(b.NODE_PAUSED, event_time or time.time(), node, host, reason="paused",
-                           message=f"container {name} is paused (frozen): no exit will come"))
-    elif now in (b.SUCCEEDED, b.FAILED):
-        if current.reason == "cancelled":
-            return []  # the attempt-level CANCELLED event covers it
-        if before in (None, b.PENDING) and started_at is not None:
-            out.append(b.Event(b.NODE_STARTED, started_at, node, host))
-        t = finished_at or event_time or time.time()
-        if current.reason == "OOMKilled":
-            out.append(b.Event(b.OOM_KILLED, t, node, host, exit_code=current.exit_code, reason="OOMKilled",
-                               message=f"container {name} exceeded its memory limit (OOMKilled, "
-                                       f"exit {current.exit_code})"))
-        else:
-            msg = f"container {name} exited with {current.exit_code}"
-            if current.reason == "SIGKILL":
-                msg += " (killed with SIGKILL from outside the job)"
-            out.append(b.Event(b.NODE_EXITED, t, node, host, exit_code=current.exit_code,
-                               reason=current.reason, message=msg))
-    elif now == b.LOST:
-        out.append(b.Event(b.NODE_LOST, event_time or time.time(), node, host, reason="ContainerRemoved",
-                           message=f"container {name} disappeared (removed by someone other than wmctl)"))
-    return out
 
 
 def container_kwargs(create: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str | None]:
@@ -171,33 +61,6 @@ def attempt_filters(run: str, attempt: int | None = None) -> dict[str, list[str]
     return {"label": found}
 
 
-# ---------------------------------------------------------------- engine access
-
-def _docker_errors():
-    import docker.errors
-    import requests.exceptions
-
-    return docker.errors, requests.exceptions
-
-
-@contextlib.contextmanager
-def _engine(what: str) -> Iterator[None]:
-    """Connection failures -> EngineUnavailable with a hint; other errors pass through."""
-    errors, rexc = _docker_errors()
-    try:
-        yield
-    except rexc.ConnectionError as exc:
-        raise EngineUnavailable(f"the Docker engine did not answer while {what}: {exc}", hint=ENGINE_HINT) from None
-    except errors.DockerException as exc:
-        if isinstance(exc, errors.APIError):
-            raise
-        raise EngineUnavailable(f"cannot use the Docker engine while {what}: {exc}", hint=ENGINE_HINT) from None
-
-
-def _explain(exc: Any) -> str:
-    return getattr(exc, "explanation", None) or str(exc)
-
-
 @dataclass
 class _Attempt:
     ref: b.AttemptRef
@@ -215,9 +78,12 @@ class _Attempt:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class DockerBackend:
+class DockerBackend(b.Backend[DockerRequest]):
     name = "docker"
     places_nodes = False     # one Docker host: a retry cannot go elsewhere
+    graceful_cancel = True   # `docker stop`: SIGTERM, then SIGKILL after the grace period
+    # secret and config_map are Kubernetes objects: a Docker host has no such thing to mount
+    volume_sources = frozenset(("pvc", "host_path", "nfs", "empty_dir"))
 
     def __init__(self, client: Any = None, *, pull: bool = False, log_follow: bool = True):
         self._client = client
@@ -231,30 +97,30 @@ class DockerBackend:
     @property
     def client(self) -> Any:
         if self._client is None:
-            import docker
-
-            errors, rexc = _docker_errors()
-            try:
-                self._client = docker.from_env()
-            except (errors.DockerException, rexc.ConnectionError) as exc:
-                raise EngineUnavailable(f"cannot reach the Docker engine: {exc}", hint=ENGINE_HINT) from None
+            self._client = sdk.client()
         return self._client
+
+    # ------------------------------------------------------------ planning
+
+    @classmethod
+    def render(cls, spec, profile, ctx: AttemptContext, host: HostFacts) -> Plan[DockerRequest]:
+        return render_docker(spec, profile, ctx, host)
 
     # ------------------------------------------------------------ submit
 
-    def submit(self, plan: Any) -> b.AttemptRef:
-        if getattr(plan, "backend", None) != "docker":
+    def submit(self, plan: Plan[DockerRequest]) -> b.AttemptRef:
+        if not isinstance(getattr(plan, "request", None), DockerRequest):
             raise BackendError(f"a {getattr(plan, 'backend', '?')} plan cannot be submitted to Docker",
                                hint="render the plan for the docker backend (-b docker)")
         containers = [r for r in plan.resources if r.get("kind") == "container"]
         if not containers:
             raise BackendError("the plan has no containers", hint="render the plan for the docker backend")
-        ref = b.AttemptRef("docker", plan.run, plan.attempt, extra={"network": plan.extra.get("network")})
-        errors, _ = _docker_errors()
+        ref = b.AttemptRef(self.name, plan.run, plan.attempt)
+        errors, _ = sdk.errors()
         client = self.client
         undo: list[Callable[[], None]] = []
         since = time.time() - 1.0
-        with _engine(f"submitting {plan.attempt_name}"):
+        with sdk.engine(f"submitting {plan.attempt_name}"):
             try:
                 for image in sorted({c["create"]["image"] for c in containers}):
                     self._ensure_image(image)
@@ -272,7 +138,7 @@ class DockerBackend:
                     self._start(cid)
             except errors.APIError as exc:
                 self._rollback(undo)
-                raise BackendError(f"Docker refused to submit {plan.attempt_name}: {_explain(exc)}",
+                raise BackendError(f"Docker refused to submit {plan.attempt_name}: {sdk.explain(exc)}",
                                    hint="nothing of this attempt was left behind; fix the cause and submit again") from None
             except BaseException:
                 self._rollback(undo)
@@ -281,7 +147,7 @@ class DockerBackend:
         return ref
 
     def _ensure_image(self, image: str) -> None:
-        errors, _ = _docker_errors()
+        errors, _ = sdk.errors()
         try:
             self.client.images.get(image)
             return
@@ -293,14 +159,14 @@ class DockerBackend:
                 return
             except errors.APIError as exc:
                 raise BackendError(f"image {image!r} is not on this Docker host and pulling it failed: "
-                                   f"{_explain(exc)}", hint="check the tag and `docker login`, or build it with "
+                                   f"{sdk.explain(exc)}", hint="check the tag and `docker login`, or build it with "
                                    "`wmctl build-image SPEC`") from None
         raise BackendError(f"image {image!r} is not on this Docker host",
                            hint=f"build it with `wmctl build-image SPEC` or pull it (`docker pull {image}`), "
                                 "then submit again")
 
     def _ensure_network(self, res: dict[str, Any], plan: Any, undo: list[Callable[[], None]]) -> None:
-        errors, _ = _docker_errors()
+        errors, _ = sdk.errors()
         want = res.get("labels") or L.run_labels(plan.run, plan.attempt)
         try:
             net = self.client.networks.get(res["name"])
@@ -316,7 +182,7 @@ class DockerBackend:
                                "or set docker.network in the spec to use it on purpose")
 
     def _require_network(self, name: str) -> None:
-        errors, _ = _docker_errors()
+        errors, _ = sdk.errors()
         try:
             self.client.networks.get(name)
         except errors.NotFound:
@@ -325,7 +191,7 @@ class DockerBackend:
                                     "from the spec to get a private network per attempt") from None
 
     def _ensure_volume(self, res: dict[str, Any], undo: list[Callable[[], None]]) -> None:
-        errors, _ = _docker_errors()
+        errors, _ = sdk.errors()
         try:
             self.client.volumes.get(res["name"])  # reused as is: it may hold checkpoints
         except errors.NotFound:
@@ -336,7 +202,7 @@ class DockerBackend:
 
     def _ensure_container(self, res: dict[str, Any], plan: Any, undo: list[Callable[[], None]]) -> str:
         """Create one node's container, or adopt it if this attempt already made it. Returns its id."""
-        errors, _ = _docker_errors()
+        errors, _ = sdk.errors()
         api = self.client.api
         config, host, network = container_kwargs(res["create"])
         networking = None
@@ -378,14 +244,14 @@ class DockerBackend:
         undo.clear()
 
     def _quiet_remove(self, obj: Any) -> None:
-        errors, _ = _docker_errors()
+        errors, _ = sdk.errors()
         try:
             obj.remove()
         except errors.NotFound:
             pass
 
     def _quiet_remove_container(self, cid: str) -> None:
-        errors, _ = _docker_errors()
+        errors, _ = sdk.errors()
         try:
             # force: SIGKILL then remove; v: the container's anonymous (empty_dir) volumes go too,
             # named volumes never do.
@@ -432,7 +298,7 @@ class DockerBackend:
         return self._watch(ref, names, since)
 
     def _follow_events(self, st: _Attempt, since: float) -> None:
-        errors, rexc = _docker_errors()
+        errors, rexc = sdk.errors()
         filters = {**attempt_filters(st.ref.run, st.ref.attempt), "type": ["container"]}
         last = since
         while not st.stop.is_set():
@@ -462,7 +328,7 @@ class DockerBackend:
                    streams: list[Any] | None = None) -> Iterator[tuple[int, str]]:
         """(timestamp ns, line) of a container's output. Following survives read timeouts on a
         silent container by reconnecting from the last timestamp (lines at or before it skipped)."""
-        errors, rexc = _docker_errors()
+        errors, rexc = sdk.errors()
         stop = stop or threading.Event()
         last_ns = 0
         while not stop.is_set():
@@ -499,7 +365,7 @@ class DockerBackend:
                 return
 
     def _exists(self, name: str) -> bool:
-        errors, _ = _docker_errors()
+        errors, _ = sdk.errors()
         try:
             self.client.api.inspect_container(name)
             return True
@@ -507,7 +373,7 @@ class DockerBackend:
             return False
 
     def _alive(self, name: str) -> bool:
-        errors, _ = _docker_errors()
+        errors, _ = sdk.errors()
         try:
             return self.client.api.inspect_container(name)["State"].get("Status") in ("running", "paused",
                                                                                     "restarting", "created")
@@ -515,13 +381,13 @@ class DockerBackend:
             return False
 
     def poll(self, ref: b.AttemptRef) -> b.Observation:
-        errors, _ = _docker_errors()
-        with _engine(f"polling {ref.attempt_name}"):
+        errors, _ = sdk.errors()
+        with sdk.engine(f"polling {ref.attempt_name}"):
             st = self._state_for(ref)
             with st.lock:
                 events = self._drain(st)
                 # Cancelling an attempt that had already ended is clean-up, not a cancellation.
-                ended = bool(st.status) and all(s.phase in _TERMINAL for s in st.status.values())
+                ended = bool(st.status) and all(s.phase in TERMINAL for s in st.status.values())
                 for node, name in sorted(st.names.items()):
                     try:
                         info = self.client.api.inspect_container(name)
@@ -581,11 +447,11 @@ class DockerBackend:
             st.event_times[(node, action)] = t
 
     def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False) -> Iterator[str]:
-        archived = read_archive(ref, node)
+        archived = open_store(ref.run).archived_log(ref.attempt, node)
         if archived is not None:   # the attempt was torn down: its containers are gone
             yield from archived
             return
-        with _engine(f"reading the log of node {node} of {ref.attempt_name}"):
+        with sdk.engine(f"reading the log of node {node} of {ref.attempt_name}"):
             st = self._state_for(ref)
             name = st.names.get(node)
             if name is None:
@@ -602,11 +468,11 @@ class DockerBackend:
     def cancel(self, ref: b.AttemptRef, graceful: bool = False, timeout: float | None = None) -> None:
         """Tear the attempt down at once (SIGKILL + remove); ``graceful``: ``docker stop`` first,
         with ``timeout`` or the container's own stop timeout. Named volumes are never removed."""
-        errors, _ = _docker_errors()
+        errors, _ = sdk.errors()
         st = self._attempts.get((ref.run, ref.attempt))
         if st is not None:
             st.cancelled = True  # before the kill: its events and exits are ours, not a failure
-        with _engine(f"cancelling {ref.attempt_name}"):
+        with sdk.engine(f"cancelling {ref.attempt_name}"):
             found = self._containers(ref.run, ref.attempt)
             if graceful:
                 stoppers = [threading.Thread(target=self._quiet_stop, args=(c, timeout), daemon=True) for c in found]
@@ -633,7 +499,7 @@ class DockerBackend:
         self.cancel(ref)
 
     def _quiet_kill(self, cid: str) -> None:
-        errors, _ = _docker_errors()
+        errors, _ = sdk.errors()
         try:
             self.client.api.kill(cid)
         except errors.NotFound:
@@ -643,19 +509,19 @@ class DockerBackend:
                 raise
 
     def _archive_logs(self, ref: b.AttemptRef, found: list[Any]) -> None:
-        errors, _ = _docker_errors()
+        errors, _ = sdk.errors()
         for c in found:
             node = c.labels.get(L.NODE, "")
             if not node.isdigit():
                 continue
             try:
-                data = self.client.api.logs(c.id, stdout=True, stderr=True, tail=ARCHIVE_TAIL_LINES)
+                data = self.client.api.logs(c.id, stdout=True, stderr=True, tail=b.ARCHIVE_TAIL_LINES)
             except errors.NotFound:
                 continue
-            write_archive(ref, int(node), data)
+            open_store(ref.run).archive_log(ref.attempt, int(node), data)
 
     def _quiet_stop(self, container: Any, timeout: float | None) -> None:
-        errors, _ = _docker_errors()
+        errors, _ = sdk.errors()
         try:
             container.stop(**({"timeout": int(timeout)} if timeout is not None else {}))
         except errors.NotFound:
@@ -668,10 +534,10 @@ class DockerBackend:
         return self.client.containers.list(all=True, filters=attempt_filters(run, attempt))
 
     def attempts(self, run: str) -> list[b.AttemptRef]:
-        with _engine(f"listing the attempts of {run}"):
+        with sdk.engine(f"listing the attempts of {run}"):
             found = {c.labels.get(L.ATTEMPT) for c in self._containers(run, None)}
         numbers = sorted(int(a) for a in found if a and a.isdigit())
-        return [b.AttemptRef("docker", run, n) for n in numbers]
+        return [b.AttemptRef(self.name, run, n) for n in numbers]
 
     def _stop_threads(self, st: _Attempt) -> None:
         st.stop.set()

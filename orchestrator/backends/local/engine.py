@@ -18,13 +18,15 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from ..errors import BackendError
-from ..plan import AttemptContext, Plan
-from ..render.local import render_local, run_dir
-from ..runtime.protocol import parse_progress
-from . import base as b
+from ... import layout
+from ...errors import BackendError
+from ...plan import AttemptContext, HostFacts, Plan
+from ...runtime.protocol import ENV_LOCAL_TAG, parse_progress
+from .. import base as b
+from .classify import NodeView, node_events
+from .render import LocalRequest, render_local
 
-TAG_ENV = "WMCTL_LOCAL_TAG"
+TAG_ENV = ENV_LOCAL_TAG
 
 
 def free_port(preferred: int) -> int:
@@ -69,54 +71,61 @@ def _proc_state(pid: int) -> str | None:
         return None
 
 
-class _NodeWatch:
-    def __init__(self, node: int, directory: Path):
-        self.node = node
-        self.log = directory / f"node-{node}.log"
-        self.exit_file = directory / f"node-{node}.exit.json"
-        self.pid_file = directory / f"node-{node}.pid.json"
+class _NodeWatch(NodeView):
+    """A node's files in the attempt folder, and how far its log has been read."""
+
+    def __init__(self, ref: b.AttemptRef, node: int):
+        super().__init__(node, layout.local_host(node))
+        self.log = layout.node_log(ref.run, ref.attempt, node)
+        self.exit_file = layout.node_exit_file(ref.run, ref.attempt, node)
+        self.pid_file = layout.node_pid_file(ref.run, ref.attempt, node)
         self.offset = 0
         self.partial = b""
-        self.reported_start = False
-        self.reported_end = False
-        self.reported_pause = False
-        self.phase = b.PENDING
-        self.exit_code: int | None = None
-        self.reason: str | None = None
 
 
-class LocalBackend:
+class LocalBackend(b.Backend[LocalRequest]):
     name = "local"
-    places_nodes = False     # this machine only
+    places_nodes = False              # this machine only
+    graceful_cancel = True            # SIGTERM to every process, then a wait for the checkpoint
+    runs_image = False                # the agents run this machine's interpreter
+    checkpoints_outlive_nodes = True  # checkpoints are on this machine's disk
 
     def __init__(self) -> None:
         self._watches: dict[str, list[_NodeWatch]] = {}
 
     # -- planning ----------------------------------------------------------------------------
-    def plan(self, spec, profile, ctx: AttemptContext) -> Plan:
-        port = free_port(spec.local.master_port or spec.rendezvous.port)
-        return render_local(spec, profile, ctx, port=port)
+    @classmethod
+    def render(cls, spec, profile, ctx: AttemptContext, host: HostFacts) -> Plan[LocalRequest]:
+        return render_local(spec, profile, ctx, host)
+
+    def host_facts(self, spec) -> HostFacts:
+        """This machine, and a rendezvous port free on it now (the dry run and the submit
+        choose it the same way)."""
+        return HostFacts.of_this_machine(port=free_port(spec.local.master_port or spec.rendezvous.port))
 
     # -- submit --------------------------------------------------------------------------------
-    def submit(self, plan: Plan) -> b.AttemptRef:
-        directory = Path(plan.extra["attempt_dir"])
-        ref = b.AttemptRef("local", plan.run, plan.attempt)
+    def submit(self, plan: Plan[LocalRequest]) -> b.AttemptRef:
+        if not isinstance(plan.request, LocalRequest):
+            raise BackendError(f"a {plan.backend} plan cannot be submitted to the local backend",
+                               hint="plan it for the local backend (-b local)")
+        directory = plan.request.attempt_dir
+        ref = b.AttemptRef(self.name, plan.run, plan.attempt)
         try:
             directory.mkdir(parents=True, exist_ok=False)
         except FileExistsError:
             # The attempt exists already (a second watcher, or a retry after a crash): adopt it.
             return ref
-        Path(plan.extra["checkpoint_dir"]).mkdir(parents=True, exist_ok=True)
-        (directory / "plan.json").write_text(json.dumps(plan.to_dict(), indent=1))
+        plan.request.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        (directory / layout.PLAN_FILE).write_text(json.dumps(plan.to_dict(), indent=1))
         for agent in plan.resources:
             node = agent["node"]
-            watch = _NodeWatch(node, directory)
-            keeper = [sys.executable, "-m", "orchestrator.backends.local_agent", "--log", str(watch.log),
+            watch = _NodeWatch(ref, node)
+            keeper = [sys.executable, "-m", "orchestrator.backends.local.agent", "--log", str(watch.log),
                       "--exit-file", str(watch.exit_file), "--pid-file", str(watch.pid_file)]
             if agent.get("cpus"):
                 keeper += ["--cpus", agent["cpus"]]
             env = {**os.environ, **agent["env"], TAG_ENV: _tag(plan.attempt_name, node)}
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[3]),
                                                               env.get("PYTHONPATH")]))
             try:
                 subprocess.Popen([*keeper, "--", *agent["argv"]], cwd=agent["cwd"], env=env,
@@ -131,56 +140,37 @@ class LocalBackend:
     def _node_watches(self, ref: b.AttemptRef) -> list[_NodeWatch]:
         key = ref.attempt_name
         if key not in self._watches:
-            directory = run_dir(ref.run) / f"attempt-{ref.attempt}"
-            plan_file = directory / "plan.json"
+            directory = layout.attempt_dir(ref.run, ref.attempt)
+            plan_file = directory / layout.PLAN_FILE
             if not plan_file.exists():
                 raise BackendError(f"no local attempt {key} (looked in {directory})")
             nodes = len(json.loads(plan_file.read_text())["resources"])
-            self._watches[key] = [_NodeWatch(i, directory) for i in range(nodes)]
+            self._watches[key] = [_NodeWatch(ref, i) for i in range(nodes)]
         return self._watches[key]
 
     def poll(self, ref: b.AttemptRef) -> b.Observation:
         events: list[b.Event] = []
         statuses: list[b.NodeStatus] = []
         for w in self._node_watches(ref):
-            host = f"localhost-{w.node}"
             # c10d assigns ranks in join order: global rank 0 (the one that reports) can be on any node.
             events += self._read_progress(w)
             if not w.reported_end:
-                events += self._check_node(ref, w, host)
-            statuses.append(b.NodeStatus(w.node, w.phase, host, w.exit_code, w.reason))
+                events += self._check_node(w)
+            statuses.append(b.NodeStatus(w.node, w.phase, w.host, w.exit_code, w.reason))
         return b.Observation(events, statuses)
 
-    def _check_node(self, ref: b.AttemptRef, w: _NodeWatch, host: str) -> list[b.Event]:
-        events = []
-        if w.exit_file.exists():
-            data = json.loads(w.exit_file.read_text())
-            w.exit_code = data["exit_code"]
-            w.reason = "SIGKILL" if data.get("signal") == signal.SIGKILL else None
-            w.phase = b.SUCCEEDED if w.exit_code == 0 else b.FAILED
-            w.reported_end = True
-            events += self._read_progress(w)
-            return events + [b.Event(b.NODE_EXITED, time=data["time"], node=w.node, host=host,
-                                     exit_code=w.exit_code, reason=w.reason,
-                                     message=f"torchrun agent exited with {w.exit_code}")]
+    def _check_node(self, w: _NodeWatch) -> list[b.Event]:
+        exit_data = json.loads(w.exit_file.read_text()) if w.exit_file.exists() else None
+        if exit_data is not None:
+            # Lines written just before the exit come before the exit event.
+            return self._read_progress(w) + node_events(w, exit_data, None, None, None)
         if not w.pid_file.exists():
-            return events
+            return []
         pids = json.loads(w.pid_file.read_text())
         keeper_state = _proc_state(pids["keeper"])
-        if keeper_state in (None, "Z", "X") and not w.exit_file.exists():
-            w.phase, w.reason, w.reported_end = b.LOST, "gone", True
-            return [b.Event(b.NODE_LOST, node=w.node, host=host, reason="gone",
-                            message="the node's processes vanished without an exit status (killed)")]
-        if not w.reported_start:
-            w.reported_start, w.phase = True, b.RUNNING
-            events.append(b.Event(b.NODE_STARTED, time=pids["started"], node=w.node, host=host))
-        agent_state = _proc_state(pids["agent"])
-        if agent_state == "T" and not w.reported_pause:
-            w.reported_pause, w.phase = True, b.PAUSED
-            events.append(b.Event(b.NODE_PAUSED, node=w.node, host=host, message="torchrun agent is stopped (SIGSTOP)"))
-        elif agent_state not in ("T", None) and w.reported_pause:
-            w.reported_pause, w.phase = False, b.RUNNING
-        return events
+        if keeper_state in (None, "Z", "X") and w.exit_file.exists():
+            return self._check_node(w)      # it exited between the two reads
+        return node_events(w, None, pids, keeper_state, _proc_state(pids["agent"]))
 
     def _read_progress(self, w: _NodeWatch) -> list[b.Event]:
         try:
@@ -198,12 +188,12 @@ class LocalBackend:
             progress = parse_progress(raw.decode("utf-8", "replace"))
             if progress is not None:
                 events.append(b.Event(b.PROGRESS, time=progress.get("time", time.time()), node=w.node,
-                                      host=f"localhost-{w.node}", progress=progress))
+                                      host=w.host, progress=progress))
         return events
 
     # -- logs / cancel / attempts ------------------------------------------------------------
     def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False) -> Iterator[str]:
-        path = run_dir(ref.run) / f"attempt-{ref.attempt}" / f"node-{node}.log"
+        path = layout.node_log(ref.run, ref.attempt, node)
         if not path.exists():
             raise BackendError(f"no log for node {node} of {ref.attempt_name} ({path})")
         with open(path, "r", encoding="utf-8", errors="replace") as fh:
@@ -212,7 +202,7 @@ class LocalBackend:
                 if line:
                     yield line.rstrip("\n")
                     continue
-                if not follow or (path.parent / f"node-{node}.exit.json").exists():
+                if not follow or layout.node_exit_file(ref.run, ref.attempt, node).exists():
                     return
                 time.sleep(0.2)
 
@@ -247,9 +237,9 @@ class LocalBackend:
         return len(pids)
 
     def attempts(self, run: str) -> list[b.AttemptRef]:
-        directory = run_dir(run)
-        found = sorted(int(p.name.split("-")[1]) for p in directory.glob("attempt-*") if p.name.split("-")[1].isdigit())
-        return [b.AttemptRef("local", run, n) for n in found]
+        directory = layout.run_dir(run)
+        found = sorted(n for n in (layout.attempt_number(p.name) for p in directory.glob("attempt-*")) if n is not None)
+        return [b.AttemptRef(self.name, run, n) for n in found]
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -14,7 +14,9 @@ import threading
 import time
 from typing import Any, Callable
 
-from .client import api_status, connection_errors, is_transient
+from ...adaptors import kubernetes as sdk
+from ...adaptors.kubernetes import api_status, connection_errors
+from .client import is_transient
 
 Obj = dict[str, Any]
 
@@ -73,9 +75,7 @@ class ResourceWatcher:
         self.synced.set()
 
     def _run(self) -> None:
-        from kubernetes import watch
-        from kubernetes.client.exceptions import ApiException
-
+        ApiException = sdk.api_exception()
         first = True
         while not self._stop.is_set():
             try:
@@ -84,7 +84,7 @@ class ResourceWatcher:
                         self.relists += 1
                     first = False
                     self._list()
-                w = self._watch = watch.Watch()
+                w = self._watch = sdk.watch()
                 for ev in w.stream(self.list_fn, **self.kwargs,
                                    resource_version=self.resource_version,
                                    timeout_seconds=self.watch_timeout,

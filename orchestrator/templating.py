@@ -1,20 +1,39 @@
-"""The one Jinja environment wmctl renders with: sandboxed, strict, every value quoted."""
+"""The one Jinja environment wmctl renders with: sandboxed, strict, every value quoted.
+
+Every ``{{ ... }}`` in wmctl's templates goes through ``yaml_value`` (the environment's
+``finalize``), so a user's string can never become YAML structure, whatever it contains.
+"""
 
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
-from .safe import yaml_value
+from .resources import templates_dir
+
+
+def _safe_char(c: str) -> str:
+    o = ord(c)
+    # Printable in YAML's double-quoted style and not a YAML line break (NEL, LS, PS, BOM).
+    if 0x20 <= o < 0x7F or (0xA0 <= o <= 0xD7FF and o not in (0x2028, 0x2029)) or \
+            (0xE000 <= o <= 0xFFFD and o != 0xFEFF):
+        return c
+    return f"\\u{o:04x}" if o <= 0xFFFF else f"\\U{o:08x}"
+
+
+def yaml_value(value: Any) -> str:
+    """A YAML flow scalar/collection (valid JSON too, except for \\U escapes of astral chars)."""
+    text = json.dumps(value, ensure_ascii=False, sort_keys=False, default=str)
+    # Outside strings JSON is ASCII, so escaping every unsafe character is escaping in strings.
+    return "".join(_safe_char(c) for c in text)
 
 
 @functools.lru_cache(maxsize=4)
 def environment(directory: str | None = None):
     from jinja2 import FileSystemLoader, StrictUndefined
     from jinja2.sandbox import SandboxedEnvironment
-
-    from ..resources import templates_dir
 
     return SandboxedEnvironment(
         loader=FileSystemLoader(directory or str(templates_dir())),

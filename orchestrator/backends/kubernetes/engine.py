@@ -6,7 +6,8 @@ run/attempt labels are checked. poll drains events that background list+watch th
 from Pods, the Job, Nodes and rank 0's log. cancel deletes with cascading (Foreground) and
 force-deletes pods left on lost nodes so the next attempt is not blocked.
 
-``kubernetes`` is imported lazily (inside methods) so the CLI's --help and dry runs stay fast.
+The Kubernetes client comes through ``adaptors.kubernetes``, loaded on first use, so the CLI's
+--help and dry runs never load it.
 """
 
 from __future__ import annotations
@@ -17,11 +18,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .. import labels as L
-from ..errors import BackendError, RunNotFound
-from ..runtime.protocol import parse_progress
-from .archive import ARCHIVE_TAIL_LINES, read_archive, write_archive
-from .base import CANCELLED, NODE_EXITED, NODE_STARTED, PROGRESS, AttemptRef, Event, Observation
+from ... import labels as L
+from ...adaptors import kubernetes as sdk
+from ...errors import BackendError, RunNotFound
+from ...plan import AttemptContext, HostFacts, Plan
+from ...runtime.protocol import parse_progress
+from ...serialize import dump
+from ...state import open_store
+from .. import base as b
+from ..base import CANCELLED, NODE_EXITED, NODE_STARTED, PROGRESS, AttemptRef, Event, Observation
+from .check import volume_problems
+from .classify import (job_finished, newest_per_index, node_healthy, node_statuses, pod_deleted_event,
+                       pod_events, pod_index)
+from .client import call, call_json
+from .render import KubernetesRequest, render_kubernetes
+from .watch import ResourceWatcher
 
 MANAGED_BY, RUN_LABEL, ATTEMPT_LABEL = L.MANAGED_BY, L.RUN, L.ATTEMPT
 
@@ -37,20 +48,16 @@ def attempt_selector(run: str, attempt: int) -> str:
     return f"{RUN_LABEL}={run},{ATTEMPT_LABEL}={attempt}"
 
 
-def plan_manifests(plan: Any) -> list[Obj]:
-    """Manifests from a Plan (``.resources``), a dict with "resources"/"manifests", or a list."""
-    if isinstance(plan, list):
-        found: Any = plan
-    elif isinstance(plan, dict):
-        found = plan.get("resources", plan.get("manifests"))
-    else:
-        found = getattr(plan, "resources", None) or getattr(plan, "manifests", None)
-    if not isinstance(found, list) or not found or not all(isinstance(m, dict) for m in found):
+def plan_manifests(plan: Plan[KubernetesRequest]) -> list[Obj]:
+    """The manifests of a Kubernetes plan; a plan for another backend, or one without
+    manifests, is refused before anything is created."""
+    if not isinstance(getattr(plan, "request", None), KubernetesRequest):
+        raise BackendError(f"a {getattr(plan, 'backend', '?')} plan cannot be submitted to Kubernetes",
+                           hint="render the plan for the kubernetes backend")
+    found = plan.resources
+    if not found or not all(isinstance(m, dict) for m in found):
         raise BackendError("the plan has no Kubernetes manifests",
                            hint="render the plan for the kubernetes backend (wmctl render)")
-    if getattr(plan, "backend", "kubernetes") != "kubernetes":
-        raise BackendError(f"a {plan.backend} plan cannot be submitted to Kubernetes",
-                           hint="render the plan for the kubernetes backend")
     return found
 
 
@@ -76,9 +83,34 @@ class _AttemptState:
     log_resp: Any = None
 
 
-class KubernetesBackend:
+class KubernetesBackend(b.Backend[KubernetesRequest]):
     name = "kubernetes"
     places_nodes = True      # the scheduler honours a node anti-affinity
+    namespaced = True
+
+    @classmethod
+    def create(cls, options: b.BackendOptions) -> "KubernetesBackend":
+        return cls(context=options.context, namespace=options.namespace or "default")
+
+    @classmethod
+    def check(cls, spec) -> list[tuple[str, str]]:
+        return volume_problems(spec)
+
+    @classmethod
+    def render(cls, spec, profile, ctx: AttemptContext, host: HostFacts) -> Plan[KubernetesRequest]:
+        return render_kubernetes(spec, profile, ctx, host)
+
+    @classmethod
+    def document(cls, plan: Plan[KubernetesRequest], output: str) -> str:
+        """Manifests kubectl accepts: a List in JSON, a YAML stream under comment lines."""
+        if output == "json":
+            return dump({"apiVersion": "v1", "kind": "List", "items": plan.resources}, "json")
+        header = "".join(f"# {note}\n" for note in
+                         [f"wmctl plan: run {plan.run}, attempt {plan.attempt}, spec {plan.spec_hash}", *plan.notes])
+        return header + dump(plan.resources, "yaml")
+
+    def namespace_of(self, spec) -> str | None:
+        return spec.kubernetes.namespace
 
     def __init__(self, api_client: Any = None, *, context: str | None = None,
                  kubeconfig: str | None = None, in_cluster: bool | None = None,
@@ -90,30 +122,31 @@ class KubernetesBackend:
         self.watch_timeout = watch_timeout
         self.force_delete_lost = force_delete_lost
         self._states: dict[tuple[str, int, str], _AttemptState] = {}
+        # (run, attempt, namespace) -> (completions, container name), learnt from the Job
+        self._shapes: dict[tuple[str, int, str], tuple[int, str | None]] = {}
         self._lock = threading.Lock()
 
     # --- client ------------------------------------------------------------------------
     @property
     def api_client(self) -> Any:
         if self._api_client is None:
-            from ..kube.client import load_api_client
-            self._api_client = load_api_client(self._context, self._kubeconfig, self._in_cluster)
+            self._api_client = sdk.load_api_client(self._context, self._kubeconfig, self._in_cluster)
         return self._api_client
 
     def _core(self) -> Any:
-        from kubernetes import client
+        client = sdk.sdk()
         return client.CoreV1Api(self.api_client)
 
     def _batch(self) -> Any:
-        from kubernetes import client
+        client = sdk.sdk()
         return client.BatchV1Api(self.api_client)
 
     def _custom(self) -> Any:
-        from kubernetes import client
+        client = sdk.sdk()
         return client.CustomObjectsApi(self.api_client)
 
     # --- submit --------------------------------------------------------------------------
-    def submit(self, plan: Any) -> AttemptRef:
+    def submit(self, plan: Plan[KubernetesRequest]) -> AttemptRef:
         manifests = plan_manifests(plan)
         jobs = [m for m in manifests if m.get("kind") == "Job"]
         if len(jobs) != 1:
@@ -125,22 +158,27 @@ class KubernetesBackend:
             raise BackendError(f"the Job manifest lacks the {RUN_LABEL} / {ATTEMPT_LABEL} labels",
                                hint="render manifests with wmctl's renderer")
         attempt = int(attempt_raw)
-        namespace = (getattr(plan, "namespace", None) if not isinstance(plan, (list, dict)) else None) \
-            or (job.get("metadata") or {}).get("namespace") or self.namespace
+        namespace = (job.get("metadata") or {}).get("namespace") or plan.request.namespace or self.namespace
         for m in sorted(manifests, key=lambda m: _ORDER.get(m.get("kind", ""), 1)):
             self._create_or_adopt(m, namespace, run, attempt)
-        spec = job.get("spec") or {}
-        containers = (((spec.get("template") or {}).get("spec") or {}).get("containers") or [{}])
-        ref = AttemptRef(self.name, run, attempt, namespace,
-                         extra={"completions": int(spec.get("completions") or 1),
-                                "container": containers[0].get("name")})
+        ref = AttemptRef(self.name, run, attempt, namespace)
+        self._learn_shape(ref, job)
         self._state(ref)          # start watching at once so nothing is missed
         return ref
 
-    def _create_or_adopt(self, m: Obj, namespace: str, run: str, attempt: int) -> Obj:
-        from kubernetes.client.exceptions import ApiException
+    def _learn_shape(self, ref: AttemptRef, job: Obj) -> None:
+        spec = job.get("spec") or {}
+        containers = (((spec.get("template") or {}).get("spec") or {}).get("containers") or [{}])
+        key = (ref.run, ref.attempt, ref.namespace or self.namespace)
+        self._shapes[key] = (int(spec.get("completions") or 1), containers[0].get("name"))
 
-        from ..kube.client import call
+    def _shape(self, ref: AttemptRef) -> tuple[int, str | None]:
+        """How many nodes the attempt's Job has, and its container's name (0, None: unknown, as for
+        an attempt this object neither submitted nor listed; the pods then tell)."""
+        return self._shapes.get((ref.run, ref.attempt, ref.namespace or self.namespace), (0, None))
+
+    def _create_or_adopt(self, m: Obj, namespace: str, run: str, attempt: int) -> Obj:
+        ApiException = sdk.api_exception()
 
         kind = m.get("kind")
         name = (m.get("metadata") or {}).get("name")
@@ -199,14 +237,12 @@ class KubernetesBackend:
         with self._lock:
             st = self._states.get(key)
             if st is None:
-                st = _AttemptState(ref, int(ref.extra.get("completions") or 0),
-                                   ref.extra.get("container"))
+                st = _AttemptState(ref, *self._shape(ref))
                 self._states[key] = st
                 self._start_watchers(st)
             return st
 
     def _start_watchers(self, st: _AttemptState) -> None:
-        from ..kube.watch import ResourceWatcher
 
         ns = st.ref.namespace or self.namespace
         core, batch = self._core(), self._batch()
@@ -247,7 +283,6 @@ class KubernetesBackend:
             st.events.append(ev)
 
     def _evaluate(self, st: _AttemptState, pod: Obj) -> None:
-        from ..kube.classify_pod import pod_events
 
         if st.cancelled:
             return
@@ -256,7 +291,6 @@ class KubernetesBackend:
                    terminating=bool(pod["metadata"].get("deletionTimestamp")))
 
     def _deleted(self, st: _AttemptState, pod: Obj) -> None:
-        from ..kube.classify_pod import job_finished, pod_deleted_event, pod_index
 
         idx = pod_index(pod)
         if idx is not None:
@@ -321,11 +355,9 @@ class KubernetesBackend:
 
     def _follow_rank0(self, st: _AttemptState) -> None:
         """Follow index 0's log for WMCTL-PROGRESS lines; resume after drops without repeats."""
-        from kubernetes.client.exceptions import ApiException
-        from kubernetes.watch.watch import iter_resp_lines
+        ApiException = sdk.api_exception()
+        iter_resp_lines = sdk.iter_resp_lines
 
-        from ..kube.classify_pod import pod_index
-        from ..kube.client import api_status, connection_errors
 
         core = self._core()
         ns = st.ref.namespace or self.namespace
@@ -375,16 +407,15 @@ class KubernetesBackend:
                 else:
                     st.stop.wait(0.05)
             except ApiException as exc:
-                if api_status(exc) == 404:
+                if sdk.api_status(exc) == 404:
                     uid_done.add(uid)
-                st.stop.wait(0.05 if api_status(exc) in (400, 404) else 0.5)
-            except connection_errors():
+                st.stop.wait(0.05 if sdk.api_status(exc) in (400, 404) else 0.5)
+            except sdk.connection_errors():
                 st.stop.wait(0.05)   # dropped stream: reconnect, skipping consumed lines
             except ValueError:
                 st.stop.wait(0.05)
 
     def poll(self, ref: AttemptRef) -> Observation:
-        from ..kube.classify_pod import node_statuses
 
         st = self._state(ref)
         with st.lock:
@@ -404,8 +435,6 @@ class KubernetesBackend:
 
     # --- logs / attempts ---------------------------------------------------------------------
     def _pod_for(self, ref: AttemptRef, node: int) -> Obj:
-        from ..kube.classify_pod import pod_index
-        from ..kube.client import call_json
 
         ns = ref.namespace or self.namespace
         items = call_json(self._core().list_namespaced_pod, namespace=ns,
@@ -418,16 +447,16 @@ class KubernetesBackend:
         return max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
 
     def logs(self, ref: AttemptRef, node: int = 0, follow: bool = False) -> Iterator[str]:
-        from kubernetes.client.exceptions import ApiException
-        from kubernetes.watch.watch import iter_resp_lines
+        ApiException = sdk.api_exception()
+        iter_resp_lines = sdk.iter_resp_lines
 
-        archived = read_archive(ref, node)
+        archived = open_store(ref.run).archived_log(ref.attempt, node)
         if archived is not None:   # torn down by wmctl: the pods are gone or going
             yield from archived
             return
         pod = self._pod_for(ref, node)
         kwargs: dict[str, Any] = {"follow": follow, "_preload_content": False}
-        container = ref.extra.get("container") or pod["spec"]["containers"][0]["name"]
+        container = self._shape(ref)[1] or pod["spec"]["containers"][0]["name"]
         kwargs["container"] = container
         try:
             resp = self._core().read_namespaced_pod_log(pod["metadata"]["name"],
@@ -441,7 +470,6 @@ class KubernetesBackend:
             resp.release_conn()
 
     def attempts(self, run: str) -> list[AttemptRef]:
-        from ..kube.client import call_json
 
         ns = self.namespace
         jobs = call_json(self._batch().list_namespaced_job, namespace=ns,
@@ -451,11 +479,9 @@ class KubernetesBackend:
         for j in jobs:
             raw = ((j.get("metadata") or {}).get("labels") or {}).get(ATTEMPT_LABEL, "")
             if raw.isdigit():
-                spec = j.get("spec") or {}
-                containers = ((spec.get("template") or {}).get("spec") or {}).get("containers") or [{}]
-                refs.append(AttemptRef(self.name, run, int(raw), ns,
-                                       extra={"completions": int(spec.get("completions") or 1),
-                                              "container": containers[0].get("name")}))
+                ref = AttemptRef(self.name, run, int(raw), ns)
+                self._learn_shape(ref, j)
+                refs.append(ref)
         return sorted(refs, key=lambda r: r.attempt)
 
     # --- cancel --------------------------------------------------------------------------------
@@ -463,14 +489,11 @@ class KubernetesBackend:
         """A finished Job stays for `kubectl` and pod logs until ttlSecondsAfterFinished (the spec's
         kubernetes.ttl_seconds_after_finished) lets the cluster remove it; nothing to do here."""
 
-    def cancel(self, ref: AttemptRef) -> None:
+    def cancel(self, ref: AttemptRef, graceful: bool = False) -> None:
         """Keep each node's log tail, then delete the Job (Foreground: its pods go first), the
         Service and any PodGroup, and force-delete pods on lost nodes (their kubelet can never
         confirm a graceful delete)."""
-        from kubernetes.client.exceptions import ApiException
-
-        from ..kube.classify_pod import node_healthy
-        from ..kube.client import call_json
+        ApiException = sdk.api_exception()
 
         ns = ref.namespace or self.namespace
         name = ref.attempt_name
@@ -524,10 +547,7 @@ class KubernetesBackend:
         pod is removed the moment the Job's deletion reaches it (terminal pods need no grace),
         and its log with it. The reads run in parallel, bounded by ARCHIVE_TIMEOUT_S. Best
         effort: whatever fails here must not keep the attempt from being torn down."""
-        from kubernetes.client.exceptions import ApiException
-
-        from ..kube.classify_pod import newest_per_index, node_healthy
-        from ..kube.client import call_json
+        ApiException = sdk.api_exception()
 
         ns = ref.namespace or self.namespace
         core = self._core()
@@ -552,15 +572,13 @@ class KubernetesBackend:
             t.join(max(0.0, deadline - time.monotonic()))
 
     def _archive_log(self, ref: AttemptRef, node: int, pod: Obj) -> None:
-        from kubernetes.client.exceptions import ApiException
+        ApiException = sdk.api_exception()
 
-        from ..kube.client import connection_errors
-
-        container = ref.extra.get("container") or pod["spec"]["containers"][0]["name"]
+        container = self._shape(ref)[1] or pod["spec"]["containers"][0]["name"]
         try:
             resp = self._core().read_namespaced_pod_log(
                 pod["metadata"]["name"], pod["metadata"]["namespace"], container=container,
-                tail_lines=ARCHIVE_TAIL_LINES, _preload_content=False,
+                tail_lines=b.ARCHIVE_TAIL_LINES, _preload_content=False,
                 _request_timeout=ARCHIVE_TIMEOUT_S)
             try:
                 data = resp.read()
@@ -568,9 +586,9 @@ class KubernetesBackend:
                 resp.release_conn()
         except ApiException:
             return              # the pod went first (404) or its container never started (400)
-        except connection_errors():
+        except sdk.connection_errors():
             return              # the kubelet did not answer in time: nothing to keep
-        write_archive(ref, node, data)
+        open_store(ref.run).archive_log(ref.attempt, node, data)
 
     def _stop_state(self, st: _AttemptState, join: bool) -> None:
         st.stop.set()

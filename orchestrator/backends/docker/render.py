@@ -13,30 +13,37 @@ import shlex
 
 from typing import Any
 
-from .. import labels as L
-from ..errors import SpecError
-from ..launch import (accelerators_per_node, device_ids_per_node, host_cpus, job_env, rendezvous_id,
-                      split_evenly, torchrun_args)
-from ..plan import AttemptContext, Plan
-from ..runtime.topology import format_cpulist
-from ..spec import JobSpec
-from ..validate import format_quantity, parse_duration, parse_quantity
-from ..vendors import VendorProfile
+from dataclasses import dataclass
+
+from ... import labels as L
+from ... import layout
+from ...errors import SpecError
+from ...launch import accelerators_per_node, device_ids_per_node, job_env, split_evenly, torchrun_args
+from ...plan import AttemptContext, HostFacts, Plan, Request
+from ...runtime.protocol import ENV_NODE_NAME
+from ...runtime.topology import format_cpulist
+from ...spec import JobSpec
+from ...validate import format_quantity, parse_duration, parse_quantity
+from ...vendors import VendorProfile
 
 
-def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext | None = None, *,
-                  image: str | None = None, cpus: list[int] | None = None) -> Plan:
-    ctx = ctx or AttemptContext()
-    image = image or spec.image.tag
+@dataclass(frozen=True)
+class DockerRequest(Request):
+    network: str
+
+
+def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, host: HostFacts) -> Plan[DockerRequest]:
+    image = spec.image.tag
     if not image:
         raise SpecError([("image.tag", "the docker backend runs an image: set image.tag or pass --image")])
-    job_name = f"{spec.name}-a{ctx.attempt}"
+    job_name = layout.attempt_name(spec.name, ctx.attempt)
     network = spec.docker.network or job_name
     notes: list[str] = []
-    cpusets = _cpusets(spec, cpus if cpus is not None else host_cpus(), notes)
+    cpusets = _cpusets(spec, list(host.cpus), notes)
     device_ids = _device_ids(spec, profile, notes)
-    endpoint = f"{job_name}-0:{spec.rendezvous.port}"
-    command = torchrun_args(spec, profile, endpoint=endpoint, rdzv_id=rendezvous_id(spec, ctx), node_rank=None)
+    endpoint = f"{layout.node_name(spec.name, ctx.attempt, 0)}:{spec.rendezvous.port}"
+    command = torchrun_args(spec, profile, endpoint=endpoint, rdzv_id=layout.rendezvous_id(spec.name, ctx.attempt),
+                            node_rank=None)
     mounts, volumes_to_create = _mounts(spec, profile)
     resources: list[dict[str, Any]] = []
     if spec.docker.network is None:
@@ -45,7 +52,7 @@ def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext | N
     resources += volumes_to_create
     grace = math.ceil(parse_duration(spec.kubernetes.termination_grace_period))
     for node in range(spec.nodes):
-        name = f"{job_name}-{node}"
+        name = layout.node_name(spec.name, ctx.attempt, node)
         labels = {**L.run_labels(spec.name, ctx.attempt), L.NODE: str(node), L.SPEC_HASH: spec.spec_hash()}
         if ctx.parent is not None:
             labels[L.PARENT_ATTEMPT] = str(ctx.parent)
@@ -57,7 +64,7 @@ def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext | N
             backend_env[profile.docker.visible_devices_env] = device_ids[node]
         env = job_env(spec, profile, ctx, checkpoint_dir=spec.checkpoint.dir, backend_env=backend_env)
         env["PET_NODE_RANK"] = str(node)
-        env["WMCTL_NODE_NAME"] = name
+        env[ENV_NODE_NAME] = name
         create: dict[str, Any] = {
             "name": name, "image": image, "command": command, "hostname": name,
             "environment": env, "labels": labels, "working_dir": spec.workdir or spec.image.workdir,
@@ -77,7 +84,7 @@ def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext | N
         resources.append({"kind": "container", "node": node, "aliases": [name], "create": create,
                           "docker_run": docker_run_line(create, [name])})
     return Plan(backend="docker", run=spec.name, attempt=ctx.attempt, spec_hash=spec.spec_hash(),
-                resources=resources, notes=notes, context=ctx, extra={"network": network})
+                request=DockerRequest(network=network), resources=resources, notes=notes, context=ctx)
 
 
 def _cpusets(spec: JobSpec, cpus: list[int], notes: list[str]) -> list[str]:

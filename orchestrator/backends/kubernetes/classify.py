@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..backends.base import (
+from ..base import (
     EVICTED, FAILED, IMAGE_PULL_FAILED, LOST, NODE_EXITED, NODE_LOST, NODE_STARTED,
     OOM_KILLED, PENDING, RUNNING, SUCCEEDED, UNKNOWN, Event, NodeStatus)
 

@@ -10,28 +10,39 @@ import math
 import re
 from typing import Any
 
-from .. import __version__
-from .. import labels as L
-from ..errors import SpecError
-from ..launch import accelerators_per_node, job_env, rendezvous_id, torchrun_args
-from ..plan import AttemptContext, Plan
-from ..spec import JobSpec, Volume, kubernetes_volume_problems
-from ..validate import format_quantity, parse_duration, parse_quantity
-from ..vendors import VendorProfile
-from .jinja import render_objects
+from dataclasses import dataclass
+
+from ... import __version__
+from ... import labels as L
+from ... import layout
+from ...errors import SpecError
+from ...launch import accelerators_per_node, job_env, torchrun_args
+from ...plan import AttemptContext, HostFacts, Plan, Request
+from ...runtime.protocol import ENV_NODE_NAME, ENV_POD_NAME
+from ...spec import JobSpec, Volume
+from ...templating import render_objects
+from ...validate import format_quantity, parse_duration, parse_quantity
+from ...vendors import VendorProfile
+from .check import volume_problems
 
 SHM_VOLUME = "wmctl-dshm"
 DRIVER_VOLUME = "wmctl-driver-{i}"
 NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 
+@dataclass(frozen=True)
+class KubernetesRequest(Request):
+    namespace: str
+
+
 def render_kubernetes(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext | None = None,
-                      *, image: str | None = None, template_dir=None) -> Plan:
+                      host: HostFacts | None = None, *, template_dir=None) -> Plan[KubernetesRequest]:
+    """Nothing of the planning host goes in: the pods run on the cluster's nodes."""
     ctx = ctx or AttemptContext()
-    image = image or spec.image.tag
+    image = spec.image.tag
     if not image:
         raise SpecError([("image.tag", "the kubernetes backend runs an image: set image.tag or pass --image")])
-    problems = kubernetes_volume_problems(spec)
+    problems = volume_problems(spec)
     if problems:
         raise SpecError(problems)
     values = kubernetes_values(spec, profile, ctx, image)
@@ -43,12 +54,13 @@ def render_kubernetes(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
     check_rendered(objects, values)
     notes = list(values["notes"])
     return Plan(backend="kubernetes", run=spec.name, attempt=ctx.attempt, spec_hash=spec.spec_hash(),
-                resources=objects, notes=notes, context=ctx)
+                request=KubernetesRequest(namespace=spec.kubernetes.namespace), resources=objects, notes=notes,
+                context=ctx)
 
 
 def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, image: str) -> dict[str, Any]:
     k = spec.kubernetes
-    job_name = f"{spec.name}-a{ctx.attempt}"
+    job_name = layout.attempt_name(spec.name, ctx.attempt)
     notes: list[str] = []
     labels = {**k.labels, **L.run_labels(spec.name, ctx.attempt)}
     annotations = {
@@ -77,7 +89,8 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
     # FQDN first in the pod's /etc/hosts, so pod 0 recognises itself without waiting for the
     # headless Service's DNS record; the short name needs DNS and races pod 0's start.
     endpoint = f"{pod_fqdn(spec, job_name, 0)}:{spec.rendezvous.port}"
-    command = torchrun_args(spec, profile, endpoint=endpoint, rdzv_id=rendezvous_id(spec, ctx), node_rank=None)
+    command = torchrun_args(spec, profile, endpoint=endpoint, rdzv_id=layout.rendezvous_id(spec.name, ctx.attempt),
+                            node_rank=None)
     ckpt = spec.checkpoint.dir
     env = job_env(spec, profile, ctx, checkpoint_dir=ckpt, backend_env=profile.kubernetes.env)
     _note_node_local_checkpoint(spec, ctx, notes)
@@ -89,8 +102,8 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
         # torchrun reads --node-rank from PET_NODE_RANK: the completion index, no shell needed.
         {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
             "fieldPath": f"metadata.annotations['{L.COMPLETION_INDEX_ANNOTATION}']"}}},
-        {"name": "WMCTL_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        {"name": "WMCTL_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
 
     volumes, mounts = _volumes(spec, profile)
@@ -122,7 +135,8 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
 
 
 def pod_fqdn(spec: JobSpec, job_name: str, index: int) -> str:
-    """<hostname>.<subdomain>.<namespace>.svc.<cluster domain> of an Indexed Job's pod."""
+    """<hostname>.<subdomain>.<namespace>.svc.<cluster domain> of an Indexed Job's pod: the Job
+    controller names each pod's hostname <job>-<index>, the same as a Docker node's name."""
     return f"{job_name}-{index}.{job_name}.{spec.kubernetes.namespace}.svc.{spec.kubernetes.cluster_domain}"
 
 

@@ -1,0 +1,53 @@
+"""The Docker SDK, loaded on first use, and its failures as wmctl errors."""
+
+from __future__ import annotations
+
+import contextlib
+from types import ModuleType
+from typing import Any, Iterator
+
+from ..errors import EngineUnavailable
+
+ENGINE_HINT = ("start the Docker engine (`systemctl start docker`, or `dockerd &`) or point DOCKER_HOST "
+               "at a running one")
+
+
+def errors() -> tuple[ModuleType, ModuleType]:
+    """``(docker.errors, requests.exceptions)``: the SDK's errors and its transport's."""
+    import docker.errors
+    import requests.exceptions
+
+    return docker.errors, requests.exceptions
+
+
+def client(timeout: int | None = None) -> Any:
+    """A client for the engine the Docker environment names (DOCKER_HOST, ...), or
+    EngineUnavailable with a hint when there is none."""
+    import docker
+
+    errs, rexc = errors()
+    try:
+        if timeout is None:
+            return docker.from_env()
+        return docker.from_env(timeout=timeout)
+    except (errs.DockerException, rexc.ConnectionError) as exc:
+        raise EngineUnavailable(f"cannot reach the Docker engine: {exc}", hint=ENGINE_HINT) from None
+
+
+@contextlib.contextmanager
+def engine(what: str) -> Iterator[None]:
+    """Connection failures -> EngineUnavailable with a hint; API errors pass through."""
+    errs, rexc = errors()
+    try:
+        yield
+    except rexc.ConnectionError as exc:
+        raise EngineUnavailable(f"the Docker engine did not answer while {what}: {exc}", hint=ENGINE_HINT) from None
+    except errs.DockerException as exc:
+        if isinstance(exc, errs.APIError):
+            raise
+        raise EngineUnavailable(f"cannot use the Docker engine while {what}: {exc}", hint=ENGINE_HINT) from None
+
+
+def explain(exc: BaseException) -> str:
+    """The engine's own words for an API error."""
+    return getattr(exc, "explanation", None) or str(exc)

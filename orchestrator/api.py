@@ -1,0 +1,291 @@
+"""The library face of wmctl: load a job, plan it, submit it, watch, cancel, inspect runs.
+
+Nothing here prints: lines go to the ``echo`` a caller passes, notes come back as values. The
+CLI (``orchestrator/commands``) parses options and calls one function of this module each.
+``submit`` is ``schedule(dryrun(...))`` (TorchX's split): ``dryrun`` resolves the job and plans
+attempt 0 exactly as ``schedule`` then submits it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from . import backends
+from .backends.base import AttemptRef, Backend, BackendOptions
+from .errors import RunNotFound, WmctlError
+from .plan import AttemptContext, Plan
+from .spec import JobSpec, from_dict, load_spec
+from .state import RunRecord, RunStore, list_runs, open_store
+from .vendors import VendorProfile, load_profile
+
+Echo = Callable[[str], None]
+
+# build.record's file, spelled out so a spec without a build record never imports the build side.
+_BUILD_RECORD = (".wmctl", "images.json")
+
+
+@dataclass
+class Job:
+    """A job spec resolved for submission: overrides applied, image pinned, profile loaded."""
+
+    spec: JobSpec
+    profile: VendorProfile
+    spec_path: Path | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)   # what a user should know (the image pin)
+
+
+def load_job(spec_path: Path, overrides: dict[str, Any] | None = None) -> Job:
+    """Read and validate the spec with ``overrides``, pin its image to the digest the build
+    record holds for its tag (see ``pin_image``), and load its vendor profile."""
+    overrides = dict(overrides or {})
+    spec = load_spec(spec_path, overrides)
+    note = pin_image(spec_path, spec)
+    return Job(spec, load_profile(spec.image.vendor), Path(spec_path), overrides, [note] if note else [])
+
+
+def job_of(record: RunRecord) -> tuple[Job, list[str]]:
+    """The job as it was submitted (its resolved spec in the record), with a note when the YAML
+    on disk has changed since. A record from before resolved specs were kept loads the file."""
+    notes: list[str] = []
+    if record.spec is not None:
+        spec = from_dict(record.spec, source_dir=Path(record.source_dir or "."))
+        on_disk = _spec_on_disk(record)
+        if on_disk is not None and on_disk != record.spec_hash:
+            notes.append(f"{record.spec_path} changed since submission; running the spec as submitted "
+                         "(submit again to use the new file)")
+        return Job(spec, load_profile(spec.image.vendor), Path(record.spec_path), record.overrides), notes
+    job = load_job(Path(record.spec_path), record.overrides)
+    if job.spec.spec_hash() != record.spec_hash:
+        notes.append(f"{record.spec_path} changed since submission; this record predates resolved specs, so "
+                     "the file is used as it is now")
+    return job, notes
+
+
+def _spec_on_disk(record: RunRecord) -> str | None:
+    try:
+        spec = load_spec(record.spec_path, record.overrides)
+    except WmctlError:
+        return None
+    pin_image(Path(record.spec_path), spec)
+    return spec.spec_hash()
+
+
+def pin_image(spec_path: Path, spec: JobSpec) -> str | None:
+    """Replace ``spec.image.tag`` with the ``repo@sha256:...`` that `wmctl build-image --push`
+    recorded for that very tag next to the spec, so every node of every attempt runs the same
+    bytes even if the tag is moved later. Returns the note to show, or None when nothing was
+    pinned. A tag that already holds a digest (``--image repo@sha256:...``) is used as is: that
+    is also how to run a tag as it stands on the registry instead of the recorded push."""
+    tag = spec.image.tag
+    if not tag or "@" in tag:
+        return None
+    record = Path(spec_path).resolve().parent.joinpath(*_BUILD_RECORD)
+    if not record.is_file():
+        return None
+    from .images import pinned_ref
+
+    ref = pinned_ref(Path(spec_path), spec.name, tag)
+    if ref is None:
+        return None
+    spec.image.tag = ref
+    return (f"image {tag} pinned to digest {ref} from the build record {record}; "
+            "pass --image with a repo@sha256:... reference to run another")
+
+
+# ---- planning and submitting -----------------------------------------------------------------
+
+@dataclass
+class SubmitRequest:
+    """What ``schedule`` will do: the job, the backend, and attempt 0's plan."""
+
+    job: Job
+    backend: Backend[Any]
+    plan: Plan[Any]
+    auto_resume: bool
+    options: BackendOptions
+
+
+def backend_for(name: str, job: Job | None = None, *, context: str | None = None,
+                namespace: str | None = None) -> tuple[Backend[Any], BackendOptions]:
+    ns = namespace or (job.spec.kubernetes.namespace if job else None)
+    options = BackendOptions(context=context, namespace=ns)
+    return backends.create(name, options), options
+
+
+def dryrun(job: Job, backend: str, *, auto_resume: bool = False, context: str | None = None,
+           attempt: int = 0, exclude: tuple[str, ...] = ()) -> SubmitRequest:
+    """Check the job for ``backend`` and plan one attempt of it, exactly as submitting would."""
+    auto_resume = auto_resume or job.spec.restart.auto_resume
+    engine, options = backend_for(backend, job, context=context)
+    backends.check(type(engine), job.spec, auto_resume=auto_resume)
+    ctx = AttemptContext(attempt=attempt, excluded_nodes=tuple(exclude), resume=auto_resume or attempt > 0,
+                         parent=attempt - 1 if attempt > 0 else None)
+    return SubmitRequest(job, engine, engine.plan(job.spec, job.profile, ctx), auto_resume, options)
+
+
+def schedule(request: SubmitRequest, *, watch: bool, echo: Echo,
+             show_state: Callable[..., None] | None = None) -> int:
+    """Record the run and submit its planned attempt 0; with ``watch``, supervise it to the end.
+    Returns the exit code (0, or RunFailed's when the run failed)."""
+    job, engine = request.job, request.backend
+    store = open_store(job.spec.name)
+    try:
+        _clear_the_name(store, engine, echo)
+        spec = job.spec
+        overrides = dict(job.overrides)
+        if spec.image.tag and "@sha256:" in spec.image.tag:
+            overrides["image.tag"] = spec.image.tag
+        record = RunRecord(run=spec.name, backend=engine.name,
+                           spec_path=str(job.spec_path.resolve()) if job.spec_path else "",
+                           overrides=overrides, spec_hash=spec.spec_hash(), auto_resume=request.auto_resume,
+                           kube_context=request.options.context, namespace=engine.namespace_of(spec),
+                           spec=spec.to_dict(), source_dir=str(spec.source_dir))
+        store.save(record)
+    except BaseException:
+        engine.close()
+        raise
+    return _supervise(store, record, job, engine, watch=watch, echo=echo, show_state=show_state,
+                      first_plan=request.plan)
+
+
+def submit(job: Job, backend: str, *, auto_resume: bool = False, watch: bool = False, echo: Echo,
+           context: str | None = None, show_state: Callable[..., None] | None = None) -> int:
+    return schedule(dryrun(job, backend, auto_resume=auto_resume, context=context), watch=watch, echo=echo,
+                    show_state=show_state)
+
+
+def _clear_the_name(store: RunStore, engine: Backend[Any], echo: Echo) -> None:
+    """A new run takes over its name: an ended run of that name is archived and what it left on
+    the backend (finished containers, Jobs kept for their TTL) removed, so the new attempt 0 is
+    created, not adopted from the old run. Objects of that name that no record here knows are
+    someone else's: refused, never adopted and never deleted."""
+    left = engine.attempts(store.run)
+    if store.exists():
+        old = store.load()
+        if old.status == "running":
+            raise WmctlError(f"run {store.run!r} already exists and has not ended",
+                             hint=f"watch it with `wmctl watch {store.run}`, or `wmctl cancel {store.run}` first")
+        if left:
+            echo(f"removing what the previous run {store.run} ({old.status}) left on {engine.name}: "
+                 + ", ".join(ref.attempt_name for ref in left))
+        for ref in left:
+            engine.cancel(ref)
+        store.retire()
+    elif left:
+        raise WmctlError(f"{engine.name} already has attempts of a run named {store.run!r} "
+                         f"({', '.join(ref.attempt_name for ref in left)}) that no run record here knows",
+                         hint="another machine or WMCTL_HOME may be watching it: rename this run (name: or "
+                              "--set name=...), or remove those objects if they are stale")
+
+
+def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any], *, watch: bool, echo: Echo,
+               show_state: Callable[..., None] | None, first_plan: Plan[Any] | None = None) -> int:
+    from .supervisor import Supervisor
+
+    try:
+        store.acquire_watcher()
+        try:
+            sup = Supervisor(job.spec, job.profile, engine, store, record, auto_resume=record.auto_resume,
+                             echo=echo, show_state=show_state, first_plan=first_plan)
+            if not watch:
+                rec = sup.current_or_new_attempt()
+                echo(f"submitted {job.spec.name} attempt {rec.attempt}; follow it with `wmctl watch {job.spec.name}`")
+                return 0
+            return sup.run().exit_code
+        finally:
+            store.release_watcher()
+    finally:
+        # Daemon threads still reading a watch stream when the interpreter exits abort it
+        # (SIGABRT while they hold stderr's lock): stop them before returning.
+        engine.close()
+
+
+# ---- runs --------------------------------------------------------------------------------------
+
+def watch(run: str, *, auto_resume: bool | None, echo: Echo, show_state: Callable[..., None] | None = None) -> int:
+    """Supervise a recorded run from where it is (adopting a running attempt)."""
+    from .errors import RunFailed
+
+    store = open_store(run)
+    record = store.load()
+    if record.status != "running":
+        echo(record.final_report or f"run {run} already {record.status}")
+        return 0 if record.status == "succeeded" else RunFailed.exit_code
+    if auto_resume is not None:
+        record.auto_resume = auto_resume
+    job, notes = job_of(record)
+    for note in notes:
+        echo(f"note: {note}")
+    engine = engine_of(record)
+    return _supervise(store, record, job, engine, watch=True, echo=echo, show_state=show_state)
+
+
+def engine_of(record: RunRecord) -> Backend[Any]:
+    """The backend object a recorded run lives on."""
+    return backends.create(record.backend, BackendOptions(context=record.kube_context, namespace=record.namespace))
+
+
+def ref_of(record: RunRecord, attempt: int) -> AttemptRef:
+    return AttemptRef(record.backend, record.run, attempt, record.namespace)
+
+
+def status(run: str) -> RunRecord:
+    return open_store(run).load()
+
+
+@dataclass
+class RunListing:
+    run: str
+    record: RunRecord | None
+    problem: str | None = None      # why the record could not be read
+
+
+def runs() -> list[RunListing]:
+    """Every run recorded here; a damaged record is listed with its problem, never raised."""
+    out = []
+    for run in list_runs():
+        try:
+            out.append(RunListing(run, open_store(run).load()))
+        except RunNotFound as exc:
+            out.append(RunListing(run, None, exc.message))
+    return out
+
+
+def logs(run: str, *, node: int = 0, attempt: int | None = None, follow: bool = False) -> Iterator[str]:
+    record = open_store(run).load()
+    if not record.attempts:
+        raise WmctlError(f"run {run} has no attempts yet", hint=f"see `wmctl status {run}`")
+    n = record.attempts[-1].attempt if attempt is None else attempt
+    engine = engine_of(record)
+    try:
+        yield from engine.logs(ref_of(record, n), node=node, follow=follow)
+    finally:
+        engine.close()
+
+
+def cancel(run: str, *, graceful: bool = False) -> RunRecord:
+    """Tear down every attempt of ``run``; the record says it was cancelled."""
+    store = open_store(run)
+    record = store.load()
+    engine = engine_of(record)
+    try:
+        if graceful and not engine.graceful_cancel:
+            raise WmctlError(f"the {engine.name} backend cannot cancel gracefully",
+                             hint="cancel without --graceful: its teardown already sends SIGTERM with the "
+                                  "termination grace period")
+        for ref in engine.attempts(run):
+            engine.cancel(ref, graceful=graceful)
+    finally:
+        engine.close()
+    if record.status == "running":
+        record.status = "failed"
+        record.final_report = f"run {run} cancelled by the user"
+        if record.attempts and record.attempts[-1].outcome is None:
+            record.attempts[-1].outcome = "cancelled"
+            record.attempts[-1].ended_at = time.time()
+        store.save(record)
+    return record

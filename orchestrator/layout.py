@@ -1,0 +1,82 @@
+"""Every derived name and path, in one place: the ground floor every other module builds on.
+
+A run ``R`` has attempts ``R-a0``, ``R-a1``, ...; the attempt name is also its rendezvous id
+(a late agent of attempt N can never join attempt N+1) and the prefix of its node names
+(containers, pods' hostnames). The run folder under ``$WMCTL_HOME/runs/R`` holds the record
+and one folder per attempt with each node's log, whatever the backend.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .runtime.protocol import ENV_HOME
+
+RUNS = "runs"
+ARCHIVE = ".archive"          # ended runs moved aside when a new run takes their name
+RECORD_FILE = "run.json"
+WATCHER_LOCK = "watcher.lock"
+PLAN_FILE = "plan.json"
+CHECKPOINTS = "checkpoints"   # the default checkpoint folder of a local run without checkpoint.dir
+
+
+def attempt_name(run: str, attempt: int) -> str:
+    """Deterministic per-attempt name: a second submit of the same attempt is a conflict."""
+    return f"{run}-a{attempt}"
+
+
+def rendezvous_id(run: str, attempt: int) -> str:
+    """Unique per attempt: a late agent of attempt N can never join attempt N+1's rendezvous."""
+    return attempt_name(run, attempt)
+
+
+def node_name(run: str, attempt: int, node: int) -> str:
+    """A node's container name and hostname (Docker), and its pod hostname (Indexed Job)."""
+    return f"{attempt_name(run, attempt)}-{node}"
+
+
+def local_host(node: int) -> str:
+    """The host name a local node reports: every local node is on this machine."""
+    return f"localhost-{node}"
+
+
+# ---- the run folder ------------------------------------------------------------------------
+
+def wmctl_home() -> Path:
+    return Path(os.environ.get(ENV_HOME) or Path.home() / ".wmctl")
+
+
+def runs_root(home: Path | None = None) -> Path:
+    return (home or wmctl_home()) / RUNS
+
+
+def run_dir(run: str, home: Path | None = None) -> Path:
+    return runs_root(home) / run
+
+
+def archive_dir(home: Path | None = None) -> Path:
+    return runs_root(home) / ARCHIVE
+
+
+def attempt_dir(run: str, attempt: int, home: Path | None = None) -> Path:
+    return run_dir(run, home) / f"attempt-{attempt}"
+
+
+def attempt_number(folder_name: str) -> int | None:
+    """``attempt-3`` -> 3; None for any other name."""
+    prefix, _, number = folder_name.partition("-")
+    return int(number) if prefix == "attempt" and number.isdigit() else None
+
+
+def node_log(run: str, attempt: int, node: int, home: Path | None = None) -> Path:
+    """A node's output: written live by the local backend, archived at teardown by the others."""
+    return attempt_dir(run, attempt, home) / f"node-{node}.log"
+
+
+def node_exit_file(run: str, attempt: int, node: int, home: Path | None = None) -> Path:
+    return attempt_dir(run, attempt, home) / f"node-{node}.exit.json"
+
+
+def node_pid_file(run: str, attempt: int, node: int, home: Path | None = None) -> Path:
+    return attempt_dir(run, attempt, home) / f"node-{node}.pid.json"

@@ -1,0 +1,192 @@
+"""The shape of orchestrator/: imports flow one way, the runtime stands alone, and backends are
+known by the registry alone.
+
+The layer table below covers every module (a new module without a row fails the test). A module
+may import from its own layer and the layers under it, never from one above:
+
+    commands -> api -> supervisor -> backends (engines) -> render/check/classify -> spec, layout, vendors
+
+Function-local imports count the same as top-level ones: a lazy import is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import backends
+
+ROOT = Path(__file__).resolve().parents[2] / "orchestrator"
+
+# (module or package prefix, layer); the longest matching prefix wins. Higher imports lower.
+LAYERS: list[tuple[str, int]] = [
+    ("orchestrator.cli", 7),
+    ("orchestrator.commands", 7),
+    ("orchestrator.api", 6),
+    ("orchestrator.supervisor", 5),
+    ("orchestrator.display", 5),
+    ("orchestrator.failures", 5),
+    # backends: the registry, each package's face and its engine (they reach the SDKs and the store)
+    ("orchestrator.backends", 4),
+    ("orchestrator.backends.local.engine", 4),
+    ("orchestrator.backends.local.agent", 4),
+    ("orchestrator.backends.docker.engine", 4),
+    ("orchestrator.backends.kubernetes.engine", 4),
+    ("orchestrator.backends.kubernetes.client", 4),
+    ("orchestrator.backends.kubernetes.watch", 4),
+    ("orchestrator.adaptors", 4),
+    # pure planning: renderers, checks, classifiers, and what they share
+    ("orchestrator.backends.base", 3),
+    ("orchestrator.backends.local.render", 3),
+    ("orchestrator.backends.local.classify", 3),
+    ("orchestrator.backends.docker.render", 3),
+    ("orchestrator.backends.docker.classify", 3),
+    ("orchestrator.backends.kubernetes.render", 3),
+    ("orchestrator.backends.kubernetes.check", 3),
+    ("orchestrator.backends.kubernetes.classify", 3),
+    ("orchestrator.launch", 3),
+    ("orchestrator.templating", 3),
+    ("orchestrator.build", 3),
+    # the ground floor: spec types, names and paths, vendor profiles, run state
+    ("orchestrator.spec", 2),
+    ("orchestrator.validate", 2),
+    ("orchestrator.vendors", 2),
+    ("orchestrator.plan", 2),
+    ("orchestrator.state", 2),
+    ("orchestrator.serialize", 2),
+    ("orchestrator.labels", 2),
+    ("orchestrator.resources", 2),
+    ("orchestrator.layout", 2),
+    ("orchestrator.errors", 2),
+    ("orchestrator", 2),                 # the package itself (__version__)
+    # inside the job: imports only itself, torch and the standard library
+    ("orchestrator.runtime", 1),
+]
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def layer(module: str) -> int | None:
+    best: tuple[int, int] | None = None
+    for prefix, level in LAYERS:
+        if module == prefix or module.startswith(prefix + "."):
+            if best is None or len(prefix) > best[0]:
+                best = (len(prefix), level)
+    return None if best is None else best[1]
+
+
+def imports(module: str, path: Path) -> list[tuple[str, int]]:
+    """Every orchestrator module ``module`` imports, with the line."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # `from . import layout` imports the module orchestrator.layout; `from .x import f`, x
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found.append((sub if sub in modules() else target, node.lineno))
+    known = modules()
+    return [(name, line) for name, line in found if name in known]
+
+
+def test_every_module_has_a_layer():
+    missing = [m for m in modules() if layer(m) is None]
+    assert not missing, f"add these modules to LAYERS: {missing}"
+
+
+def test_imports_never_go_up_a_layer():
+    upward = []
+    for module, path in modules().items():
+        mine = layer(module)
+        for target, line in imports(module, path):
+            theirs = layer(target)
+            if theirs is not None and mine is not None and theirs > mine:
+                upward.append(f"{path.relative_to(ROOT.parent)}:{line}: {module} (layer {mine}) imports "
+                              f"{target} (layer {theirs})")
+    assert not upward, "\n".join(upward)
+
+
+def test_the_runtime_imports_only_itself_torch_and_the_standard_library():
+    allowed = set(sys.stdlib_module_names) | {"torch", "numpy", "orchestrator"}
+    bad = []
+    for module, path in modules().items():
+        if layer(module) != 1:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            for name in names:
+                top = name.split(".")[0]
+                if top not in allowed or (top == "orchestrator" and not name.startswith("orchestrator.runtime")):
+                    bad.append(f"{module}:{node.lineno} imports {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    """The walker itself: a relative import from a backend renderer up to the api is found."""
+    path = tmp_path / "render.py"
+    path.write_text("from ...api import load_job\n\ndef f():\n    from ... import supervisor\n")
+    found = dict(imports("orchestrator.backends.docker.render", path))
+    assert "orchestrator.api" in found and "orchestrator.supervisor" in found
+
+
+def _backend_name_literals() -> list[str]:
+    """String literals equal to a backend's name outside the backend packages and the registry:
+    a string switch on a backend name (``if backend == "docker"``) shows up as one. (Inside a
+    backend's package its own name is its identity, and a word like Docker's "local" volume
+    driver is that backend's vocabulary.)"""
+    out = []
+    registry = ROOT / "backends" / "__init__.py"
+    packages = [ROOT / "backends" / name for name in backends.names()]
+    for name in backends.names():
+        for path in sorted(ROOT.rglob("*.py")):
+            if path == registry or any(pkg in path.parents for pkg in packages):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Constant) and node.value == name:
+                    out.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: {name!r}")
+    return out
+
+
+def test_no_backend_name_is_spelled_outside_its_package_and_the_registry():
+    found = _backend_name_literals()
+    assert not found, "ask the backend's capability flags or class instead:\n" + "\n".join(found)
+
+
+def test_the_registry_is_the_only_list_of_backends():
+    """The CLI's choice and dispatch come from the registry: every registered backend's class
+    names itself, and the click option offers exactly the registry's names."""
+    from orchestrator.commands._common import BACKEND_CHOICE
+
+    assert list(BACKEND_CHOICE.choices) == backends.names()
+    for name in backends.names():
+        assert backends.backend_class(name).name == name
+
+
+@pytest.mark.parametrize("name", backends.names())
+def test_each_backend_is_a_package_with_its_rooms(name):
+    package = ROOT / "backends" / name
+    assert (package / "__init__.py").is_file() and (package / "render.py").is_file()
+    assert (package / "engine.py").is_file() and (package / "classify.py").is_file()

@@ -1,0 +1,90 @@
+"""The run store: the record keeps the spec as submitted, reads older records, and a damaged
+record is reported per run, never a crash."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from orchestrator import api
+from orchestrator.errors import RecordDamaged
+from orchestrator.spec import from_dict
+from orchestrator.state import RECORD_VERSION, LocalRunStore, RunRecord
+
+from .helpers import DATA, full_spec
+from .test_cli import run_main
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("WMCTL_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_the_resolved_spec_round_trips_through_the_record(home):
+    spec = full_spec("cuda", **{"affinity": {0: "0-15", 1: "16-31"}, "env": {"A": "1", "B": "yes"}})
+    record = RunRecord(run=spec.name, backend="local", spec_path=str(DATA / "full.yaml"), overrides={},
+                       spec_hash=spec.spec_hash(), auto_resume=True, spec=spec.to_dict(),
+                       source_dir=str(spec.source_dir))
+    store = LocalRunStore(spec.name)
+    store.save(record)
+    loaded = store.load()
+    again = from_dict(json.loads(json.dumps(loaded.spec)), source_dir=spec.source_dir)
+    assert again == spec and again.spec_hash() == spec.spec_hash()
+    assert loaded.version == RECORD_VERSION
+
+
+def test_a_watcher_runs_the_spec_as_submitted_not_the_file_as_edited(home, tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({"name": "edited", "image": {"vendor": "cpu"}, "command": ["python", "a.py"]}))
+    job = api.load_job(path)
+    record = RunRecord(run="edited", backend="local", spec_path=str(path), overrides={}, spec_hash=job.spec.spec_hash(),
+                       auto_resume=True, spec=job.spec.to_dict(), source_dir=str(job.spec.source_dir))
+    path.write_text(yaml.safe_dump({"name": "edited", "image": {"vendor": "cpu"}, "command": ["python", "b.py"]}))
+    resumed, notes = api.job_of(record)
+    assert resumed.spec.command == ["python", "a.py"]
+    assert notes and "changed since submission" in notes[0] and "as submitted" in notes[0]
+
+
+def test_a_record_from_before_resolved_specs_still_loads(home, tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({"name": "old", "image": {"vendor": "cpu"}, "command": ["python", "a.py"]}))
+    store = LocalRunStore("old")
+    store.dir.mkdir(parents=True)
+    # a version-1 record: no version, no spec, and a key this wmctl does not know
+    store.path.write_text(json.dumps({"run": "old", "backend": "local", "spec_path": str(path), "overrides": {},
+                                      "spec_hash": "x", "auto_resume": False, "status": "succeeded",
+                                      "attempts": [{"attempt": 0, "submitted_at": 1.0, "from_the_future": 1}],
+                                      "added_later": True}))
+    record = store.load()
+    assert record.version == 1 and record.spec is None and record.attempts[0].attempt == 0
+    job, _ = api.job_of(record)
+    assert job.spec.command == ["python", "a.py"]
+
+
+def test_a_record_from_a_newer_wmctl_is_refused_with_the_fix(home):
+    store = LocalRunStore("new")
+    store.dir.mkdir(parents=True)
+    store.path.write_text(json.dumps({"run": "new", "backend": "local", "spec_path": "x", "overrides": {},
+                                      "spec_hash": "x", "auto_resume": False, "version": RECORD_VERSION + 1}))
+    with pytest.raises(RecordDamaged, match="newer wmctl") as err:
+        store.load()
+    assert "upgrade" in str(err.value)
+
+
+@pytest.mark.parametrize("content", ["", "{\"run\": \"bad\", \"backe", "[]", "null", "{\"run\": 1}", "\xff\xfe"])
+def test_a_damaged_record_is_reported_by_status_and_listed_by_list(home, content, capsys):
+    good = LocalRunStore("good")
+    good.save(RunRecord(run="good", backend="local", spec_path="x", overrides={}, spec_hash="h", auto_resume=False))
+    bad = LocalRunStore("bad")
+    bad.dir.mkdir(parents=True)
+    bad.path.write_bytes(content.encode("utf-8", "surrogateescape") if content != "\xff\xfe" else b"\xff\xfe")
+    code, _, err = run_main(["status", "bad"], capsys)
+    assert code == 6 and "damaged" in err and "mv " in err and "Traceback" not in err
+    code, out, _ = run_main(["list"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert any(line.startswith("good\tlocal\trunning") for line in lines)
+    assert any(line.startswith("bad\t-\tdamaged") for line in lines)
+    assert "None" not in out
