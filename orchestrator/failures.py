@@ -82,7 +82,8 @@ def classify_event(ev: b.Event) -> Failure | None:
         if code in (SIGKILL_EXIT, -9) or ev.reason == "SIGKILL":
             return Failure(NODE_LOST, ev.node, ev.host, ev.time, f"exit {code}: killed (SIGKILL) from outside the job")
         if code in (SIGTERM_EXIT, -15):
-            return Failure(PREEMPTED, ev.node, ev.host, ev.time, f"exit {code}: terminated (SIGTERM) without a checkpoint")
+            return Failure(PREEMPTED, ev.node, ev.host, ev.time,
+                           f"exit {code}: terminated (SIGTERM) without a checkpoint")
         return Failure(APP_ERROR, ev.node, ev.host, ev.time, f"exit {code}" + (f" ({ev.reason})" if ev.reason else ""))
     return None
 

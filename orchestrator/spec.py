@@ -323,13 +323,26 @@ def parse_set_flags(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
 
 def check(spec: JobSpec, problems: Problems, profile_names: list[str] | None = None) -> None:
     """Catch real mistakes before anything is submitted."""
+    _check_name(spec, problems)
+    _check_image(spec, problems, profile_names)
+    _check_command(spec, problems)
+    _check_resources(spec, problems)
+    _check_volumes(spec, problems)
+    _check_env(spec, problems)
+    _check_affinity(spec, problems)
+    _check_lifecycle(spec, problems)
+    _check_kubernetes(spec, problems)
+    _check_docker(spec, problems)
+
+
+def _check_image(spec: JobSpec, problems: Problems, profile_names: list[str] | None) -> None:
     if profile_names is None:
         from .vendors import available_profiles
         profile_names = available_profiles()
-    _check_name(spec, problems)
     if spec.image.vendor not in profile_names:
         from .validate import did_you_mean
-        problems.append(("image.vendor", f"unknown vendor {spec.image.vendor!r}{did_you_mean(spec.image.vendor, profile_names)}"
+        hint = did_you_mean(spec.image.vendor, profile_names)
+        problems.append(("image.vendor", f"unknown vendor {spec.image.vendor!r}{hint}"
                          f" (available: {', '.join(sorted(profile_names))})"))
     for fname in ("tag", "base"):
         value = getattr(spec.image, fname)
@@ -348,6 +361,8 @@ def check(spec: JobSpec, problems: Problems, profile_names: list[str] | None = N
                          "digits and . _ - / without '..' (build-image bakes it into the Dockerfile), "
                          "e.g. /workspace"))
 
+
+def _check_command(spec: JobSpec, problems: Problems) -> None:
     _check_int(spec.nodes, "nodes", 1, MAX_NODES, problems, "Kubernetes caps an Indexed Job's parallelism there")
     if spec.accelerators_per_node is not None:
         _check_int(spec.accelerators_per_node, "accelerators_per_node", 0, MAX_ACCELERATORS_PER_NODE, problems)
@@ -359,17 +374,20 @@ def check(spec: JobSpec, problems: Problems, profile_names: list[str] | None = N
         if "\x00" in arg:
             problems.append((f"command[{i}]", "contains a NUL byte"))
 
-    _check_resources(spec, problems)
-    _check_volumes(spec, problems)
+
+def _check_env(spec: JobSpec, problems: Problems) -> None:
     for key, value in spec.env.items():
         if not ENV_NAME.fullmatch(str(key)):
-            problems.append((f"env.{key}", "environment variable names are letters, digits and _, not starting with a digit"))
+            problems.append((f"env.{key}", "environment variable names are letters, digits and _, not starting "
+                             "with a digit"))
         if value is not None and "\x00" in value:
             problems.append((f"env.{key}", "contains a NUL byte"))
         if str(key).startswith("WMCTL_"):
             problems.append((f"env.{key}", "WMCTL_* variables are set by wmctl; use the matching spec field instead"))
-    _check_affinity(spec, problems)
 
+
+def _check_lifecycle(spec: JobSpec, problems: Problems) -> None:
+    """Checkpoints, restarts, rendezvous: the fields the self-healing loop runs on."""
     _check_int(spec.checkpoint.every_steps, "checkpoint.every_steps", 1, INT32_MAX, problems)
     _check_int(spec.checkpoint.keep, "checkpoint.keep", 1, INT32_MAX, problems,
                "wmctl always keeps 2 so a torn save has a fallback")
@@ -388,12 +406,15 @@ def check(spec: JobSpec, problems: Problems, profile_names: list[str] | None = N
         problems.append(("local.master_port", "must be a TCP port, 1-65535"))
     if spec.checkpoint.dir is not None and spec.checkpoint.dir.strip() == "":
         problems.append(("checkpoint.dir", "must not be empty"))
-    _check_kubernetes(spec, problems)
+
+
+def _check_docker(spec: JobSpec, problems: Problems) -> None:
     for i, cpus in enumerate(spec.docker.cpusets):
         if not CPULIST.fullmatch(cpus):
             problems.append((f"docker.cpusets[{i}]", f"{cpus!r} is not a CPU list like 0-15 or 0,2,4"))
     if spec.docker.cpusets and len(spec.docker.cpusets) != spec.nodes:
-        problems.append(("docker.cpusets", f"give one CPU list per node ({spec.nodes}), got {len(spec.docker.cpusets)}"))
+        problems.append(("docker.cpusets", f"give one CPU list per node ({spec.nodes}), got "
+                         f"{len(spec.docker.cpusets)}"))
 
 
 def _check_name(spec: JobSpec, problems: Problems) -> None:
@@ -464,7 +485,8 @@ def _check_volumes(spec: JobSpec, problems: Problems) -> None:
             problems.append((join(path, "name"), f"{vol.name!r}: names starting with {RESERVED_VOLUME_PREFIX!r} are "
                              "reserved for the volumes wmctl adds (/dev/shm, vendor driver mounts); rename it"))
         if vol.name in names:
-            problems.append((join(path, "name"), f"duplicate volume name {vol.name!r} (also volumes[{names[vol.name]}])"))
+            problems.append((join(path, "name"), f"duplicate volume name {vol.name!r} "
+                             f"(also volumes[{names[vol.name]}])"))
         names.setdefault(vol.name, i)
         mount = vol.mount or ""
         if not mount.startswith("/"):
@@ -518,7 +540,8 @@ def _check_kubernetes(spec: JobSpec, problems: Problems) -> None:
             not DNS_LABEL.fullmatch(k.namespace) and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", k.namespace)):
         problems.append(("kubernetes.namespace", f"{k.namespace!r} is not a valid namespace name"))
     _check_cluster_domain(spec, problems)
-    label_key = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+    label_key = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                           r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
     label_value = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
     for fname in ("node_selector", "labels"):
         for key, value in getattr(k, fname).items():

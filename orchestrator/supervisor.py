@@ -226,7 +226,8 @@ class Supervisor:
                                                                        if k not in ("event", "time")))
         elif ev.kind != b.PROGRESS:
             detail = f" exit {ev.exit_code}" if ev.exit_code is not None else ""
-            self.echo(f"attempt {rec.attempt}: node {ev.node} {ev.kind}{detail}" + (f" ({ev.message})" if ev.message else ""))
+            why = f" ({ev.message})" if ev.message else ""
+            self.echo(f"attempt {rec.attempt}: node {ev.node} {ev.kind}{detail}{why}")
 
     # -- attempts ------------------------------------------------------------------------------
     def current_or_new_attempt(self) -> AttemptRecord:
@@ -318,7 +319,7 @@ def step_line(progress: dict[str, Any]) -> str:
 def steps_redone(record: RunRecord) -> list[int]:
     """Per failure: steps the next attempt computed again (last step reached - resumed step)."""
     out = []
-    for prev, nxt in zip(record.attempts, record.attempts[1:]):
+    for prev, nxt in zip(record.attempts, record.attempts[1:], strict=False):
         if prev.last_step is not None:
             out.append(max(0, prev.last_step - (nxt.resumed_from_step or 0)))
     return out

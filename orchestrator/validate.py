@@ -125,7 +125,7 @@ def _type_name(tp: Any) -> str:
     return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(tp, str(tp))
 
 
-def convert(tp: Any, value: Any, path: str, problems: Problems) -> Any:
+def convert(tp: Any, value: Any, path: str, problems: Problems) -> Any:  # noqa: C901 (one branch per type form)
     """Convert ``value`` to type ``tp``; record problems (field path, message) instead of raising."""
     origin = get_origin(tp)
     if tp is Any:
@@ -159,7 +159,7 @@ def convert(tp: Any, value: Any, path: str, problems: Problems) -> Any:
         hint = did_you_mean(str(value), choices) if isinstance(value, str) else ""
         problems.append((path, f"{value!r} is not one of {', '.join(choices)}{hint}"))
         return None
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build(tp, value, path, problems)
     if origin is list:
         if not isinstance(value, list):

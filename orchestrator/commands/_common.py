@@ -94,7 +94,8 @@ def write_out_dir(plan: Any, out_dir: Path, output: str) -> list[Path]:
     ext = "json" if output == "json" else "yaml"
     for i, res in enumerate(plan.resources):
         kind = str(res.get("kind", "resource")).lower()
-        name = (res.get("metadata") or {}).get("name") or res.get("name") or (res.get("create") or {}).get("name") or str(i)
+        name = ((res.get("metadata") or {}).get("name") or res.get("name")
+                or (res.get("create") or {}).get("name") or str(i))
         path = out_dir / f"{i:02d}-{kind}-{name}.{ext}"
         path.write_text(dump(res, output), encoding="utf-8")
         written.append(path)

@@ -117,7 +117,7 @@ class DockerBackend(b.Backend[DockerRequest]):
             raise BackendError("the plan has no containers", hint="render the plan for the docker backend")
         ref = b.AttemptRef(self.name, plan.run, plan.attempt)
         errors, _ = sdk.errors()
-        client = self.client
+        _ = self.client       # connect first: an unreachable engine fails before anything exists
         undo: list[Callable[[], None]] = []
         since = time.time() - 1.0
         with sdk.engine(f"submitting {plan.attempt_name}"):
@@ -139,7 +139,8 @@ class DockerBackend(b.Backend[DockerRequest]):
             except errors.APIError as exc:
                 self._rollback(undo)
                 raise BackendError(f"Docker refused to submit {plan.attempt_name}: {sdk.explain(exc)}",
-                                   hint="nothing of this attempt was left behind; fix the cause and submit again") from None
+                                   hint="nothing of this attempt was left behind; fix the cause and submit "
+                                        "again") from None
             except BaseException:
                 self._rollback(undo)
                 raise
@@ -173,7 +174,7 @@ class DockerBackend(b.Backend[DockerRequest]):
         except errors.NotFound:
             net = self.client.networks.create(res["name"], driver=res.get("driver") or "bridge",
                                               labels=want, check_duplicate=True)
-            undo.append(lambda n=net: self._quiet_remove(n))
+            undo.append(lambda n=net: self._quiet_remove(n))  # type: ignore[misc]
             return
         have = net.attrs.get("Labels") or {}
         if any(have.get(k) != v for k, v in want.items()):
@@ -198,7 +199,7 @@ class DockerBackend(b.Backend[DockerRequest]):
             vol = self.client.volumes.create(name=res["name"], driver=res.get("driver") or "local",
                                              driver_opts=res.get("driver_opts") or {},
                                              labels={L.MANAGED_BY: L.MANAGED_BY_VALUE})
-            undo.append(lambda v=vol: self._quiet_remove(v))
+            undo.append(lambda v=vol: self._quiet_remove(v))  # type: ignore[misc]
 
     def _ensure_container(self, res: dict[str, Any], plan: Any, undo: list[Callable[[], None]]) -> str:
         """Create one node's container, or adopt it if this attempt already made it. Returns its id."""
@@ -321,8 +322,9 @@ class DockerBackend(b.Backend[DockerRequest]):
         for ns, line in self._log_lines(name, follow=True, stop=st.stop, streams=st.streams):
             payload = parse_progress(line)
             if payload is not None:
-                t = payload.get("time") if isinstance(payload.get("time"), (int, float)) else ns / 1e9
-                st.inbox.put(("progress", b.Event(b.PROGRESS, float(t), 0, name, progress=payload)))
+                stamp = payload.get("time")
+                t = float(stamp) if isinstance(stamp, (int, float)) else ns / 1e9
+                st.inbox.put(("progress", b.Event(b.PROGRESS, t, 0, name, progress=payload)))
 
     def _log_lines(self, name: str, *, follow: bool, stop: threading.Event | None = None,
                    streams: list[Any] | None = None) -> Iterator[tuple[int, str]]:

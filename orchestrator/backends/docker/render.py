@@ -77,7 +77,8 @@ def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, ho
             create["nano_cpus"] = int(spec.resources.cpu * 1e9)
         if cpusets:
             create["cpuset_cpus"] = cpusets[node]
-        _device_exposure(create, profile, device_ids[node] if device_ids else None, accelerators_per_node(spec, profile))
+        _device_exposure(create, profile, device_ids[node] if device_ids else None,
+                         accelerators_per_node(spec, profile))
         # Containers share the command, mounts and profile lists; copies keep each container's
         # description its own (and the YAML plan free of &id001 anchors).
         create = copy.deepcopy(create)
@@ -144,20 +145,20 @@ def _mounts(spec: JobSpec, profile: VendorProfile) -> tuple[list[dict[str, Any]]
     volumes: list[dict[str, Any]] = []
     for i, vol in enumerate(spec.volumes):
         kind = vol.source
-        if kind == "host_path":
-            src = str((spec.source_dir / vol.host_path).resolve()) if not vol.host_path.startswith("/") else vol.host_path
+        if kind == "host_path" and vol.host_path is not None:
+            src = vol.host_path if vol.host_path.startswith("/") else str((spec.source_dir / vol.host_path).resolve())
             mounts.append({"Target": vol.mount, "Source": src, "Type": "bind", "ReadOnly": vol.read_only})
         elif kind == "pvc":
             # A named Docker volume stands in for a PVC: it outlives containers, like a PVC.
             mounts.append({"Target": vol.mount, "Source": vol.pvc, "Type": "volume", "ReadOnly": vol.read_only})
             volumes.append({"kind": "volume", "name": vol.pvc, "driver": "local", "driver_opts": {}})
-        elif kind == "nfs":
+        elif kind == "nfs" and vol.nfs is not None:
             name = f"{spec.name}-{vol.name}"
             opts = {"type": "nfs", "o": f"addr={vol.nfs.server}" + (",ro" if vol.read_only else ""),
                     "device": f":{vol.nfs.path}"}
             mounts.append({"Target": vol.mount, "Source": name, "Type": "volume", "ReadOnly": vol.read_only})
             volumes.append({"kind": "volume", "name": name, "driver": "local", "driver_opts": opts})
-        elif kind == "empty_dir":
+        elif kind == "empty_dir" and vol.empty_dir is not None:
             if vol.empty_dir.medium == "Memory":
                 m: dict[str, Any] = {"Target": vol.mount, "Type": "tmpfs"}
                 if vol.empty_dir.size_limit is not None:
@@ -168,6 +169,20 @@ def _mounts(spec: JobSpec, profile: VendorProfile) -> tuple[list[dict[str, Any]]
         else:
             raise SpecError([(f"volumes[{i}]", f"{kind} volumes exist only on Kubernetes; use host_path on Docker")])
     return mounts, volumes
+
+
+# create key -> the `docker run` flag repeated once per item
+_REPEATED_FLAGS = (("devices", "--device"), ("group_add", "--group-add"), ("security_opt", "--security-opt"),
+                   ("cap_add", "--cap-add"))
+
+
+def _mount_flag(m: dict[str, Any]) -> list[str]:
+    if m["Type"] == "tmpfs":
+        size = m.get("TmpfsOptions", {}).get("SizeBytes")
+        return ["--tmpfs", m["Target"] + (f":size={size}" if size else "")]
+    if m["Type"] == "volume" and "Source" not in m:
+        return ["-v", m["Target"]]
+    return ["-v", f"{m['Source']}:{m['Target']}" + (":ro" if m.get("ReadOnly") else "")]
 
 
 def docker_run_line(create: dict[str, Any], aliases: list[str]) -> str:
@@ -187,24 +202,13 @@ def docker_run_line(create: dict[str, Any], aliases: list[str]) -> str:
         argv += ["--gpus", "all" if req.get("Count") == -1 else f"\"device={','.join(req['DeviceIDs'])}\""]
     if create.get("runtime"):
         argv += ["--runtime", create["runtime"]]
-    for dev in create.get("devices", []):
-        argv += ["--device", dev]
-    for g in create.get("group_add", []):
-        argv += ["--group-add", g]
-    for s in create.get("security_opt", []):
-        argv += ["--security-opt", s]
-    for c in create.get("cap_add", []):
-        argv += ["--cap-add", c]
+    for key, flag in _REPEATED_FLAGS:
+        for item in create.get(key, []):
+            argv += [flag, item]
     for u in create.get("ulimits", []):
         argv += ["--ulimit", f"{u['Name']}={u['Soft']}:{u['Hard']}"]
     for m in create["mounts"]:
-        if m["Type"] == "tmpfs":
-            size = m.get("TmpfsOptions", {}).get("SizeBytes")
-            argv += ["--tmpfs", m["Target"] + (f":size={size}" if size else "")]
-        elif m["Type"] == "volume" and "Source" not in m:
-            argv += ["-v", m["Target"]]
-        else:
-            argv += ["-v", f"{m['Source']}:{m['Target']}" + (":ro" if m.get("ReadOnly") else "")]
+        argv += _mount_flag(m)
     for k, v in create["environment"].items():
         argv += ["-e", f"{k}={v}"]
     for k, v in create["labels"].items():

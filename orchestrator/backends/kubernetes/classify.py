@@ -114,9 +114,9 @@ def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True,
     if phase in ("Running", "Succeeded", "Failed") or any(
             "running" in ((cs.get("state") or {})) for cs in status.get("containerStatuses") or []):
         out.append((("started", uid), Event(NODE_STARTED, **kw)))
-    for reason, msg in _waiting_reasons(pod):
-        if reason in IMAGE_PULL_REASONS:
-            out.append((("image", uid), Event(IMAGE_PULL_FAILED, reason=reason, message=msg, **kw)))
+    for waiting, msg in _waiting_reasons(pod):
+        if waiting in IMAGE_PULL_REASONS:
+            out.append((("image", uid), Event(IMAGE_PULL_FAILED, reason=waiting, message=msg, **kw)))
             break
     code, reason = exit_info(pod)
     if code is not None:

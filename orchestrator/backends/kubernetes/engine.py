@@ -199,7 +199,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 f"{kind} {namespace}/{name} already exists and is not attempt {attempt} of run "
                 f"{run!r}" + (" (it is being deleted)" if meta.get("deletionTimestamp") else ""),
                 hint=f"pick another run name, or delete it: kubectl -n {namespace} delete "
-                f"{kind.lower()} {name}")
+                f"{(kind or 'object').lower()} {name}")
         return existing
 
     def _crud(self, kind: str | None, m: Obj):

@@ -161,7 +161,7 @@ def _note_node_local_checkpoint(spec: JobSpec, ctx: AttemptContext, notes: list[
         return
     if spec.nodes == 1 and not spec.restart.exclude_failed_nodes:
         return
-    vol = spec.volume_for(spec.container_checkpoint_dir())
+    vol = spec.volume_for(spec.container_checkpoint_dir() or spec.checkpoint.dir)
     if vol is None or vol.host_path is None:
         return
     # Not an error: the host path may be a shared mount on every node, which wmctl cannot see.
@@ -212,7 +212,7 @@ def _volumes(spec: JobSpec, profile: VendorProfile) -> tuple[list[dict], list[di
     mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     for vol in spec.volumes:
         volumes.append({"name": vol.name, **_volume_source(vol)})
-        mount = {"name": vol.name, "mountPath": vol.mount}
+        mount: dict[str, Any] = {"name": vol.name, "mountPath": vol.mount}
         if vol.read_only:
             mount["readOnly"] = True
         mounts.append(mount)
@@ -255,7 +255,8 @@ def check_rendered(objects: list[dict[str, Any]], values: dict[str, Any]) -> Non
     jobs = [o for o in objects if o.get("kind") == "Job"]
     services = [o for o in objects if o.get("kind") == "Service"]
     if len(jobs) != 1 or len(services) != 1:
-        raise RuntimeError(f"kubernetes templates must yield one Job and one Service, got {[o.get('kind') for o in objects]}")
+        kinds = [o.get("kind") for o in objects]
+        raise RuntimeError(f"kubernetes templates must yield one Job and one Service, got {kinds}")
     job = jobs[0]
     pod = job["spec"]["template"]["spec"]
     container = pod["containers"][0]
