@@ -46,6 +46,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends.docker.classify", 3),
     ("orchestrator.backends.kubernetes.render", 3),
     ("orchestrator.backends.kubernetes.check", 3),
+    ("orchestrator.backends.kubernetes.kinds", 3),
     ("orchestrator.backends.kubernetes.classify", 3),
     ("orchestrator.launch", 3),
     ("orchestrator.templating", 3),

@@ -31,6 +31,7 @@ from .check import volume_problems
 from .classify import (job_finished, newest_per_index, node_healthy, node_statuses, pod_deleted_event,
                        pod_events, pod_index)
 from .client import call, call_json
+from .kinds import KINDS, create_order
 from .render import KubernetesRequest, render_kubernetes
 from .watch import ResourceWatcher
 
@@ -38,8 +39,6 @@ MANAGED_BY, RUN_LABEL, ATTEMPT_LABEL = L.MANAGED_BY, L.RUN, L.ATTEMPT
 
 Obj = dict[str, Any]
 
-# create order: the Service (DNS for rendezvous) and PodGroup (gang) exist before the Job's pods
-_ORDER = {"Service": 0, "PodGroup": 1, "ConfigMap": 0, "Job": 2}
 # Teardown reads each pod's log tail before the pod goes; a kubelet slower than this is skipped.
 ARCHIVE_TIMEOUT_S = 5.0
 
@@ -159,7 +158,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                                hint="render manifests with wmctl's renderer")
         attempt = int(attempt_raw)
         namespace = (job.get("metadata") or {}).get("namespace") or plan.request.namespace or self.namespace
-        for m in sorted(manifests, key=lambda m: _ORDER.get(m.get("kind", ""), 1)):
+        for m in sorted(manifests, key=lambda m: create_order(m.get("kind"))):
             self._create_or_adopt(m, namespace, run, attempt)
         ref = AttemptRef(self.name, run, attempt, namespace)
         self._learn_shape(ref, job)
@@ -211,25 +210,19 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
             finally:
                 resp.release_conn()
         # the caller's call() retries; raw() only skips the client's model deserialisation
-        if kind == "Service":
-            core = self._core()
-            return (lambda ns, b: raw(core.create_namespaced_service, ns, b),
-                    lambda n, ns: raw(core.read_namespaced_service, n, ns))
-        if kind == "ConfigMap":
-            core = self._core()
-            return (lambda ns, b: raw(core.create_namespaced_config_map, ns, b),
-                    lambda n, ns: raw(core.read_namespaced_config_map, n, ns))
-        if kind == "Job":
-            batch = self._batch()
-            return (lambda ns, b: raw(batch.create_namespaced_job, ns, b),
-                    lambda n, ns: raw(batch.read_namespaced_job, n, ns))
-        if kind == "PodGroup":
-            group, version = m["apiVersion"].split("/")
-            custom = self._custom()
-            return (lambda ns, b: custom.create_namespaced_custom_object(group, version, ns, "podgroups", b),
-                    lambda n, ns: custom.get_namespaced_custom_object(group, version, ns, "podgroups", n))
-        raise BackendError(f"the Kubernetes backend cannot create a {kind}",
-                           hint="only Service, ConfigMap, PodGroup and Job manifests are supported")
+        found = KINDS.get(kind or "")
+        if found is None:
+            raise BackendError(f"the Kubernetes backend cannot create a {kind}",
+                               hint=f"only {', '.join(KINDS)} manifests are supported")
+        if found.api is not None:
+            api = getattr(sdk.sdk(), found.api)(self.api_client)
+            create_fn = getattr(api, f"create_namespaced_{found.method}")
+            read_fn = getattr(api, f"read_namespaced_{found.method}")
+            return (lambda ns, b: raw(create_fn, ns, b), lambda n, ns: raw(read_fn, n, ns))
+        group, version = m["apiVersion"].split("/")
+        custom, plural = self._custom(), found.plural
+        return (lambda ns, b: custom.create_namespaced_custom_object(group, version, ns, plural, b),
+                lambda n, ns: custom.get_namespaced_custom_object(group, version, ns, plural, n))
 
     # --- observation -----------------------------------------------------------------------
     def _state(self, ref: AttemptRef) -> _AttemptState:
@@ -422,12 +415,6 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
             events, st.events = st.events, []
             nodes = node_statuses(list(st.pods.values()), st.completions, st.lost, st.gone)
         return Observation(events, nodes)
-
-    def wait_synced(self, ref: AttemptRef, timeout: float = 10.0) -> bool:
-        """Block until every watcher of ``ref`` has listed once (tests, benchmarks)."""
-        st = self._state(ref)
-        deadline = time.monotonic() + timeout
-        return all(w.synced.wait(max(0.0, deadline - time.monotonic())) for w in st.watchers)
 
     def watch_stats(self, ref: AttemptRef) -> dict[str, dict[str, int]]:
         st = self._state(ref)
