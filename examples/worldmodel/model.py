@@ -1,5 +1,5 @@
 """The field report's simplified world model: frozen vision encoder -> temporal transformer ->
-linear head that predicts the next frame's features (SEED_NOTES.md section 3, step 3).
+linear head that predicts the next frame's features (the field report's simplified world model, step 3).
 
 The report uses LLaVA's vision tower, d_model 1024, 8 heads, 4 layers in bf16. The defaults here
 are tiny so that two CPU ranks train a few hundred steps in minutes; ``--vision-tower llava``

@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None, preempt: PreemptionHandler | None = None
                                    num_workers=args.num_workers, pin_memory=args.pin_memory and device_mod is not None,
                                    generator=loader_gen, drop_last=False, **loader_kw)
 
-    # Shares of the whole step; warns above 30 % communication or data wait (SEED_NOTES section 5).
+    # Shares of the whole step; warns above 30 % communication or data wait (the field report's thresholds).
     timer = StepTimer(device_module=device_mod, warn_comm_share=0.30, warn_data_share=0.30)
     # fp16 (the guard's middle rung on devices) needs loss scaling; on CPU the ladder skips fp16.
     scaler = torch.amp.GradScaler(device.type) if device_mod is not None else None

@@ -160,7 +160,7 @@ def test_stuck_worker_is_caught_by_the_heartbeat_and_resumed(home, reference):
     h.wait_checkpoint(home, run, 0, 10)
     workers = [pid for pid in h.node_pids(run, 0, 1)       # the job, not the agent that launched it
                if "counter.py" in h.cmdline(pid) and "torch.distributed.run" not in h.cmdline(pid)
-               and "local_agent" not in h.cmdline(pid)]
+               and "orchestrator.backends.local.agent" not in h.cmdline(pid)]
     assert workers
     for pid in workers:
         os.kill(pid, signal.SIGSTOP)

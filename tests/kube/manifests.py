@@ -72,7 +72,7 @@ def attempt_manifests(run: str, attempt: int, *, nodes: int = 2, namespace: str 
 def rendered_plan(run: str, attempt: int, *, nodes: int = 2, excluded_nodes: tuple[str, ...] = (),
                   parent: int | None = None, image: str = "registry.example.com/team/wm:v3",
                   namespace: str | None = None, kube: dict[str, Any] | None = None):
-    """The lead's real renderer (orchestrator/render/kubernetes.py) for a small CPU job."""
+    """The lead's real renderer (orchestrator/backends/kubernetes/render.py) for a small CPU job."""
     from orchestrator.plan import AttemptContext
     from orchestrator.backends.kubernetes.render import render_kubernetes
     from orchestrator.spec import from_dict

@@ -1,4 +1,4 @@
-"""Table tests of the pure pod/node -> Event classification (orchestrator/kube/classify_pod)."""
+"""Table tests of the pure pod/node -> Event classification (orchestrator/backends/kubernetes/classify.py)."""
 
 from __future__ import annotations
 

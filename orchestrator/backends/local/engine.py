@@ -1,6 +1,6 @@
 """Local backend: one torchrun agent per "node" on this machine, the default that runs anywhere.
 
-Each node runs under a keeper process (``local_agent``) in its own session, with its output in
+Each node runs under a keeper process (``backends/local/agent.py``) in its own session, with its output in
 the run folder. Every process of a node carries ``WMCTL_LOCAL_TAG`` in its environment, so
 teardown finds all of them (torchrun starts workers in sessions of their own), even after
 the watcher itself was restarted.
