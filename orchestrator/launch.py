@@ -11,7 +11,6 @@ import json
 from .plan import AttemptContext
 from .runtime import protocol as p
 from .spec import JobSpec
-from .validate import parse_duration
 from .vendors import VendorProfile
 
 LAUNCHER = "wmctl-bind"   # per-rank CPU/NUMA binding, then exec of the training command
@@ -67,7 +66,7 @@ def torchrun_args(spec: JobSpec, profile: VendorProfile, *, endpoint: str, rdzv_
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={rdzv_id}",
-        f"--rdzv-conf=join_timeout={int(parse_duration(spec.rendezvous.join_timeout))}",
+        f"--rdzv-conf=join_timeout={int(spec.rendezvous.join_timeout_s)}",
         "--max-restarts=0",
         "--no-python",
         *(launcher if launcher is not None else [LAUNCHER]),

@@ -11,9 +11,11 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
 import posixpath
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Union
 
@@ -51,6 +53,10 @@ class NfsSource:
 class EmptyDirSource:
     medium: Literal["", "Memory"] = ""
     size_limit: Union[str, int, None] = None
+
+    @cached_property
+    def size_limit_bytes(self) -> int | None:
+        return None if self.size_limit is None else parse_quantity(self.size_limit)
 
 
 @dataclass
@@ -94,11 +100,11 @@ class Resources:
     memory: Union[str, int, None] = None
     shm: Union[str, int] = "16Gi"  # the field report: 64 MB crashed the DataLoader, 16 GB fixed it
 
-    @property
+    @cached_property
     def memory_bytes(self) -> int | None:
         return None if self.memory is None else parse_quantity(self.memory)
 
-    @property
+    @cached_property
     def shm_bytes(self) -> int:
         return parse_quantity(self.shm)
 
@@ -120,15 +126,15 @@ class RestartSpec:
     auto_resume: bool = False
     retry_on_oom: bool = False
 
-    @property
+    @cached_property
     def backoff_s(self) -> float:
         return parse_duration(self.backoff)
 
-    @property
+    @cached_property
     def node_loss_timeout_s(self) -> float:
         return parse_duration(self.node_loss_timeout)
 
-    @property
+    @cached_property
     def heartbeat_timeout_s(self) -> float:
         return parse_duration(self.heartbeat_timeout)
 
@@ -137,6 +143,10 @@ class RestartSpec:
 class RendezvousSpec:
     port: int = 29500
     join_timeout: Union[str, float] = "10m"   # c10d default is 600 s
+
+    @cached_property
+    def join_timeout_s(self) -> float:
+        return parse_duration(self.join_timeout)
 
 
 @dataclass
@@ -154,6 +164,11 @@ class KubernetesSpec:
     ttl_seconds_after_finished: int = 3600
     termination_grace_period: Union[str, float] = "90s"  # torchrun's own SIGTERM->SIGKILL is 30 s
     cluster_domain: str = "cluster.local"  # the rendezvous endpoint is the pod's FQDN under it
+
+    @cached_property
+    def termination_grace_period_s(self) -> int:
+        """Whole seconds, rounded up: a fraction must never render as an immediate SIGKILL."""
+        return math.ceil(parse_duration(self.termination_grace_period))
 
 
 @dataclass
@@ -227,6 +242,9 @@ class JobSpec:
                     best = vol
         return best
 
+
+# Parsed values are parsed once (cached_property), the first time a renderer or the supervisor
+# asks; the spec is not changed after loading except for the image pin, which parses nothing.
 
 # ---- loading ---------------------------------------------------------------------------------
 

@@ -8,7 +8,6 @@ line, quoted, for review and for users who want to run it by hand.
 from __future__ import annotations
 
 import copy
-import math
 import shlex
 
 from typing import Any
@@ -23,7 +22,7 @@ from ...plan import AttemptContext, HostFacts, Plan, Request
 from ...runtime.protocol import ENV_NODE_NAME
 from ...runtime.topology import format_cpulist
 from ...spec import JobSpec
-from ...validate import format_quantity, parse_duration, parse_quantity
+from ...validate import format_quantity
 from ...vendors import VendorProfile
 
 
@@ -50,7 +49,7 @@ def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, ho
         resources.append({"kind": "network", "name": network, "driver": "bridge",
                           "labels": L.run_labels(spec.name, ctx.attempt)})
     resources += volumes_to_create
-    grace = math.ceil(parse_duration(spec.kubernetes.termination_grace_period))
+    grace = spec.kubernetes.termination_grace_period_s
     for node in range(spec.nodes):
         name = layout.node_name(spec.name, ctx.attempt, node)
         labels = {**L.run_labels(spec.name, ctx.attempt), L.NODE: str(node), L.SPEC_HASH: spec.spec_hash()}
@@ -162,7 +161,7 @@ def _mounts(spec: JobSpec, profile: VendorProfile) -> tuple[list[dict[str, Any]]
             if vol.empty_dir.medium == "Memory":
                 m: dict[str, Any] = {"Target": vol.mount, "Type": "tmpfs"}
                 if vol.empty_dir.size_limit is not None:
-                    m["TmpfsOptions"] = {"SizeBytes": parse_quantity(vol.empty_dir.size_limit)}
+                    m["TmpfsOptions"] = {"SizeBytes": vol.empty_dir.size_limit_bytes}
                 mounts.append(m)
             else:
                 mounts.append({"Target": vol.mount, "Type": "volume", "ReadOnly": False})

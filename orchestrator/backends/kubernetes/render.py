@@ -21,7 +21,7 @@ from ...plan import AttemptContext, HostFacts, Plan, Request
 from ...runtime.protocol import ENV_NODE_NAME, ENV_POD_NAME
 from ...spec import JobSpec, Volume
 from ...templating import render_objects
-from ...validate import format_quantity, parse_duration, parse_quantity
+from ...validate import format_quantity
 from ...vendors import VendorProfile
 from .check import volume_problems
 
@@ -115,7 +115,7 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
             "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
                                   "values": list(ctx.excluded_nodes)}]}]}}
         notes.append(f"excluding nodes that failed earlier attempts: {', '.join(ctx.excluded_nodes)}")
-    grace = math.ceil(parse_duration(k.termination_grace_period))
+    grace = k.termination_grace_period_s
     return {
         "job_name": job_name, "service_name": job_name, "namespace": k.namespace,
         "labels": labels, "job_labels": job_labels, "annotations": annotations,
@@ -242,7 +242,7 @@ def _volume_source(vol: Volume) -> dict[str, Any]:
         if vol.empty_dir.medium:
             src["medium"] = vol.empty_dir.medium
         if vol.empty_dir.size_limit is not None:
-            src["sizeLimit"] = format_quantity(parse_quantity(vol.empty_dir.size_limit))
+            src["sizeLimit"] = format_quantity(vol.empty_dir.size_limit_bytes)
         return {"emptyDir": src}
     if vol.secret is not None:
         return {"secret": {"secretName": vol.secret}}
