@@ -15,10 +15,11 @@ from typing import Any, Callable, Iterator
 
 from . import backends
 from .backends.base import AttemptRef, Backend, BackendOptions
-from .errors import RunNotFound, WmctlError
+from .errors import RunFailed, RunNotFound, WmctlError
 from .plan import AttemptContext, Plan
 from .spec import JobSpec, from_dict, load_spec
 from .state import RunRecord, RunStore, list_runs, open_store
+from .supervisor import Supervisor
 from .vendors import VendorProfile, load_profile
 
 Echo = Callable[[str], None]
@@ -184,8 +185,6 @@ def _clear_the_name(store: RunStore, engine: Backend[Any], echo: Echo) -> None:
 
 def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any], *, watch: bool, echo: Echo,
                show_state: Callable[..., None] | None, first_plan: Plan[Any] | None = None) -> int:
-    from .supervisor import Supervisor
-
     try:
         store.acquire_watcher()
         try:
@@ -208,8 +207,6 @@ def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any
 
 def watch(run: str, *, auto_resume: bool | None, echo: Echo, show_state: Callable[..., None] | None = None) -> int:
     """Supervise a recorded run from where it is (adopting a running attempt)."""
-    from .errors import RunFailed
-
     store = open_store(run)
     record = store.load()
     if record.status != "running":

@@ -13,6 +13,7 @@ from ..backends import names as backend_names
 from ..errors import SpecError
 from ..serialize import dump
 
+
 class _BackendChoice(click.Choice):
     """The registry's backends, read when the option is parsed: a backend registered at run time
     (a plugin, a test) is a valid choice too."""

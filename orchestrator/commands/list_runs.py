@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
+from .. import api
+
 
 @click.command("list", help="List runs recorded on this machine.")
 def command():
-    from .. import api
 
     for item in api.runs():
         rec = item.record

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from .. import api
+
 
 @click.command("logs", help="Print (or follow) the output of one node of a run.")
 @click.argument("run")
@@ -11,7 +13,6 @@ import click
 @click.option("--attempt", type=int, default=None, help="Default: the latest attempt.")
 @click.option("-f", "--follow", is_flag=True)
 def command(run, node, attempt, follow):
-    from .. import api
 
     for line in api.logs(run, node=node, attempt=attempt, follow=follow):
         click.echo(line)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..api import dryrun
 from ._common import backend_option, load, overrides_from, plan_document, spec_options, write_out_dir
 
 
@@ -20,7 +21,6 @@ from ._common import backend_option, load, overrides_from, plan_document, spec_o
 @click.option("--auto-resume", "resume", is_flag=True, help="Check and render as for `--auto-resume`.")
 def command(spec_path, set_flags, nodes, image_tag, vendor, namespace, backend, output, out_dir,
             attempt, exclude, resume):
-    from ..api import dryrun
 
     job = load(spec_path, overrides_from(set_flags, nodes, image_tag, vendor, namespace))
     plan = dryrun(job, backend, auto_resume=resume, attempt=attempt, exclude=tuple(exclude)).plan

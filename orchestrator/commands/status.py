@@ -7,14 +7,14 @@ from dataclasses import asdict
 
 import click
 
+from .. import api
+from ..supervisor import steps_redone, summary
+
 
 @click.command("status", help="Show a run's attempts, failures, last step and checkpoint.")
 @click.argument("run")
 @click.option("-o", "--output", type=click.Choice(["text", "yaml", "json"]), default="text", show_default=True)
 def command(run, output):
-    from .. import api
-    from ..supervisor import steps_redone, summary
-
     record = api.status(run)
     if output == "text":
         click.echo(summary(record))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from .. import api
 from ._common import backend_option, display_for, load, overrides_from, plan_document, spec_options
 
 
@@ -19,7 +20,6 @@ from ._common import backend_option, display_for, load, overrides_from, plan_doc
 @click.option("--detach", is_flag=True, help="Return after submitting; watch later with `wmctl watch RUN`.")
 def command(spec_path, set_flags, nodes, image_tag, vendor, namespace, backend, dry_run, output, watch,
             auto_resume, kube_context, detach):
-    from .. import api
 
     job = load(spec_path, overrides_from(set_flags, nodes, image_tag, vendor, namespace))
     request = api.dryrun(job, backend, auto_resume=auto_resume, context=kube_context)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from .. import api
 from ._common import display_for
 
 
@@ -13,7 +14,6 @@ from ._common import display_for
 @click.option("--auto-resume/--no-auto-resume", "auto_resume", default=None,
               help="Resubmit on retryable failures (default: as chosen at submit).")
 def command(run, auto_resume):
-    from .. import api
 
     with display_for(True) as display:
         code = api.watch(run, auto_resume=auto_resume, echo=display, show_state=display.state)
