@@ -8,6 +8,8 @@ attempt 0 exactly as ``schedule`` then submits it.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 from . import backends
 from .backends.base import AttemptRef, Backend, BackendOptions
-from .errors import RunFailed, RunNotFound, WmctlError
+from .errors import RunCancelled, RunFailed, RunNotFound, WmctlError
 from .plan import AttemptContext, Plan
 from .spec import JobSpec, from_dict, load_spec
 from .state import RunRecord, RunStore, list_runs, open_store
@@ -211,7 +213,7 @@ def watch(run: str, *, auto_resume: bool | None, echo: Echo, show_state: Callabl
     record = store.load()
     if record.status != "running":
         echo(record.final_report or f"run {run} already {record.status}")
-        return 0 if record.status == "succeeded" else RunFailed.exit_code
+        return {"succeeded": 0, "cancelled": RunCancelled.exit_code}.get(record.status, RunFailed.exit_code)
     if auto_resume is not None:
         record.auto_resume = auto_resume
     job, notes = job_of(record)
@@ -264,8 +266,11 @@ def logs(run: str, *, node: int = 0, attempt: int | None = None, follow: bool = 
         engine.close()
 
 
-def cancel(run: str, *, graceful: bool = False) -> RunRecord:
-    """Tear down every attempt of ``run``; the record says it was cancelled."""
+def cancel(run: str, *, graceful: bool = False, by: str | None = None, wait_s: float = 60.0,
+           sleep: Callable[[float], None] = time.sleep) -> RunRecord:
+    """Cancel ``run``: the intent is recorded first (so no watcher, here or in another process,
+    resubmits), then every attempt is torn down (``graceful``: SIGTERM and a wait for the job's
+    checkpoint). A watcher ends the run itself; without one the record is ended here."""
     store = open_store(run)
     record = store.load()
     engine = engine_of(record)
@@ -274,12 +279,18 @@ def cancel(run: str, *, graceful: bool = False) -> RunRecord:
             raise WmctlError(f"the {engine.name} backend cannot cancel gracefully",
                              hint="cancel without --graceful: its teardown already sends SIGTERM with the "
                                   "termination grace period")
+        if record.status == "running":
+            store.request_cancel(by=by or f"pid {os.getpid()}@{socket.gethostname()}", graceful=graceful)
         for ref in engine.attempts(run):
             engine.cancel(ref, graceful=graceful)
     finally:
         engine.close()
-    if record.status == "running":
-        record.status = "failed"
+    deadline = time.monotonic() + wait_s
+    while store.watched() and time.monotonic() < deadline:
+        sleep(0.2)          # the watcher sees the intent and ends the run as cancelled
+    record = store.load()
+    if record.status == "running" and not store.watched():
+        record.status = "cancelled"
         record.final_report = f"run {run} cancelled by the user"
         if record.attempts and record.attempts[-1].outcome is None:
             record.attempts[-1].outcome = "cancelled"

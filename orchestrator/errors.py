@@ -67,6 +67,12 @@ class RecordDamaged(RunNotFound):
     """A run's record exists but cannot be read (truncated, edited, from a newer wmctl)."""
 
 
+class RunCancelled(WmctlError):
+    """The run was cancelled (`wmctl cancel`): it ended as asked, not as a failure."""
+
+    exit_code = 8
+
+
 class RunFailed(WmctlError):
     """A supervised run ended without success (app error, retry budget spent, ...)."""
 

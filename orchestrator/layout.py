@@ -17,6 +17,8 @@ RUNS = "runs"
 ARCHIVE = ".archive"          # ended runs moved aside when a new run takes their name
 RECORD_FILE = "run.json"
 WATCHER_LOCK = "watcher.lock"
+CANCEL_FILE = "cancel.json"   # the cancel intent, written before anything is torn down
+METRICS_FILE = "metrics.jsonl"
 PLAN_FILE = "plan.json"
 CHECKPOINTS = "checkpoints"   # the default checkpoint folder of a local run without checkpoint.dir
 

@@ -111,6 +111,27 @@ class RunStore(ABC):
         """A torn-down node's kept output, or None when teardown kept none."""
 
     @abstractmethod
+    def request_cancel(self, *, by: str, graceful: bool) -> dict[str, Any]:
+        """Record that the run is to be cancelled, before anything is torn down: every watcher,
+        in this process or another, sees it and never resubmits. Returns the intent."""
+
+    @abstractmethod
+    def cancel_intent(self) -> dict[str, Any] | None:
+        """The recorded cancel intent (time, by, graceful), or None."""
+
+    @abstractmethod
+    def watched(self) -> bool:
+        """Does a live watcher hold this run's lease?"""
+
+    @abstractmethod
+    def append_metric(self, event: dict[str, Any]) -> None:
+        """Keep one progress event (step, loss, timing, checkpoint, resume, failure) as it arrives."""
+
+    @abstractmethod
+    def metrics(self) -> list[dict[str, Any]]:
+        """Every kept event, oldest first; a line torn by a crash is skipped."""
+
+    @abstractmethod
     def retire(self) -> None:
         """Move an ended run's state out of the way of a new run of the same name."""
 
@@ -184,6 +205,59 @@ class LocalRunStore(RunStore):
             return None
         with open(path, encoding="utf-8", errors="replace") as fh:
             return [line.rstrip("\n") for line in fh]
+
+    def request_cancel(self, *, by: str, graceful: bool) -> dict[str, Any]:
+        intent = self.cancel_intent()
+        if intent is None:
+            intent = {"time": time.time(), "by": by, "graceful": graceful}
+            self.dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.dir / layout.CANCEL_FILE, json.dumps(intent))
+        return intent
+
+    def cancel_intent(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads((self.dir / layout.CANCEL_FILE).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            # Written atomically, so unreadable means edited by hand: still an intent to cancel.
+            return {"time": time.time(), "by": "an unreadable cancel file", "graceful": False}
+        return data if isinstance(data, dict) else {"time": time.time(), "by": "?", "graceful": False}
+
+    def watched(self) -> bool:
+        if self._lock_fh is not None:
+            return True
+        path = self.dir / layout.WATCHER_LOCK
+        if not path.exists():
+            return False
+        with open(path, "a+") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            return False
+
+    def append_metric(self, event: dict[str, Any]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        line = json.dumps(event, sort_keys=True, separators=(",", ":")) + "\n"
+        with open(self.dir / layout.METRICS_FILE, "a", encoding="utf-8") as fh:
+            fh.write(line)     # one write per line: a crash tears at most the last one
+
+    def metrics(self) -> list[dict[str, Any]]:
+        path = self.dir / layout.METRICS_FILE
+        if not path.exists():
+            return []
+        out = []
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                try:
+                    item = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(item, dict):
+                    out.append(item)
+        return out
 
     def retire(self) -> None:
         dest = layout.archive_dir(self.home) / f"{self.run}-{int(time.time())}"

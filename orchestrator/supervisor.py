@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from . import failures as F
 from .backends import base as b
-from .errors import EngineUnavailable, RunFailed
+from .errors import EngineUnavailable, RunCancelled, RunFailed
 from .plan import AttemptContext, Plan
 from .state import AttemptRecord, RunRecord, RunStore
 
@@ -114,6 +114,9 @@ class Supervisor:
         while True:
             ref = b.AttemptRef(self.backend.name, self.spec.name, rec.attempt, self.backend.namespace_of(self.spec))
             tracker, failure = self._watch(ref, rec)
+            # A cancel tears the attempt down, which looks like a lost node: the intent, written
+            # before the teardown, says what it was.
+            failure = self._cancelled() or failure
             if failure is None:
                 self.backend.release(ref)
                 return self._finish(rec, tracker, "succeeded", f"run {self.spec.name} succeeded on attempt "
@@ -127,16 +130,38 @@ class Supervisor:
                                 exclude_failed_nodes=self.spec.restart.exclude_failed_nodes
                                 and self.backend.places_nodes)
             self._record_failure(rec, tracker, failure, decision)
-            self.echo(f"attempt {rec.attempt} failed: {failure.describe()} -> torn down in "
-                      f"{rec.timings['teardown_s']:.2f} s; decision: {decision}")
+            ended = "was cancelled" if failure.kind == F.CANCELLED else f"failed: {failure.describe()}"
+            self.echo(f"attempt {rec.attempt} {ended} -> torn down in {rec.timings['teardown_s']:.2f} s; "
+                      f"decision: {decision}")
+            if failure.kind == F.CANCELLED:
+                return self._finish(rec, tracker, "cancelled", f"run {self.spec.name} {failure.evidence}",
+                                    RunCancelled.exit_code)
             stop = self._why_stop(rec, failure, decision)
             if stop:
                 return self._finish(rec, tracker, "failed", stop, RunFailed.exit_code)
             backoff = self.spec.restart.backoff_s if failure.kind != F.PREEMPTED else 0.0
             if backoff:
                 self.echo(f"backing off {backoff:.0f} s before attempt {rec.attempt + 1}")
-                self.sleep(backoff)
+                self._wait(backoff)
+            late = self._cancelled()
+            if late is not None:      # cancelled while backing off: nothing more is submitted
+                return self._finish(rec, tracker, "cancelled", f"run {self.spec.name} {late.evidence}",
+                                    RunCancelled.exit_code)
             rec = self._submit(rec.attempt + 1, parent=rec)
+
+    def _cancelled(self) -> F.Failure | None:
+        intent = self.store.cancel_intent()
+        if intent is None:
+            return None
+        how = " gracefully" if intent.get("graceful") else ""
+        return F.Failure(F.CANCELLED, None, None, float(intent.get("time") or self.clock()),
+                         f"cancelled{how} by {intent.get('by') or 'the user'}")
+
+    def _wait(self, seconds: float) -> None:
+        """Sleep, waking early for a cancel."""
+        deadline = self.clock() + seconds
+        while self.clock() < deadline and self.store.cancel_intent() is None:
+            self.sleep(min(self.poll_interval, deadline - self.clock()))
 
     def _why_stop(self, rec: AttemptRecord, failure: F.Failure, decision: str) -> str | None:
         used = rec.attempt + 1
@@ -159,6 +184,9 @@ class Supervisor:
         timeout = self.spec.restart.heartbeat_timeout_s
         while True:
             now = self.clock()
+            cancelled = self._cancelled()
+            if cancelled is not None:
+                return tracker, cancelled
             obs = self._poll(ref, tracker, now)
             if obs is None:
                 self.sleep(self.poll_interval)
@@ -167,6 +195,8 @@ class Supervisor:
             events = tracker.feed(obs, now)
             for ev in events:
                 self._show(rec, ev, tracker, now)
+                if ev.kind == b.PROGRESS and ev.progress:
+                    self.store.append_metric({**ev.progress, "attempt": rec.attempt, "seen": round(now, 3)})
             if events or tracker.nodes != before:
                 rec.last_step, rec.last_checkpoint_step = tracker.last_step, tracker.last_checkpoint_step
                 rec.resumed_from_step = tracker.resumed_from_step

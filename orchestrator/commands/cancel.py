@@ -12,5 +12,5 @@ from .. import api
 @click.option("--graceful", is_flag=True, help="SIGTERM first so the job can checkpoint (local and Docker).")
 def command(run, graceful):
 
-    api.cancel(run, graceful=graceful)
-    click.echo(f"cancelled {run}")
+    record = api.cancel(run, graceful=graceful)
+    click.echo(f"cancelled {run} ({record.status})")

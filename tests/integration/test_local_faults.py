@@ -171,3 +171,25 @@ def test_stuck_worker_is_caught_by_the_heartbeat_and_resumed(home, reference):
     assert h.final_state(spec) == reference
     assert not h.leftover_processes(run)
     _redone(home, run)
+
+
+def test_cancel_from_another_process_ends_the_watched_run_cancelled(home):
+    """`wmctl cancel` from a second process while a watcher supervises the run with
+    --auto-resume: the teardown kills the nodes (which would read as node_lost and be resubmitted),
+    but the intent recorded first makes the watcher end the run cancelled, exit 8, no attempt 1."""
+    import subprocess
+    import sys
+
+    run = "cancelled"
+    spec = h.write_spec(home, run, steps=400)
+    w = h.Watch(spec, home)
+    h.wait_checkpoint(home, run, 0, 5)
+    cancel = subprocess.run([sys.executable, "-m", "orchestrator.cli", "cancel", run], env=w.env,
+                            capture_output=True, text=True, timeout=120)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert w.wait(timeout=120) == 8, w.output
+    rec = h.record(home, run)
+    assert rec["status"] == "cancelled" and [a["attempt"] for a in rec["attempts"]] == [0]
+    assert rec["attempts"][0]["outcome"] == "cancelled"
+    assert not (h.run_folder(home, run) / "attempt-1").exists()
+    assert "cancelled" in cancel.stdout and not h.leftover_processes(run)

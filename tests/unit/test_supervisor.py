@@ -32,9 +32,10 @@ class FakePlan:
 
 
 class Clock:
-    def __init__(self):
+    def __init__(self, on_sleep=None):
         self.now = START
         self.slept: list[float] = []
+        self.on_sleep = on_sleep
 
     def __call__(self) -> float:
         return self.now
@@ -42,6 +43,8 @@ class Clock:
     def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
         self.now += seconds
+        if self.on_sleep:
+            self.on_sleep(self)
 
 
 def running(n=2):
@@ -82,7 +85,8 @@ class ScriptedBackend:
         script = self.scripts[ref.attempt]
         if isinstance(script[0], Exception):
             raise script.pop(0)
-        events, nodes = script.pop(0)
+        entry = script.pop(0)
+        events, nodes = entry() if callable(entry) else entry
         if not script:                      # the last states hold, with nothing new
             script.append(([], nodes))
         return b.Observation(list(events), nodes)
@@ -106,10 +110,12 @@ def home(tmp_path, monkeypatch):
     return tmp_path
 
 
-def supervise(scripts, *, restart=None, auto_resume=True, places_nodes=True):
+def supervise(scripts, *, restart=None, auto_resume=True, places_nodes=True, on_sleep=None, clock_box=None):
     spec = spec_from({"name": "sup", "nodes": 2, "command": ["python", "t.py"],
                       "restart": {"max_attempts": 4, "backoff": "0s", "heartbeat_timeout": "60s", **(restart or {})}})
-    clock = Clock()
+    clock = Clock(on_sleep)
+    if clock_box is not None:
+        clock_box["clock"] = clock
     backend = ScriptedBackend(clock, scripts)
     backend.places_nodes = places_nodes
     store = RunStore(spec.name)
@@ -161,11 +167,55 @@ def test_preemption_resubmits_without_backoff_and_keeps_the_placement(home):
 
 
 def test_backoff_is_slept_between_failed_attempts(home):
-    outcome, _, _, _, clock = supervise({
+    outcome, _, _, _, _ = supervise({
         0: [([progress("checkpoint", 5), b.Event(b.NODE_LOST, START, 1, "host-1")], running())],
         1: [([progress("resume", 5)], done())],
     }, restart={"backoff": "30s"})
-    assert outcome.exit_code == 0 and 30.0 in clock.slept
+    record = outcome_record()
+    assert outcome.exit_code == 0
+    assert record.attempts[1].submitted_at - record.attempts[0].ended_at >= 30.0
+
+
+def outcome_record():
+    return RunStore("sup").load()
+
+
+def test_a_cancel_intent_ends_the_run_cancelled_and_nothing_is_resubmitted(home):
+    """`wmctl cancel` records its intent before tearing down; the teardown looks like a lost
+    node, but the watcher reads the intent and ends the run cancelled, with its own exit code."""
+    def cancel_then_lose_nodes():
+        RunStore("sup").request_cancel(by="test", graceful=False)
+        return [b.Event(b.NODE_LOST, START + 1, 0, "host-0")], [b.NodeStatus(i, b.LOST, f"host-{i}") for i in range(2)]
+
+    outcome, backend, record, lines, _ = supervise({
+        0: [([progress("checkpoint", 5)], running()), cancel_then_lose_nodes],
+        1: [([progress("resume", 5)], done())],
+    })
+    assert outcome.exit_code == 8 and record.status == "cancelled"
+    assert ("submit", 1) not in backend.calls
+    assert record.attempts[0].outcome == "cancelled" and "cancelled by test" in record.final_report
+
+
+def test_a_cancel_during_the_backoff_submits_nothing_more(home):
+    def fail_then_cancel_later():
+        return [progress("checkpoint", 5), b.Event(b.NODE_LOST, START, 1, "host-1")], running()
+
+    clock_box = {}
+
+    outcome, backend, record, _, _ = supervise({
+        0: [fail_then_cancel_later],
+        1: [([progress("resume", 5)], done())],
+    }, restart={"backoff": "30s"}, on_sleep=lambda clock: RunStore("sup").request_cancel(by="later", graceful=False)
+        if clock.now > START + 10 else None, clock_box=clock_box)
+    assert outcome.exit_code == 8 and record.status == "cancelled"
+    assert [c for c in backend.calls if c[0] == "submit"] == [("submit", 0)]
+    assert clock_box["clock"].now < START + 30      # woke for the cancel, did not sleep the backoff out
+
+
+def test_every_progress_event_is_kept_in_the_store(home):
+    supervise({0: [([progress("checkpoint", 5)], running()), ([progress("step", 8)], done())]})
+    kept = RunStore("sup").metrics()
+    assert [(m["event"], m["step"], m["attempt"]) for m in kept] == [("checkpoint", 5, 0), ("step", 8, 0)]
 
 
 def test_silence_past_the_heartbeat_timeout_is_a_hang(home):
