@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 
 from . import backends
 from .backends.base import AttemptRef, Backend, BackendOptions
+from .build.record import RECORD_FILE, pinned_ref
 from .errors import RunCancelled, RunFailed, RunNotFound, WmctlError
 from .plan import AttemptContext, Plan
 from .spec import JobSpec, from_dict, load_spec
@@ -26,8 +27,6 @@ from .vendors import VendorProfile, load_profile
 
 Echo = Callable[[str], None]
 
-# build.record's file, spelled out so a spec without a build record never imports the build side.
-_BUILD_RECORD = (".wmctl", "images.json")
 
 
 @dataclass
@@ -86,11 +85,9 @@ def pin_image(spec_path: Path, spec: JobSpec) -> str | None:
     tag = spec.image.tag
     if not tag or "@" in tag:
         return None
-    record = Path(spec_path).resolve().parent.joinpath(*_BUILD_RECORD)
+    record = Path(spec_path).resolve().parent / RECORD_FILE
     if not record.is_file():
         return None
-    from .images import pinned_ref
-
     ref = pinned_ref(Path(spec_path), spec.name, tag)
     if ref is None:
         return None

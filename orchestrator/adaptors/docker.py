@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from types import ModuleType
 from typing import Any, Iterator
 
@@ -20,18 +21,26 @@ def errors() -> tuple[ModuleType, ModuleType]:
     return docker.errors, requests.exceptions
 
 
+def where() -> str:
+    """The engine the environment points at, for messages."""
+    return os.environ.get("DOCKER_HOST") or "the local socket (unix:///var/run/docker.sock)"
+
+
 def client(timeout: int | None = None) -> Any:
     """A client for the engine the Docker environment names (DOCKER_HOST, ...), or
     EngineUnavailable with a hint when there is none."""
-    import docker
-
+    try:
+        import docker
+    except ImportError:
+        raise EngineUnavailable("the docker Python package is not installed",
+                                hint="pip install docker (it is a wmctl dependency)") from None
     errs, rexc = errors()
     try:
         if timeout is None:
             return docker.from_env()
         return docker.from_env(timeout=timeout)
     except (errs.DockerException, rexc.ConnectionError) as exc:
-        raise EngineUnavailable(f"cannot reach the Docker engine: {exc}", hint=ENGINE_HINT) from None
+        raise EngineUnavailable(f"cannot reach the Docker engine at {where()}: {exc}", hint=ENGINE_HINT) from None
 
 
 @contextlib.contextmanager

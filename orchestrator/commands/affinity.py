@@ -51,6 +51,6 @@ def command(nproc: int, mode: str, vendor: str, sysfs_root: str, output: str) ->
                      format_cpulist(r.cpus), str(len(r.cpus)), str(r.threads)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     for note in (*topo.notes, *plan.notes):
         click.echo(f"note: {note}")

@@ -2,9 +2,9 @@
 
 ``--dry-run`` prints the Dockerfile and the build context summary and loads no engine SDK.
 A content tag (``<repo>:wmctl-<digest>``, from the Dockerfile, the base image's id on the engine,
-the context files, the runtime wheel, the wheelhouse and build args) sits next to the user's tag: when the engine already has
-it, the image is reported up to date and not rebuilt. What was built and pushed is recorded in
-``<spec folder>/.wmctl/images.json`` (see ``orchestrator.images.recorded_image``).
+the context files, the runtime wheel, the wheelhouse and build args) sits next to the user's tag:
+when the engine already has it, the image is reported up to date and not rebuilt. What was built and pushed is recorded in
+``<spec folder>/.wmctl/images.json`` (see ``orchestrator.build.record``).
 """
 
 from __future__ import annotations
@@ -42,17 +42,18 @@ def plan(spec, profile, *, tag: str | None = None, build_args: tuple[str, ...] =
     """Plan the build (no wheel build). With a Docker ``client`` the base image's id on that engine
     goes into the content digest; without one no engine is touched and the digest leaves the
     base's identity out (the dry run's summary says so)."""
-    from ..dockerfile import check_ref, plan_build
-    from .. import wheel
+    from ..build import wheel
+    from ..build.plan import plan_build
+    from ..build.quoting import check_ref
 
     args = parse_build_args(build_args)
     base_id = None
     if client is not None:
-        from .. import images
+        from ..build import engine
 
         base = spec.image.base or profile.base_image
         check_ref(base, "image.base" if spec.image.base else f"vendor profile {profile.name} base_image")
-        base_id = images.image_exists(client, base)
+        base_id = engine.image_exists(client, base)
     return plan_build(
         spec, profile, wheel_name=wheel.wheel_name(), wheel_fingerprint=wheel.fingerprint(),
         wmctl_version=__version__, tag=tag, wheelhouse=Path(wheelhouse).resolve() if wheelhouse else None,
@@ -80,12 +81,13 @@ def prepare(spec_path: str, *, sets: tuple[str, ...] = (), tag: str | None = Non
 @click.option("--wheelhouse", type=click.Path(file_okay=False),
               help="Offline build: every pip install reads only this folder (overrides image.wheelhouse).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the result (and errors).")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override a spec field, e.g. --set image.tag=x.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a spec field, e.g. --set image.tag=x.")
 def command(spec_path: str, dry_run: bool, tag: str | None, push: bool, no_cache: bool,
             build_args: tuple[str, ...], platform: str | None, wheelhouse: str | None, quiet: bool,
             sets: tuple[str, ...]) -> None:
     """Render the Dockerfile from the vendor profile and build (and push) the image."""
-    from ..dockerfile import context_summary
+    from ..build.plan import context_summary
 
     spec, profile = load(spec_path, sets)
     options = dict(tag=tag, build_args=build_args, platform=platform, wheelhouse=wheelhouse)
@@ -98,14 +100,14 @@ def command(spec_path: str, dry_run: bool, tag: str | None, push: bool, no_cache
         click.echo(context_summary(build))
         return
 
-    from .. import images, wheel
+    from ..build import engine, progress, record, wheel
 
-    client = images.get_client()
+    client = engine.get_client()
     build = plan(spec, profile, **options, client=client)
-    with images.make_reporter(quiet) as reporter:
+    with progress.make_reporter(quiet) as reporter:
         wheel_path = wheel.build_wheel()
         # An offline build gets no network at all: the air-gapped promise is checked, not assumed.
-        result = images.build_image(build, wheel_path, client=client, reporter=reporter, no_cache=no_cache,
+        result = engine.build_image(build, wheel_path, client=client, reporter=reporter, no_cache=no_cache,
                                     network_mode="none" if build.wheelhouse is not None else None)
     entry = {
         "tag": build.tag, "content_tag": build.content_tag, "image_id": result.image_id,
@@ -113,13 +115,13 @@ def command(spec_path: str, dry_run: bool, tag: str | None, push: bool, no_cache
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if push:
-        with images.make_reporter(quiet) as reporter:
-            digest = images.push_image(build.tag, client=client, reporter=reporter)
-        images.push_image(build.content_tag, client=client, reporter=images.Reporter(quiet=True))
+        with progress.make_reporter(quiet) as reporter:
+            digest = engine.push_image(build.tag, client=client, reporter=reporter)
+        engine.push_image(build.content_tag, client=client, reporter=progress.Reporter(quiet=True))
         repo = build.tag.rsplit(":", 1)[0]
         entry.update(repo_digest=f"{repo}@{digest}", digest=digest,
                      pushed_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         click.echo(f"digest: {repo}@{digest}")
-    path = images.record_image(Path(spec_path), spec.name, entry)
+    path = record.record_image(Path(spec_path), spec.name, entry)
     if not quiet:
         click.echo(f"recorded in {path}")

@@ -99,13 +99,15 @@ def download_command(packages: list[str], requirements: Path | None, dest: Path,
 def command(spec_path: str, directory: str | None, python_version: str | None, platforms: tuple[str, ...],
             with_torch: bool | None, sets: tuple[str, ...]) -> None:
     """Fill a wheelhouse folder for offline (air-gapped) image builds."""
-    from ..dockerfile import check_single_line, requirements_closure
+    from ..build.quoting import check_single_line
+    from ..build.requirements import requirements_closure
     from ..spec import load_spec, parse_set_flags
     from ..vendors import load_profile
 
     spec = load_spec(spec_path, parse_set_flags(sets))
     profile = load_profile(spec.image.vendor)
-    dest = Path(directory).resolve() if directory else (spec.wheelhouse_dir or Path(spec_path).resolve().parent / "wheelhouse")
+    default = spec.wheelhouse_dir or Path(spec_path).resolve().parent / "wheelhouse"
+    dest = Path(directory).resolve() if directory else default
     requirements = None
     if spec.image.requirements:
         check_single_line(spec.image.requirements, "image.requirements")

@@ -186,7 +186,7 @@ def test_broken_requirement_fails_naming_the_step(docker_client, base_image, tmp
 
 
 def test_wheelhouse_build_with_no_network(docker_client, base_image, tmp_path, tag):
-    from orchestrator import images, wheel
+    from orchestrator.build import engine, progress, wheel
     from orchestrator.commands.build_image import prepare
 
     spec = write_job(tmp_path / "job", base_image, requirements="six\n")
@@ -198,8 +198,8 @@ def test_wheelhouse_build_with_no_network(docker_client, base_image, tmp_path, t
     _spec, plan = prepare(str(spec), tag=tag, wheelhouse=str(wh))
     assert plan.wheelhouse == wh.resolve()
     assert "--no-index" in plan.dockerfile
-    reporter = images.Reporter(quiet=True)
-    result = images.build_image(plan, wheel.build_wheel(), client=docker_client, reporter=reporter,
+    reporter = progress.Reporter(quiet=True)
+    result = engine.build_image(plan, wheel.build_wheel(), client=docker_client, reporter=reporter,
                                 network_mode="none")
     assert not result.up_to_date
     assert run_in_image(docker_client, tag, "python -c 'import six; print(six.__version__)'").strip()

@@ -37,7 +37,6 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends.kubernetes.engine", 4),
     ("orchestrator.backends.kubernetes.client", 4),
     ("orchestrator.backends.kubernetes.watch", 4),
-    ("orchestrator.adaptors", 4),
     # pure planning: renderers, checks, classifiers, and what they share
     ("orchestrator.backends.base", 3),
     ("orchestrator.backends.local.render", 3),
@@ -62,6 +61,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.resources", 2),
     ("orchestrator.layout", 2),
     ("orchestrator.errors", 2),
+    ("orchestrator.adaptors", 2),        # the SDKs, loaded on first use; they import only errors
     ("orchestrator", 2),                 # the package itself (__version__)
     # inside the job: imports only itself, torch and the standard library
     ("orchestrator.runtime", 1),

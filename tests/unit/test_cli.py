@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -16,6 +17,7 @@ from orchestrator.cli import cli, main
 from .helpers import DATA
 
 FULL = str(DATA / "full.yaml")
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "worldmodel" / "job.yaml")
 
 
 def run(*args):
@@ -139,7 +141,8 @@ def _modules_after(args):
 
 def test_help_and_dry_run_import_no_heavy_sdk():
     for args in (["--help"], ["submit", FULL, "--dry-run", "-b", "kubernetes"],
-                 ["submit", FULL, "--dry-run", "-b", "docker"], ["build-image", "--help"]):
+                 ["submit", FULL, "--dry-run", "-b", "docker"], ["submit", FULL, "--dry-run", "-b", "local"],
+                 ["render", FULL, "-b", "kubernetes"], ["build-image", "--help"], ["build-image", EXAMPLE, "--dry-run"]):
         mods = _modules_after(args)
         loaded = sorted(m for m in mods if m.split(".")[0] in HEAVY)
         assert not loaded, f"{args} imported {loaded}"

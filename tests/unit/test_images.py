@@ -1,4 +1,4 @@
-"""orchestrator.images without an engine: failure and push-error classification, the build
+"""orchestrator.build (engine, progress, record) without an engine: failure and push-error classification, the build
 record, the digest pin used by render/submit, the context tar, and the reporter's life cycle."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import docker.errors
 import pytest
 from click.testing import CliRunner
 
-from orchestrator import images
+from orchestrator.build import engine, progress, record
 from orchestrator.errors import BuildError
-from orchestrator.images import Reporter, Step
+from orchestrator.build.progress import Reporter, Step
 
 REPO = Path(__file__).resolve().parents[2]
 DIGEST = "sha256:" + "a" * 64
@@ -28,7 +28,7 @@ OTHER_DIGEST = "sha256:" + "b" * 64
 
 def test_missing_wheel_in_an_offline_step_points_at_the_wheelhouse():
     steps = [Step(5, 9, 'RUN ["python3", "-m", "pip", "install", "--no-index", "--find-links", "/tmp/wmctl/wheelhouse/"]')]
-    err = images._failure(steps, "The command returned a non-zero code: 1",
+    err = engine._failure(steps, "The command returned a non-zero code: 1",
                           ["ERROR: No matching distribution found for idna"])
     assert "step 5/9" in err.message and "idna" in err.message
     assert "wmctl wheelhouse" in err.hint and "idna" in err.hint
@@ -36,18 +36,18 @@ def test_missing_wheel_in_an_offline_step_points_at_the_wheelhouse():
 
 def test_missing_package_online_points_at_requirements_and_index():
     steps = [Step(4, 9, 'RUN ["python3", "-m", "pip", "install", "-r", "/tmp/wmctl/req/requirements.txt"]')]
-    err = images._failure(steps, "returned a non-zero code: 1",
+    err = engine._failure(steps, "returned a non-zero code: 1",
                           ["ERROR: Could not find a version that satisfies the requirement nopkg==9 (from versions: none)"])
     assert "image.requirements" in err.hint and "nopkg==9" in err.hint
 
 
 def test_failed_from_points_at_the_base_image():
-    err = images._failure([Step(1, 9, "FROM nowhere/base:x")], "pull access denied for nowhere/base", [])
+    err = engine._failure([Step(1, 9, "FROM nowhere/base:x")], "pull access denied for nowhere/base", [])
     assert "image.base" in err.hint
 
 
 def test_failure_before_any_step_says_so():
-    err = images._failure([], "context canceled", [])
+    err = engine._failure([], "context canceled", [])
     assert "before the first step" in err.message and err.hint is None
 
 
@@ -58,7 +58,7 @@ def test_failure_before_any_step_says_so():
     "no basic auth credentials",
 ])
 def test_push_refusals_say_log_in(text):
-    err = images._push_error("reg.example.com", text)
+    err = engine._push_error("reg.example.com", text)
     assert "was refused" in err.message and "docker login reg.example.com" in err.hint
 
 
@@ -69,7 +69,7 @@ def test_push_refusals_say_log_in(text):
     "http: server gave HTTP response to HTTPS client",
 ])
 def test_unreachable_registry_says_check_the_address(text):
-    err = images._push_error("reg.example.com", text)
+    err = engine._push_error("reg.example.com", text)
     assert err.message.startswith("cannot reach registry reg.example.com")
     assert "reachable" in err.hint
 
@@ -79,13 +79,13 @@ def test_unreachable_registry_says_check_the_address(text):
     "blob upload unknown: not found", "name unknown: repository not found",
 ])
 def test_registry_answers_with_not_found_are_not_called_unreachable(text):
-    err = images._push_error("reg.example.com", text)
+    err = engine._push_error("reg.example.com", text)
     assert "cannot reach" not in err.message
     assert err.message.startswith("push to reg.example.com failed")
 
 
 def test_push_of_a_tag_the_engine_lacks_says_build_first():
-    err = images._push_error("reg.example.com", "An image does not exist locally with the tag: reg.example.com/x")
+    err = engine._push_error("reg.example.com", "An image does not exist locally with the tag: reg.example.com/x")
     assert "cannot reach" not in err.message and "build it first" in err.hint
 
 
@@ -108,40 +108,40 @@ def _pushed(image_id: str, digest: str = DIGEST, tag: str = "reg.example.com/t/t
 
 def test_rebuild_without_push_drops_the_stale_digest(tmp_path):
     spec = _spec(tmp_path)
-    images.record_image(spec, "tiny", _pushed("sha256:old"))
-    images.record_image(spec, "tiny", _built("sha256:new"))
-    entry = images.recorded_image(spec, "tiny")
+    record.record_image(spec, "tiny", _pushed("sha256:old"))
+    record.record_image(spec, "tiny", _built("sha256:new"))
+    entry = record.recorded_image(spec, "tiny")
     assert entry["image_id"] == "sha256:new"
-    assert not set(images.PUSH_FIELDS) & set(entry)
+    assert not set(record.PUSH_FIELDS) & set(entry)
 
 
 def test_up_to_date_rebuild_keeps_the_digest_of_the_same_image(tmp_path):
     spec = _spec(tmp_path)
-    images.record_image(spec, "tiny", _pushed("sha256:same"))
-    images.record_image(spec, "tiny", _built("sha256:same"))
-    assert images.recorded_image(spec, "tiny")["repo_digest"] == f"reg.example.com/t/tiny@{DIGEST}"
+    record.record_image(spec, "tiny", _pushed("sha256:same"))
+    record.record_image(spec, "tiny", _built("sha256:same"))
+    assert record.recorded_image(spec, "tiny")["repo_digest"] == f"reg.example.com/t/tiny@{DIGEST}"
 
 
 def test_same_image_under_another_tag_drops_the_digest(tmp_path):
     spec = _spec(tmp_path)
-    images.record_image(spec, "tiny", _pushed("sha256:same"))
-    images.record_image(spec, "tiny", _built("sha256:same", tag="other.example.com/t/tiny:v2"))
-    assert "repo_digest" not in images.recorded_image(spec, "tiny")
+    record.record_image(spec, "tiny", _pushed("sha256:same"))
+    record.record_image(spec, "tiny", _built("sha256:same", tag="other.example.com/t/tiny:v2"))
+    assert "repo_digest" not in record.recorded_image(spec, "tiny")
 
 
 def test_records_of_other_jobs_are_kept(tmp_path):
     spec = _spec(tmp_path)
-    images.record_image(spec, "other", _pushed("sha256:x"))
-    images.record_image(spec, "tiny", _built("sha256:y"))
-    assert images.recorded_image(spec, "other")["repo_digest"].endswith(DIGEST)
+    record.record_image(spec, "other", _pushed("sha256:x"))
+    record.record_image(spec, "tiny", _built("sha256:y"))
+    assert record.recorded_image(spec, "other")["repo_digest"].endswith(DIGEST)
 
 
 def test_unreadable_record_is_a_clear_error(tmp_path):
     spec = _spec(tmp_path)
-    images.record_path(spec).parent.mkdir()
-    images.record_path(spec).write_text("{not json")
+    record.record_path(spec).parent.mkdir()
+    record.record_path(spec).write_text("{not json")
     with pytest.raises(BuildError, match="delete it and build again"):
-        images.load_records(spec)
+        record.load_records(spec)
 
 
 @pytest.mark.parametrize("tag,expected", [
@@ -153,23 +153,23 @@ def test_unreadable_record_is_a_clear_error(tmp_path):
 ])
 def test_pinned_ref_only_for_the_recorded_tag(tmp_path, tag, expected):
     spec = _spec(tmp_path)
-    images.record_image(spec, "tiny", _pushed("sha256:x"))
-    assert images.pinned_ref(spec, "tiny", tag) == expected
-    assert images.image_ref_for_submit(spec, "tiny", tag) == (expected or tag)
+    record.record_image(spec, "tiny", _pushed("sha256:x"))
+    assert record.pinned_ref(spec, "tiny", tag) == expected
+    assert record.image_ref_for_submit(spec, "tiny", tag) == (expected or tag)
 
 
 def test_pinned_ref_normalizes_an_implicit_latest(tmp_path):
     spec = _spec(tmp_path)
-    images.record_image(spec, "tiny", _pushed("sha256:x", tag="reg.example.com/t/tiny:latest"))
-    assert images.pinned_ref(spec, "tiny", "reg.example.com/t/tiny") == f"reg.example.com/t/tiny@{DIGEST}"
+    record.record_image(spec, "tiny", _pushed("sha256:x", tag="reg.example.com/t/tiny:latest"))
+    assert record.pinned_ref(spec, "tiny", "reg.example.com/t/tiny") == f"reg.example.com/t/tiny@{DIGEST}"
 
 
 def test_no_pin_without_a_push_or_with_a_malformed_digest(tmp_path):
     spec = _spec(tmp_path)
-    images.record_image(spec, "tiny", _built("sha256:x"))
-    assert images.pinned_ref(spec, "tiny", "reg.example.com/t/tiny:v1") is None
-    images.record_image(spec, "tiny", {**_built("sha256:x"), "repo_digest": "reg.example.com/t/tiny@sha256:zz"})
-    assert images.pinned_ref(spec, "tiny", "reg.example.com/t/tiny:v1") is None
+    record.record_image(spec, "tiny", _built("sha256:x"))
+    assert record.pinned_ref(spec, "tiny", "reg.example.com/t/tiny:v1") is None
+    record.record_image(spec, "tiny", {**_built("sha256:x"), "repo_digest": "reg.example.com/t/tiny@sha256:zz"})
+    assert record.pinned_ref(spec, "tiny", "reg.example.com/t/tiny:v1") is None
 
 
 # ---- the pin in render / submit --dry-run ---------------------------------------------------------------------
@@ -197,25 +197,25 @@ def _images_in(plan_json: str, backend: str) -> set[str]:
 @pytest.mark.parametrize("backend", ["docker", "kubernetes"])
 def test_render_pins_the_pushed_digest_and_says_so(tmp_path, backend):
     spec = _job(tmp_path)
-    images.record_image(spec, "tiny", _pushed("sha256:x"))
+    record.record_image(spec, "tiny", _pushed("sha256:x"))
     result = _render(spec, "-b", backend)
     assert result.exit_code == 0, result.output + result.stderr
     assert _images_in(result.stdout, backend) == {f"reg.example.com/t/tiny@{DIGEST}"}
-    assert "pinned to digest" in result.stderr and str(images.record_path(spec)) in result.stderr
+    assert "pinned to digest" in result.stderr and str(record.record_path(spec)) in result.stderr
 
 
 def test_render_without_a_record_or_push_keeps_the_tag(tmp_path):
     spec = _job(tmp_path)
     result = _render(spec, "-b", "docker")
     assert _images_in(result.stdout, "docker") == {"reg.example.com/t/tiny:v1"} and not result.stderr
-    images.record_image(spec, "tiny", _built("sha256:x"))
+    record.record_image(spec, "tiny", _built("sha256:x"))
     result = _render(spec, "-b", "docker")
     assert _images_in(result.stdout, "docker") == {"reg.example.com/t/tiny:v1"} and not result.stderr
 
 
 def test_a_digest_given_with_image_is_used_as_is(tmp_path):
     spec = _job(tmp_path)
-    images.record_image(spec, "tiny", _pushed("sha256:x"))
+    record.record_image(spec, "tiny", _pushed("sha256:x"))
     mine = f"reg.example.com/t/tiny@{OTHER_DIGEST}"
     result = _render(spec, "-b", "docker", "--image", mine)
     assert _images_in(result.stdout, "docker") == {mine} and "pinned" not in result.stderr
@@ -223,14 +223,14 @@ def test_a_digest_given_with_image_is_used_as_is(tmp_path):
 
 def test_another_tag_given_with_image_is_not_pinned(tmp_path):
     spec = _job(tmp_path)
-    images.record_image(spec, "tiny", _pushed("sha256:x"))
+    record.record_image(spec, "tiny", _pushed("sha256:x"))
     result = _render(spec, "-b", "docker", "--image", "reg.example.com/t/tiny:v2")
     assert _images_in(result.stdout, "docker") == {"reg.example.com/t/tiny:v2"}
 
 
 def test_pinned_dry_run_imports_no_engine_sdk(tmp_path):
     spec = _job(tmp_path)
-    images.record_image(spec, "tiny", _pushed("sha256:x"))
+    record.record_image(spec, "tiny", _pushed("sha256:x"))
     code = ("import sys, json\nfrom orchestrator.cli import main\n"
             "try:\n    main(['submit', sys.argv[1], '--dry-run', '-b', 'kubernetes'])\n"
             "except SystemExit as e:\n    assert not e.code, e.code\n"
@@ -261,7 +261,7 @@ def test_context_carries_nested_requirements_and_both_wheel_groups(tmp_path):
     runtime = tmp_path / "wmctl-0.1.0-py3-none-any.whl"
     runtime.write_bytes(b"wheel")
     buf = io.BytesIO()
-    images.write_context(plan, runtime, buf)
+    engine.write_context(plan, runtime, buf)
     buf.seek(0)
     with tarfile.open(fileobj=buf) as tar:
         names = set(tar.getnames())
@@ -325,7 +325,7 @@ def test_up_to_date_build_closes_the_reporter(tmp_path):
     plan = _plan(tmp_path)
     client = FakeClient(have={plan.content_tag: "sha256:" + "c" * 64})
     reporter = RecordingReporter()
-    result = images.build_image(plan, tmp_path / "unused.whl", client=client, reporter=reporter)
+    result = engine.build_image(plan, tmp_path / "unused.whl", client=client, reporter=reporter)
     assert result.up_to_date and reporter.closed == 1
     assert client.tagged == [("sha256:" + "c" * 64, plan.tag)]
 
@@ -338,14 +338,14 @@ def test_failed_build_closes_the_reporter(tmp_path):
                                       {"error": "boom", "errorDetail": {"message": "boom"}}])
     reporter = RecordingReporter()
     with pytest.raises(BuildError, match="step 1/9"):
-        images.build_image(plan, wheel, client=client, reporter=reporter)
+        engine.build_image(plan, wheel, client=client, reporter=reporter)
     assert reporter.closed == 1
 
 
 def test_push_refused_before_pushing_closes_the_reporter():
     reporter = RecordingReporter()
     with pytest.raises(BuildError, match="names no registry"):
-        images.push_image("team/tiny:v1", client=FakeClient(), reporter=reporter)
+        engine.push_image("team/tiny:v1", client=FakeClient(), reporter=reporter)
     assert reporter.closed == 1
 
 
@@ -353,12 +353,12 @@ def test_push_error_closes_the_reporter():
     reporter = RecordingReporter()
     client = FakeClient(push_chunks=[{"error": "x", "errorDetail": {"message": "dial tcp: connection refused"}}])
     with pytest.raises(BuildError, match="cannot reach registry"):
-        images.push_image("reg.example.com/t/tiny:v1", client=client, reporter=reporter)
+        engine.push_image("reg.example.com/t/tiny:v1", client=client, reporter=reporter)
     assert reporter.closed == 1
 
 
 def test_wheel_build_failure_in_the_command_closes_the_reporter(tmp_path, monkeypatch):
-    from orchestrator import wheel
+    from orchestrator.build import wheel
     from orchestrator.cli import cli
 
     from .test_dockerfile import write_spec
@@ -373,8 +373,8 @@ def test_wheel_build_failure_in_the_command_closes_the_reporter(tmp_path, monkey
     def broken_wheel(*args, **kwargs):
         raise BuildError("cannot build the wmctl wheel")
 
-    monkeypatch.setattr(images, "get_client", lambda *a, **k: FakeClient())
-    monkeypatch.setattr(images, "make_reporter", make_reporter)
+    monkeypatch.setattr(engine, "get_client", lambda *a, **k: FakeClient())
+    monkeypatch.setattr(progress, "make_reporter", make_reporter)
     monkeypatch.setattr(wheel, "build_wheel", broken_wheel)
     monkeypatch.setattr(wheel, "fingerprint", lambda *a, **k: "f" * 64)
     result = CliRunner().invoke(cli, ["build-image", str(spec)])
@@ -384,7 +384,7 @@ def test_wheel_build_failure_in_the_command_closes_the_reporter(tmp_path, monkey
 
 def test_rich_reporter_stops_its_spinner_once():
     stops = []
-    with images.RichReporter() as reporter:
+    with progress.RichReporter() as reporter:
         real_stop = reporter._status.stop
         reporter._status.stop = lambda: (stops.append(1), real_stop())
         reporter.close()   # build_image closes it, then the command's `with` does

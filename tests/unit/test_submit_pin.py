@@ -7,7 +7,7 @@ import json
 
 import yaml
 
-from orchestrator import images
+from orchestrator.build import record as build_record
 from orchestrator import api
 
 DIGEST = "sha256:" + "ab" * 32
@@ -19,7 +19,7 @@ def test_the_pinned_digest_is_kept_in_the_run_record(tmp_path, monkeypatch):
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump({"name": "tiny", "image": {"vendor": "cpu", "tag": tag},
                                     "command": ["python", "-c", "pass"]}))
-    images.record_image(spec, "tiny", {"tag": tag, "image_id": "sha256:1",
+    build_record.record_image(spec, "tiny", {"tag": tag, "image_id": "sha256:1",
                                        "repo_digest": f"registry.example.com/team/tiny@{DIGEST}"})
     lines: list[str] = []
     assert api.submit(api.load_job(spec, {}), "local", watch=True, echo=lines.append) == 0

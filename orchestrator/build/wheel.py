@@ -32,8 +32,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__
-from .errors import BuildError
+from .. import __version__
+from ..errors import BuildError
 
 DIST_NAME = "wmctl"
 _SOURCE_DIRS = ("orchestrator", "templates", "images", "manifests")
@@ -121,7 +121,8 @@ def pinned_wheel() -> Path | None:
         return None
     path = Path(value).expanduser().resolve()
     if not path.is_file():
-        raise BuildError(f"{ENV_WHEEL}={value}: no such file", hint=f"unset {ENV_WHEEL} to build the wheel from wmctl itself")
+        raise BuildError(f"{ENV_WHEEL}={value}: no such file",
+                         hint=f"unset {ENV_WHEEL} to build the wheel from wmctl itself")
     if path.name != wheel_name():
         raise BuildError(f"{ENV_WHEEL}={value}: expected {wheel_name()} (the CLI's version {__version__})")
     return path
