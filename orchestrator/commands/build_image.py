@@ -3,8 +3,8 @@
 ``--dry-run`` prints the Dockerfile and the build context summary and loads no engine SDK.
 A content tag (``<repo>:wmctl-<digest>``, from the Dockerfile, the base image's id on the engine,
 the context files, the runtime wheel, the wheelhouse and build args) sits next to the user's tag:
-when the engine already has it, the image is reported up to date and not rebuilt. What was built and pushed is recorded in
-``<spec folder>/.wmctl/images.json`` (see ``orchestrator.build.record``).
+when the engine already has it, the image is reported up to date and not rebuilt. What was built
+and pushed is recorded in ``<spec folder>/.wmctl/images.json`` (see ``orchestrator.build.record``).
 """
 
 from __future__ import annotations
