@@ -95,6 +95,9 @@ def job_env(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, *,
         p.ENV_RUN: spec.name,
         p.ENV_ATTEMPT: str(ctx.attempt),
         p.ENV_VENDOR: profile.name,
+        # The runtime part of the profile itself: the job needs no copy of images/ (and no YAML
+        # parser) to know its vendor, so a vendor unknown to the image's wmctl still works.
+        p.ENV_VENDOR_PROFILE: profile.runtime_profile().to_json(),
         p.ENV_TORCH_MODULE: profile.torch_module,
         p.ENV_DIST_BACKEND: profile.dist_backend,
         p.ENV_AFFINITY: affinity_value(spec),

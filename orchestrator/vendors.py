@@ -7,11 +7,14 @@ verified are listed in the file's ``unverified`` field so a wrong one is a one-l
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import ProfileError
+from .runtime.protocol import ENV_VENDOR_PATH
+from .runtime.vendor import RuntimeProfile, register
 from .resources import images_dir
 from .validate import Problems, build
 
@@ -46,6 +49,19 @@ class KubernetesExposure:
 
 
 @dataclass(frozen=True)
+class RuntimeSection:
+    """What the job's runtime needs beyond the top-level facts (it reads no YAML: see
+    ``VendorProfile.runtime_profile``)."""
+
+    torch_plugin: str | None = None          # the import that registers torch.<torch_module>
+    libraries: list[str] = field(default_factory=list)       # ctypes.util.find_library names
+    smi: list[str] = field(default_factory=list)             # management tools, any one of them
+    device_sources: list[str] = field(default_factory=list)  # sysfs listings: nvidia-proc, drm, pci
+    aliases: list[str] = field(default_factory=list)
+    unverified: list[str] = field(default_factory=list)      # libs, module, pci
+
+
+@dataclass(frozen=True)
 class VendorProfile:
     name: str
     display_name: str
@@ -69,6 +85,7 @@ class VendorProfile:
     torch_packages: list[str] = field(default_factory=list)     # what pip needs when the base lacks torch
     docker: DockerExposure = field(default_factory=DockerExposure)
     kubernetes: KubernetesExposure = field(default_factory=KubernetesExposure)
+    runtime: RuntimeSection = field(default_factory=RuntimeSection)
     sources: list[str] = field(default_factory=list)
     unverified: list[str] = field(default_factory=list)
     notes: str = ""
@@ -77,9 +94,36 @@ class VendorProfile:
     def pip_install_torch(self) -> bool:
         return not self.base_has_torch
 
+    def runtime_profile(self) -> RuntimeProfile:
+        """The part of this profile the job's runtime reads, handed over as WMCTL_VENDOR_PROFILE."""
+        r = self.runtime
+        return RuntimeProfile(
+            name=self.name, torch_module=self.torch_module if self.accelerator else None,
+            torch_plugin=r.torch_plugin, dist_backend=self.dist_backend,
+            pci_vendor_ids=tuple(int(v, 16) for v in self.pci_vendor_ids),
+            device_sources=tuple(r.device_sources), visible_devices_env=self.visible_devices_env,
+            libraries=tuple(r.libraries), smi=tuple(r.smi), aliases=tuple(r.aliases),
+            unverified=tuple(r.unverified))
+
+
+def search_path(directory: Path | None = None) -> list[Path]:
+    """Where profiles are looked for: the folders on WMCTL_VENDOR_PATH, then images/."""
+    if directory is not None:
+        return [directory]
+    extra = [Path(p) for p in os.environ.get(ENV_VENDOR_PATH, "").split(os.pathsep) if p.strip()]
+    return [*extra, images_dir()]
+
+
+def _files(directory: Path | None = None) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for folder in search_path(directory):
+        for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else []:
+            found.setdefault(path.stem, path)    # the first folder on the path wins
+    return found
+
 
 def available_profiles(directory: Path | None = None) -> list[str]:
-    return sorted(p.stem for p in (directory or images_dir()).glob("*.yaml"))
+    return sorted(_files(directory))
 
 
 @functools.lru_cache(maxsize=None)
@@ -102,12 +146,24 @@ def _load_cached(path: str) -> VendorProfile:
 
 
 def load_profile(name: str, directory: Path | None = None) -> VendorProfile:
-    directory = directory or images_dir()
-    path = directory / f"{name}.yaml"
-    if not path.is_file():
-        raise ProfileError(f"no vendor profile {name!r} in {directory} (available: "
-                           f"{', '.join(available_profiles(directory))})")
+    """The profile called ``name`` or one of its aliases (nvidia -> cuda)."""
+    files = _files(directory)
+    path = files.get(name)
+    if path is None:
+        for candidate in files.values():
+            profile = _load_cached(str(candidate))
+            if name in profile.runtime.aliases:
+                return profile
+        folders = ", ".join(str(p) for p in search_path(directory))
+        raise ProfileError(f"no vendor profile {name!r} in {folders} (available: {', '.join(sorted(files))})",
+                           hint=f"add {name}.yaml to one of those folders, or to a folder on {ENV_VENDOR_PATH}")
     return _load_cached(str(path))
+
+
+def register_runtime_profiles(directory: Path | None = None) -> None:
+    """Tell this process's runtime (doctor, affinity, tests) every profile there is."""
+    for name in available_profiles(directory):
+        register(load_profile(name, directory).runtime_profile())
 
 
 def profile_summary(profile: VendorProfile) -> dict[str, Any]:

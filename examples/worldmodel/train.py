@@ -42,7 +42,7 @@ from orchestrator.runtime import dist  # noqa: E402
 from orchestrator.runtime.checkpoint import CheckpointManager  # noqa: E402
 from orchestrator.runtime.data import PreemptibleDataLoader, ResumableDistributedSampler  # noqa: E402
 from orchestrator.runtime import preflight  # noqa: E402
-from orchestrator.runtime.preflight import DtypeGuard, agree_step_finite  # noqa: E402
+from orchestrator.runtime.dtype_guard import DtypeGuard, agree_step_finite  # noqa: E402
 from orchestrator.runtime.progress import Progress  # noqa: E402
 from orchestrator.runtime.timing import StepTimer  # noqa: E402
 from orchestrator.runtime.protocol import (ENV_ATTEMPT, ENV_CHECKPOINT_DIR, ENV_CHECKPOINT_EVERY,  # noqa: E402

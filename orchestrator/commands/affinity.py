@@ -14,7 +14,7 @@ from ..errors import WmctlError
 @click.option("--mode", default="numa", show_default=True,
               help="none, numa, exclusive, or a JSON map like '{\"0\": \"0-15\", \"1\": \"16-31\"}'.")
 @click.option("--vendor", default="auto", show_default=True,
-              help="Vendor profile (cuda, rocm, musa, ascend, gaudi, cambricon, hygon, metax, iluvatar, cpu) or auto.")
+              help="Vendor profile name (see images/ and WMCTL_VENDOR_PATH) or auto.")
 @click.option("--sysfs-root", default="/", show_default=True, type=click.Path(exists=True, file_okay=False),
               help="Read the topology below this folder (a copy of another machine's /sys and /proc).")
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
@@ -22,6 +22,9 @@ def command(nproc: int, mode: str, vendor: str, sysfs_root: str, output: str) ->
     """Print the per-rank CPU/NUMA binding plan for this machine."""
     from ..runtime.affinity import AffinityError, plan_binding
     from ..runtime.topology import TopologyError, format_cpulist, read_topology
+    from ..vendors import register_runtime_profiles
+
+    register_runtime_profiles()      # the runtime reads no YAML: hand it every profile there is
 
     try:
         topo = read_topology(vendor, sysfs_root)

@@ -33,7 +33,11 @@ def command(vendor: str | None, expect_devices: int | None, shm_min: str | None,
     # The checks and the report live in the runtime, so `python -m orchestrator.runtime.preflight`
     # (inside images, without click) says exactly what this command says.
     from ..runtime.preflight import collect, counts, format_json, format_text, parse_size
+    from ..runtime.protocol import ENV_VENDOR
     from ..runtime.topology import TopologyError, detect_vendor, normalise_vendor
+    from ..vendors import register_runtime_profiles
+
+    register_runtime_profiles()      # the runtime reads no YAML: hand it every profile there is
 
     try:
         shm_min_bytes = parse_size(shm_min) if shm_min is not None else None
@@ -43,8 +47,8 @@ def command(vendor: str | None, expect_devices: int | None, shm_min: str | None,
         batch = parse_size(batch_bytes)
     except ValueError as exc:
         raise WmctlError(f"--batch-size: {exc}") from None
-    source = "--vendor" if vendor else "WMCTL_VENDOR"
-    name = vendor or os.environ.get("WMCTL_VENDOR") or "auto"
+    source = "--vendor" if vendor else ENV_VENDOR
+    name = vendor or os.environ.get(ENV_VENDOR) or "auto"
     try:
         name = detect_vendor("/") if name.lower() == "auto" else normalise_vendor(name)
     except TopologyError as exc:

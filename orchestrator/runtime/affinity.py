@@ -6,7 +6,8 @@ torchrun runs the launcher once per worker::
 
 It reads LOCAL_RANK / LOCAL_WORLD_SIZE / WMCTL_AFFINITY / WMCTL_VENDOR, binds itself to the
 rank's CPU set, sets OMP_NUM_THREADS to the rank's share of that set (its size divided by the
-number of ranks bound to it) and exec's the command, which inherits the binding. Standard library only, and no torch: it runs before every worker starts.
+number of ranks bound to it) and exec's the command, which inherits the binding. Standard library
+only, and no torch: it runs before every worker starts.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 
+from .protocol import ENV_AFFINITY, ENV_KEEP_OMP, ENV_SYSFS_ROOT, ENV_VENDOR
+from .protocol import ENV_BOUND_CPUS as ENV_BOUND
 from .topology import Topology, TopologyError, format_cpulist, parse_cpulist, read_topology
+from .vendor import from_env
 
 MODES = ("none", "numa", "exclusive")
-ENV_BOUND = "WMCTL_BOUND_CPUS"        # set by the launcher: the CPU list it bound this rank to
-ENV_SYSFS_ROOT = "WMCTL_SYSFS_ROOT"   # tests: read topology from a fake tree
-ENV_KEEP_OMP = "WMCTL_KEEP_OMP"       # "1": leave OMP_NUM_THREADS / MKL_NUM_THREADS alone
 
 
 class AffinityError(Exception):
@@ -265,7 +266,7 @@ def _plan(topo: Topology, nproc: int, mode) -> BindingPlan:
                 "splitting the allowed CPUs evenly"
             )
             return _even(topo, nproc, parsed, notes)
-        for r, s in zip(members, split_evenly(available[node], len(members), topo.cores)):
+        for r, s in zip(members, split_evenly(available[node], len(members), topo.cores), strict=True):
             sets[r] = s
     ranks = tuple(RankBinding(r, sets[r], per_rank_node[r], topo.devices[r].bdf) for r in range(nproc))
     return BindingPlan("exclusive", "exclusive", ranks, allowed, tuple(notes))
@@ -323,7 +324,8 @@ def plan_for_this_rank(env=None) -> tuple[BindingPlan, RankBinding]:
                             "run the launcher under torchrun, which sets both")
     root = env.get(ENV_SYSFS_ROOT, "/") or "/"
     try:
-        topo = read_topology(env.get("WMCTL_VENDOR", "auto") or "auto", root, env)
+        own = from_env(env)
+        topo = read_topology(own.name if own else (env.get(ENV_VENDOR, "auto") or "auto"), root, env)
     except TopologyError as exc:
         raise AffinityError(str(exc), "set WMCTL_VENDOR to a known vendor profile") from None
     # A fake tree still runs on the real CPUs: never plan outside what the kernel allows us.
@@ -331,7 +333,7 @@ def plan_for_this_rank(env=None) -> tuple[BindingPlan, RankBinding]:
     if root != "/":
         topo = Topology(topo.vendor, topo.devices, topo.node_cpus, topo.cores, topo.allowed & real,
                         topo.device_source, topo.notes)
-    plan = plan_binding(topo, nproc, env.get("WMCTL_AFFINITY", "numa"))
+    plan = plan_binding(topo, nproc, env.get(ENV_AFFINITY, "numa"))
     return plan, plan.ranks[local_rank]
 
 

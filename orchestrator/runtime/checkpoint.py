@@ -9,7 +9,7 @@ Layout under the checkpoint root::
         meta.json             step, epoch, samples, world size, caller's extra (JSON)
         COMMITTED             written last: temp file + fsync + rename, then fsync of the folder
 
-Commit protocol (REFERENCE.md section 5): every rank writes and fsyncs its files, all ranks
+Commit protocol: every rank writes and fsyncs its files, all ranks
 meet at a barrier, then rank 0 writes the marker. The marker lists every file with its size, so
 a checkpoint whose files were later damaged or half-deleted is not taken for complete.
 Async saves cannot use a barrier (a collective from a background thread would interleave with
@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .protocol import ENV_TEST_SLEEP_BEFORE_COMMIT
+
 STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
 COMMIT_MARKER = "COMMITTED"
 META_FILE = "meta.json"
@@ -43,9 +45,8 @@ SHARED_FILE = "shared.pt"
 FORMAT_VERSION = 1
 MIN_KEEP = 2
 
-# Test hook: "STEP:SECONDS" makes rank 0 sleep after the barrier and before writing the commit
-# marker of checkpoint STEP, so a test can kill the job during a checkpoint write.
-ENV_TEST_SLEEP_BEFORE_COMMIT = "WMCTL_TEST_SLEEP_BEFORE_COMMIT"
+# Test hook (ENV_TEST_SLEEP_BEFORE_COMMIT): "STEP:SECONDS" makes rank 0 sleep after the barrier
+# and before writing the commit marker of checkpoint STEP, so a test can kill the job mid-write.
 
 
 def step_dir_name(step: int) -> str:
@@ -310,7 +311,8 @@ class CheckpointError(RuntimeError):
 
 
 class CheckpointManager:
-    """Save and restore everything a bit-exact resume needs (REFERENCE.md section 5).
+    """Save and restore everything a bit-exact resume needs (model, optimizer, scheduler, scaler,
+    RNG and sampler state).
 
     Call ``register`` once with the training objects, ``save(step, ...)`` at optimizer-step
     boundaries (``should_save`` tells when), ``restore()`` once after building everything, and
@@ -391,7 +393,7 @@ class CheckpointManager:
                     f"refusing to checkpoint step {step}: the model has non-finite (NaN/inf) values"
                     + (f" in {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}" if bad else " on another rank")
                     + "; the newest good checkpoint stays the resume point. Check for NaN/inf before "
-                    "optimizer.step() (orchestrator.runtime.preflight.agree_step_finite)")
+                    "optimizer.step() (orchestrator.runtime.dtype_guard.agree_step_finite)")
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             if final.exists():
@@ -456,7 +458,7 @@ class CheckpointManager:
         for flags in by_device.values():
             # One device->host read per device, not one per tensor.
             ok = torch.stack([f for _, f in flags]).cpu().tolist()
-            bad += [name for (name, _), good in zip(flags, ok) if not good]
+            bad += [name for (name, _), good in zip(flags, ok, strict=True) if not good]
         return bad
 
     def _rank_payload(self) -> dict[str, Any]:

@@ -10,16 +10,14 @@ import datetime
 import os
 from typing import Any
 
-from orchestrator.runtime.protocol import ENV_DIST_BACKEND, ENV_TORCH_MODULE
+from orchestrator.runtime.protocol import ENV_DIST_BACKEND, ENV_PG_TIMEOUT, ENV_TORCH_MODULE
+from orchestrator.runtime.vendor import CPU, VendorUnknown, for_job
 
-ENV_PG_TIMEOUT = "WMCTL_PG_TIMEOUT"
 # Short on purpose: when a peer node vanishes, survivors block in a collective until this
 # timeout (defaults: 10 min NCCL, 30 min gloo). The supervisor tears the attempt down anyway,
 # but a short timeout bounds the damage when it cannot.
 DEFAULT_PG_TIMEOUT_S = 120.0
 
-# torch device module name -> collective backend, used when WMCTL_DIST_BACKEND is not set.
-_DEFAULT_BACKENDS = {"cuda": "nccl", "musa": "mccl", "npu": "hccl", "hpu": "hccl", "mlu": "cncl", "cpu": "gloo"}
 
 
 def _dist() -> Any | None:
@@ -86,8 +84,13 @@ def default_backend() -> str:
     if explicit:
         return explicit
     if device_module() is None:
-        return "gloo"
-    return _DEFAULT_BACKENDS.get(torch_module_name(), "gloo")
+        return CPU.dist_backend
+    try:
+        profile = for_job()
+    except VendorUnknown:
+        return CPU.dist_backend
+    # The profile's collective library, for the device module it names.
+    return profile.dist_backend if profile.torch_module == torch_module_name() else CPU.dist_backend
 
 
 def init_from_env(backend: str | None = None, timeout_s: float | None = None, *,
@@ -100,7 +103,7 @@ def init_from_env(backend: str | None = None, timeout_s: float | None = None, *,
     collective library sets up on the rank's own device rather than device 0.
     ``verify_affinity``: after init, put back the CPU set ``wmctl-bind`` (or
     ``apply_binding_for_this_rank``) gave this rank if init changed it; NCCL 2.30 resets the
-    affinity while it sets up (REFERENCE.md section 2). Prints one note when it had to.
+    affinity while it sets up (torch.distributed and some vendor plugins do). Prints one note when it had to.
     """
     import torch.distributed as dist
 

@@ -1,4 +1,4 @@
-"""Preflight checks before training starts, and the bf16 -> fp16 -> fp32 NaN/inf guard.
+"""Preflight checks before training starts (the NaN/inf dtype guard is runtime.dtype_guard).
 
 Three ways in:
 - ``in_job(...)`` at the start of a training script: each node's local rank 0 checks its
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes.util
 import importlib
-import math
 import os
 import re
 import shutil
@@ -24,75 +23,14 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+from .advice import hint
+from .dtype_guard import DtypeGuard
+from .protocol import ENV_DIST_BACKEND, ENV_TORCH_MODULE, ENV_VENDOR
+from .vendor import CPU, RuntimeProfile, from_env, known
+
 MiB = 1 << 20
 GiB = 1 << 30
 DOCKER_DEFAULT_SHM = 64 * MiB
-
-# vendor -> torch device module, the import that registers it, runtime libraries, SMI tools.
-# Mirrors images/*.yaml (which the runtime cannot read: no yaml in the image). Library names are
-# what ctypes.util.find_library takes (libX.so -> "X"); unverified ones are marked.
-VENDOR_RUNTIME: dict[str, dict] = {
-    "cuda": {"module": "cuda", "plugin": None, "libs": ("cuda",), "smi": ("nvidia-smi",)},
-    "rocm": {"module": "cuda", "plugin": None, "libs": ("amdhip64",), "smi": ("rocm-smi", "amd-smi")},
-    "musa": {"module": "musa", "plugin": "torch_musa", "libs": ("musa", "mthreads_core"),
-             "smi": ("mthreads-gmi", "mthreads-smi")},
-    "ascend": {"module": "npu", "plugin": "torch_npu", "libs": ("ascendcl",), "smi": ("npu-smi",)},
-    "gaudi": {"module": "hpu", "plugin": "habana_frameworks.torch.core", "libs": ("hl_thunk",),
-              "smi": ("hl-smi",), "unverified": "libs"},
-    "cambricon": {"module": "mlu", "plugin": "torch_mlu", "libs": ("cnrt",), "smi": ("cnmon",)},
-    "hygon": {"module": "cuda", "plugin": None, "libs": ("amdhip64", "galaxyhip"), "smi": ("hy-smi",),
-              "unverified": "libs, module"},
-    "metax": {"module": "cuda", "plugin": None, "libs": ("mcruntime",), "smi": ("mx-smi",),
-              "unverified": "libs, module"},
-    "iluvatar": {"module": "cuda", "plugin": None, "libs": ("cuda",), "smi": ("ixsmi",),
-                 "unverified": "libs, module"},
-    "cpu": {"module": None, "plugin": None, "libs": (), "smi": ()},
-}
-
-# The field report's troubleshooting table (SEED_NOTES section 4): symptom -> cause -> fix.
-TROUBLESHOOTING: dict[str, dict[str, str]] = {
-    "data_starvation": {
-        "symptom": "memory fine, utilisation very low",
-        "cause": "data pipeline blocked",
-        "fix": "raise DataLoader num_workers (4 -> 8 -> 16), pin_memory=True, pre-decode and cache samples in memory",
-    },
-    "communication": {
-        "symptom": "communication share too high",
-        "cause": "collective library not adapted to the card",
-        "fix": "use the vendor's collective library (nccl/mccl/hccl/cncl), larger gradient accumulation, gradient compression",
-    },
-    "random_crashes": {
-        "symptom": "random crashes in training",
-        "cause": "unstable network or PCIe link",
-        "fix": "lower communication frequency, check links",
-    },
-    "low_precision": {
-        "symptom": "loss swings or NaN under bf16",
-        "cause": "incomplete low-precision operator support",
-        "fix": "verify with fp16 / fp32 (the dtype guard steps down automatically)",
-    },
-    "resume_repeats_data": {
-        "symptom": "loss does not fall after resume",
-        "cause": "data position repeated",
-        "fix": "save and restore the DataLoader index (the runtime's resumable sampler)",
-    },
-    "numa_imbalance": {
-        "symptom": "uneven utilisation across cards",
-        "cause": "CPU binding / NUMA imbalance",
-        "fix": "bind each rank to its own core group (wmctl-bind, affinity: exclusive)",
-    },
-    "no_devices": {
-        "symptom": "the driver is visible but PyTorch sees no device",
-        "cause": "driver version does not match the image's runtime, or the vendor toolkit is not in the container",
-        "fix": "use the vendor's image matching the host driver, or mount the vendor runtime path into the container",
-    },
-}
-
-
-def hint(key: str) -> str:
-    row = TROUBLESHOOTING[key]
-    return f"{row['cause']}: {row['fix']}"
-
 
 @dataclass(frozen=True)
 class Finding:
@@ -111,10 +49,14 @@ class Finding:
 
 # ---------------------------------------------------------------- device module
 
-def _vendor_row(vendor: str) -> dict:
-    from .topology import normalise_vendor
+def _vendor_row(vendor: str | RuntimeProfile) -> dict:
+    """The vendor's runtime facts, from its profile (runtime.vendor): the torch module, the
+    import that registers it, its runtime libraries and SMI tools."""
+    from .topology import profile_of
 
-    return VENDOR_RUNTIME[normalise_vendor(vendor)]
+    p = profile_of(vendor)
+    return {"module": p.torch_module, "plugin": p.torch_plugin, "libs": p.libraries, "smi": p.smi,
+            "unverified": ", ".join(p.unverified), "name": p.name}
 
 
 def load_device_module(vendor: str, import_module: Callable = importlib.import_module):
@@ -226,7 +168,8 @@ def check_shm(num_workers: int, prefetch_factor: int = 2, batch_bytes: int = 0, 
     size = st.f_frsize * st.f_blocks
     free = st.f_frsize * st.f_bavail
     need = num_workers * max(prefetch_factor, 1) * max(batch_bytes, 0) * 2
-    fix = "set resources.shm in the job spec (docker --shm-size 16g; on Kubernetes an emptyDir medium Memory at /dev/shm)"
+    fix = ("set resources.shm in the job spec (docker --shm-size 16g; on Kubernetes an emptyDir medium Memory "
+           "at /dev/shm)")
     human = f"{shm_path} is {_size(size)} ({_size(free)} free)"
     if min_bytes is not None and size < min_bytes:
         return Finding("error", "shm", f"{human}, below the required {_size(min_bytes)}", fix)
@@ -284,7 +227,8 @@ def check_bf16(vendor: str, device_module=None) -> Finding:
 
 
 def run_preflight(expected_devices: int | None = None, vendor: str = "cpu", *, device_module=None,
-                  minimum_devices: int | None = None, num_workers: int = 0, prefetch_factor: int = 2, batch_bytes: int = 0,
+                  minimum_devices: int | None = None, num_workers: int = 0, prefetch_factor: int = 2,
+                  batch_bytes: int = 0,
                   shm_path: str = "/dev/shm", shm_min_bytes: int | None = None,
                   statvfs: Callable = os.statvfs, import_module: Callable = importlib.import_module,
                   find_library: Callable = ctypes.util.find_library,
@@ -309,9 +253,9 @@ def run_preflight(expected_devices: int | None = None, vendor: str = "cpu", *, d
 def sysfs_finding(vendor: str, root: str = "/") -> Finding | None:
     """What sysfs shows of the vendor's cards (None for cpu): a driver-side view that does not
     depend on torch, to tell "no card" from "card present, torch cannot use it"."""
-    from .topology import list_devices
+    from .topology import list_devices, profile_of
 
-    if vendor == "cpu":
+    if not profile_of(vendor).accelerator:
         return None
     devices, how = list_devices(vendor, root)
     nodes = sorted({d.numa_node for d in devices})
@@ -319,8 +263,8 @@ def sysfs_finding(vendor: str, root: str = "/") -> Finding | None:
         return Finding("ok", "sysfs", f"{len(devices)} {vendor} device(s) in sysfs ({how}), NUMA node(s) "
                        f"{', '.join(map(str, nodes))}")
     return Finding("warn", "sysfs", f"no {vendor} PCI device in sysfs",
-                   "the host has no such card, or its PCI vendor id differs from the table in "
-                   "orchestrator/runtime/topology.py (check `lspci -nn`)")
+                   "the host has no such card, or its PCI vendor id differs from the profile's "
+                   "pci_vendor_ids (check `lspci -nn`)")
 
 
 LABELS = {"ok": "[ ok  ]", "warn": "[warn ]", "error": "[error]"}
@@ -360,22 +304,29 @@ def check_dtype(dtype: str | None, vendor: str, device_module=None) -> Finding |
     return Finding("ok", "dtype", f"training starts in {dtype}; the dtype guard steps down on NaN/inf")
 
 
-# torch device module -> vendor profile, for jobs started without WMCTL_VENDOR.
-_MODULE_VENDOR = {"cuda": "cuda", "musa": "musa", "npu": "ascend", "hpu": "gaudi", "mlu": "cambricon", "cpu": "cpu"}
-
-
-def job_vendor(env=None) -> str:
-    from .topology import TopologyError, normalise_vendor
+def job_vendor(env=None) -> RuntimeProfile:
+    """The job's vendor profile: the one wmctl handed over, else the one WMCTL_VENDOR names, else
+    the first known profile with the job's torch module, else cpu."""
+    from .topology import TopologyError, profile_of
 
     env = os.environ if env is None else env
-    raw = (env.get("WMCTL_VENDOR") or "").strip()
+    own = from_env(env)
+    if own is not None:
+        return own
+    raw = (env.get(ENV_VENDOR) or "").strip()
     if raw:
         try:
-            return normalise_vendor(raw)
+            return profile_of(raw, env)
         except TopologyError:
             pass   # the device-module check below still runs for the torch module
-    module = (env.get("WMCTL_TORCH_MODULE") or "cpu").strip().lower()
-    return _MODULE_VENDOR.get(module, "cpu")
+    module = (env.get(ENV_TORCH_MODULE) or "cpu").strip().lower()
+    found = next((p for p in known(env) if p.torch_module == module), None)
+    if found is not None or module == "cpu":
+        return found or CPU
+    # No profile, but the environment names an accelerator's torch module: check for that module
+    # rather than quietly training on the CPU.
+    return RuntimeProfile(name=raw or module, torch_module=module,
+                          dist_backend=(env.get(ENV_DIST_BACKEND) or CPU.dist_backend).strip())
 
 
 class PreflightFailed(SystemExit):
@@ -421,12 +372,12 @@ def in_job(*, num_workers: int = 0, prefetch_factor: int = 2, batch_bytes: int =
         findings.append(dtype_finding)
     out = stream or sys.stderr
     host = env.get("HOSTNAME") or os.uname().nodename
-    for line in format_text(findings, f"vendor {vendor} on {host}"):
+    for line in format_text(findings, f"vendor {vendor.name} on {host}"):
         out.write(f"wmctl preflight: {line}\n")
     out.flush()
     if progress is not None:
         errors, warns = counts(findings)
-        progress.emit("preflight", vendor=vendor, errors=errors, warnings=warns,
+        progress.emit("preflight", vendor=vendor.name, errors=errors, warnings=warns,
                       findings=[f.to_dict() for f in findings if f.level != "ok"])
     fatal_ones = [f for f in findings if f.fatal]
     if fatal and fatal_ones:
@@ -445,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m orchestrator.runtime.preflight",
                                  description="Check devices, shared memory, dtype support and the vendor runtime.")
     ap.add_argument("--vendor", default=None,
-                    help="vendor profile (cuda, rocm, musa, ascend, ...); default $WMCTL_VENDOR, else detected from sysfs")
+                    help="vendor profile (cuda, rocm, musa, ascend, ...); default the job's, else detected from sysfs")
     ap.add_argument("--expect-devices", type=int, default=None,
                     help="devices the vendor's torch module must see (default: at least one)")
     ap.add_argument("--shm-min", default=None, metavar="SIZE", help="smallest acceptable /dev/shm, e.g. 16g")
@@ -466,8 +417,9 @@ def main(argv: list[str] | None = None) -> int:
         batch = parse_size(args.batch_bytes)
     except ValueError as exc:
         ap.error(str(exc))
-    source = "--vendor" if args.vendor else "WMCTL_VENDOR"
-    name = args.vendor or os.environ.get("WMCTL_VENDOR") or "auto"
+    source = "--vendor" if args.vendor else ENV_VENDOR
+    own = from_env()
+    name = args.vendor or os.environ.get(ENV_VENDOR) or (own.name if own else "auto")
     try:
         name = detect_vendor("/") if name.lower() == "auto" else normalise_vendor(name)
     except TopologyError as exc:
@@ -489,172 +441,6 @@ def collect(vendor: str, expected_devices: int | None = None, *, sysfs_root: str
     if extra is not None:
         findings.append(extra)
     return findings
-
-
-# ---------------------------------------------------------------- the dtype guard
-
-class NonFiniteLossError(RuntimeError):
-    """The loss stays NaN/inf even in fp32: not a precision problem."""
-
-
-_LADDER = ("bf16", "fp16", "fp32")
-
-
-class DtypeGuard:
-    """Training precision policy bf16 -> fp16 -> fp32, stepping down on NaN/inf loss.
-
-    ``observe(loss)`` after each step: True when the loss was not finite and the guard stepped
-    down (rebuild autocast with ``guard.dtype``; add a GradScaler if ``needs_grad_scaler``).
-    At fp32, ``fp32_patience`` consecutive non-finite losses raise NonFiniteLossError.
-    """
-
-    def __init__(self, preferred: str = "bf16", device_module=None, *, fp32_patience: int = 3,
-                 report: Callable[[str], None] | None = None):
-        import torch
-
-        self._torch = torch
-        preferred = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32"}.get(preferred, preferred)
-        if preferred not in _LADDER:
-            raise ValueError(f"preferred dtype {preferred!r}: use bf16, fp16 or fp32")
-        on_device = device_module is not None and getattr(device_module, "__name__", "") != "torch.cpu"
-        self.device_module = device_module if on_device else None
-        self.events: list[dict] = []
-        self._report = report or (lambda msg: print(msg, file=sys.stderr, flush=True))
-        self.fp32_patience = fp32_patience
-        self._fp32_bad = 0
-        self.steps_seen = 0
-        ladder = list(_LADDER[_LADDER.index(preferred):])
-        if not on_device and "fp16" in ladder:
-            ladder.remove("fp16")  # CPU autocast has no useful fp16 path: bf16 -> fp32
-            if preferred == "fp16":
-                self._note("fp16", ladder[0], "fp16 is not used on cpu")
-        if on_device and "bf16" in ladder and not self._bf16_supported(device_module):
-            ladder.remove("bf16")
-            self._note("bf16", ladder[0], "the device does not support bf16")
-        self._ladder = ladder
-        self._index = 0
-
-    @staticmethod
-    def _bf16_supported(module) -> bool:
-        fn = getattr(module, "is_bf16_supported", None)
-        try:
-            return bool(fn()) if fn is not None else True
-        except RuntimeError:
-            return False
-
-    @property
-    def name(self) -> str:
-        return self._ladder[self._index]
-
-    @property
-    def dtype(self):
-        t = self._torch
-        return {"bf16": t.bfloat16, "fp16": t.float16, "fp32": t.float32}[self.name]
-
-    @property
-    def needs_grad_scaler(self) -> bool:
-        return self.name == "fp16"
-
-    def autocast(self, device_type: str = "cpu"):
-        """An autocast context for the dtype in force (disabled at fp32)."""
-        return self._torch.autocast(device_type, dtype=self.dtype, enabled=self.name != "fp32")
-
-    def _note(self, old: str, new: str, why: str) -> None:
-        event = {"from": old, "to": new, "step": self.steps_seen, "reason": why}
-        self.events.append(event)
-        self._report(f"wmctl dtype guard: step {self.steps_seen}: {why}; switching {old} -> {new} "
-                     f"({TROUBLESHOOTING['low_precision']['cause']})")
-
-    def observe(self, loss, *, reason: str | None = None) -> bool:
-        """Count one optimizer step; step down when ``loss`` is not finite.
-
-        ``reason`` names what was not finite when it was not the loss itself (e.g. the
-        gradients: pass a NaN loss and reason="gradients are NaN/inf").
-        """
-        self.steps_seen += 1
-        t = self._torch
-        value = loss.detach() if isinstance(loss, t.Tensor) else t.tensor(float(loss))
-        if bool(t.isfinite(value).all()):
-            self._fp32_bad = 0
-            return False
-        why = reason or "loss is NaN/inf"
-        if self._index + 1 < len(self._ladder):
-            old = self.name
-            self._index += 1
-            self._note(old, self.name, why)
-            return True
-        self._fp32_bad += 1
-        if self._fp32_bad >= self.fp32_patience:
-            raise NonFiniteLossError(
-                f"{why} for {self._fp32_bad} consecutive steps in fp32 (step {self.steps_seen}): "
-                "not a low-precision problem. Lower the learning rate, add gradient clipping, "
-                "or check the data for NaN/inf values"
-            )
-        self._report(f"wmctl dtype guard: step {self.steps_seen}: {why} in fp32 "
-                     f"({self._fp32_bad}/{self.fp32_patience} before stopping)")
-        return False
-
-    def state_dict(self) -> dict:
-        """What a checkpoint needs so that a resumed run computes in the same precision."""
-        return {"dtype": self.name, "fp32_bad": self._fp32_bad, "steps_seen": self.steps_seen}
-
-    def load_state_dict(self, state) -> None:
-        """Accepts ``state_dict()``'s dict, or just the dtype name (older checkpoints)."""
-        if isinstance(state, str):
-            state = {"dtype": state}
-        name = state.get("dtype")
-        if name not in self._ladder:
-            # E.g. a checkpoint taken at bf16 resumed on a device without bf16: the next rung
-            # below it that this device has.
-            below = [d for d in _LADDER[_LADDER.index(name) + 1:] if d in self._ladder] if name in _LADDER else []
-            if not below:
-                raise ValueError(f"dtype {name!r} from the checkpoint is not on this guard's ladder {self._ladder}")
-            name = below[0]
-        self._index = self._ladder.index(name)
-        self._fp32_bad = int(state.get("fp32_bad", 0))
-        self.steps_seen = int(state.get("steps_seen", self.steps_seen))
-
-
-# ---------------------------------------------------------------- before optimizer.step()
-
-def grads_finite(parameters) -> bool:
-    """True when every gradient of ``parameters`` is finite (parameters without one are skipped).
-
-    One norm per gradient, then a single device->host read: cheap next to the backward pass.
-    """
-    import torch
-
-    grads = [p.grad.detach() for p in parameters if getattr(p, "grad", None) is not None]
-    if not grads:
-        return True
-    foreach_norm = getattr(torch, "_foreach_norm", None)
-    try:
-        norms = list(foreach_norm(grads)) if foreach_norm is not None else None
-    except RuntimeError:   # e.g. mixed devices or a dtype the fused kernel lacks
-        norms = None
-    if norms is None:
-        norms = [torch.linalg.vector_norm(g) for g in grads]
-    return bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
-
-
-def agree_step_finite(local_loss: float, parameters=None, *, check_grads: bool = True) -> tuple[bool, float, str]:
-    """Decide, on every rank together, whether this step's update may be applied.
-
-    Call after the backward passes and before ``optimizer.step()``. Returns ``(finite,
-    mean_loss, reason)``: ``finite`` is the same on every rank (one all-reduce carries the loss
-    and a non-finite-gradient flag), so either every replica applies the step or none does.
-    On False: zero the gradients, skip ``optimizer.step()``, and pass ``reason`` to the dtype
-    guard. Leave ``check_grads`` off under a GradScaler, which skips inf gradients itself.
-    """
-    from orchestrator.runtime import dist
-
-    bad_grads = bool(check_grads and parameters is not None and not grads_finite(parameters))
-    mean_loss, any_bad = dist.all_reduce_mean_and_any(float(local_loss), bad_grads)
-    if not math.isfinite(mean_loss):
-        return False, mean_loss, "loss is NaN/inf"
-    if any_bad:
-        return False, mean_loss, "gradients are NaN/inf"
-    return True, mean_loss, ""
 
 
 if __name__ == "__main__":

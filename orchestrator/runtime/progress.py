@@ -25,7 +25,8 @@ class Progress:
         path: str | None = None,
         enabled: bool | None = None,
     ) -> None:
-        self.every = max(1, every if every is not None else env_int(protocol.ENV_HEARTBEAT_EVERY, DEFAULT_HEARTBEAT_EVERY))
+        default_every = env_int(protocol.ENV_HEARTBEAT_EVERY, DEFAULT_HEARTBEAT_EVERY)
+        self.every = max(1, every if every is not None else default_every)
         self.path = path if path is not None else (os.environ.get(protocol.ENV_PROGRESS_FILE) or None)
         self.enabled = (rank() == 0) if enabled is None else enabled
         self._stream = stream

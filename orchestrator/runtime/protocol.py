@@ -21,6 +21,7 @@ PROGRESS_PREFIX = "WMCTL-PROGRESS "
 ENV_RUN = "WMCTL_RUN"                      # run name
 ENV_ATTEMPT = "WMCTL_ATTEMPT"              # attempt number, 0-based
 ENV_VENDOR = "WMCTL_VENDOR"                # vendor profile name (cuda, musa, ..., cpu)
+ENV_VENDOR_PROFILE = "WMCTL_VENDOR_PROFILE"  # the runtime part of that profile, as JSON (runtime.vendor)
 ENV_TORCH_MODULE = "WMCTL_TORCH_MODULE"    # torch device module: cuda, musa, npu, hpu, mlu, cpu
 ENV_DIST_BACKEND = "WMCTL_DIST_BACKEND"    # nccl, mccl, hccl, cncl, gloo
 ENV_CHECKPOINT_DIR = "WMCTL_CHECKPOINT_DIR"
@@ -42,6 +43,7 @@ ENV_SYSFS_ROOT = "WMCTL_SYSFS_ROOT"        # tests: read the topology from a fak
 
 # Outside the job: the orchestrator's own settings.
 ENV_HOME = "WMCTL_HOME"                    # run folders live under it (default ~/.wmctl)
+ENV_VENDOR_PATH = "WMCTL_VENDOR_PATH"      # folders of vendor profiles, searched before images/
 ENV_LOCAL_TAG = "WMCTL_LOCAL_TAG"          # local backend: marks every process of one node
 ENV_CACHE_DIR = "WMCTL_CACHE_DIR"          # where the runtime wheel is cached
 ENV_RUNTIME_WHEEL = "WMCTL_RUNTIME_WHEEL"  # a prebuilt runtime wheel to put in images

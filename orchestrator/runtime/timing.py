@@ -28,7 +28,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable
 
-from .preflight import hint
+from .advice import hint
 
 PHASES = ("data", "compute", "comm")
 _BOTTLENECK = {"data": "data", "compute": "compute", "comm": "communication", "other": "other"}
@@ -119,7 +119,8 @@ class StepTimer:
 
     def __init__(self, device_module=None, warn_comm_share: float = 0.30, warn_data_share: float = 0.30,
                  clock: Callable[[], float] = time.perf_counter):
-        is_cpu = device_module is None or device_module == "cpu" or getattr(device_module, "__name__", "") == "torch.cpu"
+        is_cpu = (device_module is None or device_module == "cpu"
+                  or getattr(device_module, "__name__", "") == "torch.cpu")
         self._sync = None if is_cpu else getattr(device_module, "synchronize", None)
         self.warn_comm_share = warn_comm_share
         self.warn_data_share = warn_data_share

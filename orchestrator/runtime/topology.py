@@ -10,44 +10,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-# How to find each vendor's accelerators. ``pci_ids``: PCI vendor ids of its accelerator
-# functions; ``sources``: listings tried in order, the first that finds devices wins, "pci" (the
-# generic scan of /sys/bus/pci/devices) always comes last. A vendor is data: one row here.
-# "nvidia-proc" is preferred for NVIDIA because inside a container /proc/driver/nvidia/gpus shows
-# only the GPUs given to the container, while /sys/bus/pci (not namespaced) shows all of the host's.
-VENDORS: dict[str, dict] = {
-    "cuda": {"pci_ids": (0x10DE,), "sources": ("nvidia-proc", "pci")},
-    "rocm": {"pci_ids": (0x1002,), "sources": ("drm", "pci")},
-    "musa": {"pci_ids": (0x1ED5,), "sources": ("drm", "pci")},
-    "ascend": {"pci_ids": (0x19E5,), "sources": ("pci",)},
-    "gaudi": {"pci_ids": (0x1DA3,), "sources": ("pci",)},
-    "cambricon": {"pci_ids": (0xCABC,), "sources": ("pci",)},
-    "hygon": {"pci_ids": (0x1D94,), "sources": ("drm", "pci")},
-    "metax": {"pci_ids": (0x9999,), "sources": ("drm", "pci"), "unverified": True},
-    "iluvatar": {"pci_ids": (0x1E3E,), "sources": ("drm", "pci"), "unverified": True},
-    "cpu": {"pci_ids": (), "sources": ()},
-}
+from .vendor import CPU, RuntimeProfile, VendorUnknown, known, resolve
 
-# Names people use for the same vendor profile.
-VENDOR_ALIASES = {
-    "nvidia": "cuda", "amd": "rocm", "hip": "rocm", "mthreads": "musa", "moorethreads": "musa",
-    "huawei": "ascend", "npu": "ascend", "habana": "gaudi", "hpu": "gaudi", "intel-gaudi": "gaudi",
-    "mlu": "cambricon", "dcu": "hygon", "none": "cpu",
-}
+# How to find a vendor's accelerators comes from its profile (runtime.vendor): its PCI vendor
+# ids and the listings tried in order, the first that finds devices wins ("pci", the generic scan
+# of /sys/bus/pci/devices, comes last).
 
 # PCI class (top 16 bits of the 24-bit class code) of accelerator functions: VGA, 3D controller,
 # "other display controller" (AMD Instinct MI-series report this one), processing accelerator.
 # Audio functions, NVSwitch bridges and NICs of the same vendor fall outside these classes.
 ACCELERATOR_CLASSES = (0x0300, 0x0302, 0x0380, 0x1200)
-
-# In-process visible-devices variables: local index i means the i-th device of the listing.
-VISIBLE_DEVICES_ENV = {
-    "cuda": "CUDA_VISIBLE_DEVICES", "rocm": "HIP_VISIBLE_DEVICES", "musa": "MUSA_VISIBLE_DEVICES",
-    "ascend": "ASCEND_RT_VISIBLE_DEVICES", "gaudi": "HABANA_VISIBLE_MODULES",
-    "cambricon": "MLU_VISIBLE_DEVICES", "hygon": "HIP_VISIBLE_DEVICES",
-    "metax": "CUDA_VISIBLE_DEVICES", "iluvatar": "CUDA_VISIBLE_DEVICES",
-}
-
 
 class TopologyError(Exception):
     """A topology file exists but cannot be understood."""
@@ -271,31 +243,32 @@ def _list_drm(root: str, pci_ids) -> list[str]:
 _SOURCES = {"pci": _list_pci, "nvidia-proc": _list_nvidia_proc, "drm": _list_drm}
 
 
-def normalise_vendor(vendor: str | None) -> str:
-    name = (vendor or "cpu").strip().lower()
-    name = VENDOR_ALIASES.get(name, name)
-    if name not in VENDORS:
-        raise TopologyError(
-            f"unknown vendor {vendor!r}: use one of {', '.join(sorted(VENDORS))}"
-        )
-    return name
+def normalise_vendor(vendor: str | None, env=None) -> str:
+    """The profile name ``vendor`` (or an alias of it) stands for."""
+    return profile_of(vendor, env).name
 
 
-def list_devices(vendor: str, root: str = "/", env=None) -> tuple[tuple[Device, ...], str]:
+def profile_of(vendor: str | RuntimeProfile | None, env=None) -> RuntimeProfile:
+    try:
+        return resolve(vendor, env)
+    except VendorUnknown as exc:
+        raise TopologyError(str(exc)) from None
+
+
+def list_devices(vendor: str | RuntimeProfile, root: str = "/", env=None) -> tuple[tuple[Device, ...], str]:
     """The vendor's accelerators in local-device order, and the listing that found them.
 
     Order is PCI bus order (sorted BDF); an in-process visible-devices variable with integer
     indices (e.g. CUDA_VISIBLE_DEVICES=2,3) selects from that order.
     """
-    vendor = normalise_vendor(vendor)
-    row = VENDORS[vendor]
     env = os.environ if env is None else env
-    for source in row["sources"]:
-        bdfs = sorted(_SOURCES[source](root, row["pci_ids"]))
+    profile = profile_of(vendor, env)
+    for source in profile.device_sources:
+        bdfs = sorted(_SOURCES[source](root, profile.pci_vendor_ids))
         devices = [d for d in (_pci_device(root, b) for b in bdfs) if d is not None]
         if not devices:
             continue
-        visible = env.get(VISIBLE_DEVICES_ENV.get(vendor, ""), "").strip()
+        visible = env.get(profile.visible_devices_env or "", "").strip()
         if visible:
             parts = [p.strip() for p in visible.split(",") if p.strip()]
             if parts and all(p.isdigit() for p in parts):
@@ -304,21 +277,22 @@ def list_devices(vendor: str, root: str = "/", env=None) -> tuple[tuple[Device, 
     return (), ""
 
 
-def detect_vendor(root: str = "/") -> str:
-    """The first vendor of the table with accelerators on this machine, else ``cpu``."""
-    for vendor, row in VENDORS.items():
-        if row["pci_ids"] and _list_pci(root, row["pci_ids"]):
-            return vendor
-    return "cpu"
+def detect_vendor(root: str = "/", env=None) -> str:
+    """The first known vendor with accelerators on this machine, else ``cpu``."""
+    for profile in known(env):
+        if profile.pci_vendor_ids and _list_pci(root, profile.pci_vendor_ids):
+            return profile.name
+    return CPU.name
 
 
 def read_topology(vendor: str | None = "cpu", root: str = "/", env=None) -> Topology:
-    vendor = detect_vendor(root) if (vendor or "").lower() == "auto" else normalise_vendor(vendor)
-    devices, source = list_devices(vendor, root, env)
+    vendor = detect_vendor(root, env) if (vendor or "").lower() == "auto" else normalise_vendor(vendor, env)
+    profile = profile_of(vendor, env)
+    devices, source = list_devices(profile, root, env)
     allowed = read_allowed_cpus(root)
     online = read_online_cpus(root) | allowed
     notes = []
-    if VENDORS[vendor].get("unverified"):
+    if "pci" in profile.unverified:
         notes.append(f"the PCI vendor id of {vendor} is unverified; check `lspci -nn` if no device is found")
     return Topology(
         vendor=vendor,

@@ -15,6 +15,17 @@ from typing import Any
 
 import pytest
 
+from orchestrator.vendors import load_profile, register_runtime_profiles
+
+# The runtime reads no YAML: in a job wmctl hands it the profile (WMCTL_VENDOR_PROFILE), and the
+# CLI registers every profile before calling into it. The tests play the CLI's part.
+register_runtime_profiles()
+
+
+def vendor_env(vendor: str) -> dict[str, str]:
+    """What wmctl's launcher gives a job of ``vendor``: its name and its runtime profile."""
+    return {"WMCTL_VENDOR": vendor, "WMCTL_VENDOR_PROFILE": load_profile(vendor).runtime_profile().to_json()}
+
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = REPO / "examples" / "worldmodel" / "train.py"
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import vendor_env
+
 from .fakesysfs import FakeSysfs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,6 +38,9 @@ def base_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WMCTL_", "LOCAL_", "OMP_", "MKL_"))}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.update({k: str(v) for k, v in extra.items()})
+    vendor = env.get("WMCTL_VENDOR")
+    if vendor and vendor != "tpu":        # a job started by wmctl carries its profile; tpu has none
+        env.update(vendor_env(vendor))
     return env
 
 

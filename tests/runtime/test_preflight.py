@@ -7,13 +7,12 @@ import os
 import pytest
 import torch
 
+from orchestrator.runtime.advice import TROUBLESHOOTING
+from orchestrator.runtime.dtype_guard import DtypeGuard, NonFiniteLossError
 from orchestrator.runtime.preflight import (
     GiB,
     MiB,
-    TROUBLESHOOTING,
-    DtypeGuard,
     Finding,
-    NonFiniteLossError,
     check_devices,
     check_runtime_libraries,
     check_shm,
@@ -186,7 +185,7 @@ def test_guard_in_a_real_training_loop_with_an_injected_nan():
 
 
 def test_grads_and_loss_are_checked_before_the_step():
-    from orchestrator.runtime.preflight import agree_step_finite, grads_finite
+    from orchestrator.runtime.dtype_guard import agree_step_finite, grads_finite
 
     model = torch.nn.Linear(4, 1)
     assert grads_finite(model.parameters())   # no gradients yet

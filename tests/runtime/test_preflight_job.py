@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from .conftest import vendor_env
+
 from orchestrator.runtime.preflight import GiB, MiB, PreflightFailed, in_job
 from orchestrator.runtime.progress import Progress
 from orchestrator.runtime.protocol import parse_progress
@@ -101,6 +103,11 @@ def test_module_entry_point_works_without_click(tmp_path):
                         capture_output=True, text=True, env=env, cwd=REPO, timeout=100)
     assert ok.returncode == 0, ok.stderr
     assert "[ ok  ] devices: vendor cpu" in ok.stdout and "0 error(s)" in ok.stdout
+    unknown = subprocess.run([sys.executable, "-c", NO_CLICK, "--vendor", "musa"],
+                             capture_output=True, text=True, env=env, cwd=REPO, timeout=100)
+    assert unknown.returncode == 2 and "WMCTL_VENDOR_PROFILE" in unknown.stderr   # no profile, no guess
+    # An image built for MUSA carries its profile (as a job started by wmctl does).
+    env.update({k: v for k, v in vendor_env("musa").items() if k == "WMCTL_VENDOR_PROFILE"})
     bad = subprocess.run([sys.executable, "-c", NO_CLICK, "--vendor", "musa", "--expect-devices", "8", "-o", "json"],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=100)
     assert bad.returncode == 1, bad.stderr
