@@ -42,7 +42,7 @@ def default_platforms(arch: str | None = None) -> list[str]:
         tags.append(f"manylinux_2_{minor}_{arch}")
         if minor in _LEGACY_MANYLINUX:
             tags.append(f"{_LEGACY_MANYLINUX[minor]}_{arch}")
-    # Not on PyPI, but vendor indexes (torch_npu, torch_musa, ...) publish plain linux_<arch> wheels,
+    # Not on PyPI, but vendor indexes (their torch plugins) publish plain linux_<arch> wheels,
     # and pip in the image accepts them.
     tags.append(f"linux_{arch}")
     return tags

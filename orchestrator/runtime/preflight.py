@@ -25,7 +25,7 @@ from typing import Callable
 
 from .advice import hint
 from .dtype_guard import DtypeGuard
-from .protocol import ENV_DIST_BACKEND, ENV_TORCH_MODULE, ENV_VENDOR
+from .protocol import ENV_DIST_BACKEND, ENV_SYSFS_ROOT, ENV_TORCH_MODULE, ENV_VENDOR
 from .vendor import CPU, RuntimeProfile, from_env, known
 
 MiB = 1 << 20
@@ -419,14 +419,15 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(exc))
     source = "--vendor" if args.vendor else ENV_VENDOR
     own = from_env()
+    sysfs_root = os.environ.get(ENV_SYSFS_ROOT) or "/"     # as the launcher reads it
     name = args.vendor or os.environ.get(ENV_VENDOR) or (own.name if own else "auto")
     try:
-        name = detect_vendor("/") if name.lower() == "auto" else normalise_vendor(name)
+        name = detect_vendor(sysfs_root) if name.lower() == "auto" else normalise_vendor(name)
     except TopologyError as exc:
         ap.error(f"{source}: {exc}")
     findings = collect(name, args.expect_devices, num_workers=args.num_workers,
                        prefetch_factor=args.prefetch_factor, batch_bytes=batch, shm_path=args.shm_path,
-                       shm_min_bytes=shm_min)
+                       shm_min_bytes=shm_min, sysfs_root=sysfs_root)
     if args.output == "json":
         print(json.dumps(format_json(findings, name), indent=2))
     else:

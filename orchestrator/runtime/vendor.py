@@ -28,7 +28,7 @@ class VendorUnknown(ValueError):
 class RuntimeProfile:
     name: str
     torch_module: str | None = None          # torch.<module> holds the devices; None: no accelerator
-    torch_plugin: str | None = None          # the import that registers that module (torch_musa, ...)
+    torch_plugin: str | None = None          # the import that registers that module
     dist_backend: str = "gloo"
     pci_vendor_ids: tuple[int, ...] = ()
     device_sources: tuple[str, ...] = ()     # sysfs listings tried in order ("pci" is the generic scan)
