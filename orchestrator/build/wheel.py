@@ -72,8 +72,8 @@ def locate() -> WheelSource:
         dist = None
     if dist is not None and dist.files:
         init = next((f for f in dist.files if str(f) == "orchestrator/__init__.py"), None)
-        if init is not None and Path(dist.locate_file(init)).resolve() == pkg_dir / "__init__.py":
-            return WheelSource("installed", Path(dist.locate_file("")).resolve(), dist)
+        if init is not None and Path(str(dist.locate_file(init))).resolve() == pkg_dir / "__init__.py":
+            return WheelSource("installed", Path(str(dist.locate_file(""))).resolve(), dist)
     raise BuildError(f"cannot find the wmctl sources or installed files for {pkg_dir}",
                      hint="install wmctl with pip (pip install wmctl) or run it from a source checkout")
 
@@ -107,7 +107,7 @@ def _installed_files(source: WheelSource) -> list[tuple[str, Path]]:
                 continue
         elif top != "orchestrator":
             continue
-        out.append((name, Path(source.dist.locate_file(f))))
+        out.append((name, Path(str(source.dist.locate_file(f)))))
     return sorted(out)
 
 

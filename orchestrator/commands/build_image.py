@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -90,7 +91,7 @@ def command(spec_path: str, dry_run: bool, tag: str | None, push: bool, no_cache
     from ..build.plan import context_summary
 
     spec, profile = load(spec_path, sets)
-    options = dict(tag=tag, build_args=build_args, platform=platform, wheelhouse=wheelhouse)
+    options: dict[str, Any] = dict(tag=tag, build_args=build_args, platform=platform, wheelhouse=wheelhouse)
     if dry_run:
         # No engine here: the summary says the base image's id is left out of this digest.
         build = plan(spec, profile, **options)

@@ -259,14 +259,14 @@ def _plan(topo: Topology, nproc: int, mode) -> BindingPlan:
     # exclusive: each node's allowed CPUs split among the ranks whose devices sit on it.
     sets: dict[int, frozenset[int]] = {}
     for node in sorted(available):
-        members = [r for r, n in enumerate(per_rank_node) if n == node]
-        if len(members) > len(available[node]):
+        on_node = [r for r, n in enumerate(per_rank_node) if n == node]
+        if len(on_node) > len(available[node]):
             notes.append(
-                f"NUMA node {node} has {len(members)} ranks but only {len(available[node])} allowed CPUs; "
+                f"NUMA node {node} has {len(on_node)} ranks but only {len(available[node])} allowed CPUs; "
                 "splitting the allowed CPUs evenly"
             )
             return _even(topo, nproc, parsed, notes)
-        for r, s in zip(members, split_evenly(available[node], len(members), topo.cores), strict=True):
+        for r, s in zip(on_node, split_evenly(available[node], len(on_node), topo.cores), strict=True):
             sets[r] = s
     ranks = tuple(RankBinding(r, sets[r], per_rank_node[r], topo.devices[r].bdf) for r in range(nproc))
     return BindingPlan("exclusive", "exclusive", ranks, allowed, tuple(notes))

@@ -202,6 +202,7 @@ def capture_rng() -> dict[str, Any]:
 
     torch = _torch()
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    np: Any
     try:
         import numpy as np
     except ImportError:
@@ -222,6 +223,7 @@ def restore_rng(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "numpy" in state:
+        np: Any
         try:
             import numpy as np
         except ImportError:
@@ -238,7 +240,7 @@ def _unwrap(model: Any) -> Any:
     (``.module``) and torch.compile (``._orig_mod``) only. A user module that merely has an
     attribute called ``module`` is saved whole."""
     torch = _torch()
-    wrappers: tuple[type, ...] = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+    wrappers: tuple[Any, ...] = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
     # A compiled model implies torch._dynamo is loaded; importing it here would cost seconds.
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     compiled = getattr(eval_frame, "OptimizedModule", None)

@@ -225,7 +225,7 @@ def _loader_class() -> Any:
             user_fn = kwargs.pop("worker_init_fn", None)
             if isinstance(user_fn, WorkerInit):
                 user_fn = user_fn.user_fn
-            super().__init__(*args, worker_init_fn=WorkerInit(user_fn), **kwargs)
+            super().__init__(*args, worker_init_fn=WorkerInit(user_fn), **kwargs)  # type: ignore[misc]
 
         def __iter__(self) -> Any:
             if self.num_workers == 0:

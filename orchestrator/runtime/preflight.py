@@ -59,7 +59,7 @@ def _vendor_row(vendor: str | RuntimeProfile) -> dict:
             "unverified": ", ".join(p.unverified), "name": p.name}
 
 
-def load_device_module(vendor: str, import_module: Callable = importlib.import_module):
+def load_device_module(vendor: str | RuntimeProfile, import_module: Callable = importlib.import_module):
     """The vendor's torch device module (e.g. torch.cuda, torch.musa); None for cpu.
 
     Raises ImportError (with the missing name) when torch or the vendor plugin is absent.
@@ -76,7 +76,7 @@ def load_device_module(vendor: str, import_module: Callable = importlib.import_m
     return module
 
 
-def check_runtime_libraries(vendor: str, find_library: Callable = ctypes.util.find_library,
+def check_runtime_libraries(vendor: str | RuntimeProfile, find_library: Callable = ctypes.util.find_library,
                             which: Callable = shutil.which) -> list[Finding]:
     row = _vendor_row(vendor)
     found: list[Finding] = []
@@ -105,7 +105,7 @@ def check_runtime_libraries(vendor: str, find_library: Callable = ctypes.util.fi
     return found
 
 
-def check_devices(vendor: str, expected: int | None, *, device_module=None, minimum: int | None = None,
+def check_devices(vendor: str | RuntimeProfile, expected: int | None, *, device_module=None, minimum: int | None = None,
                   import_module: Callable = importlib.import_module,
                   find_library: Callable = ctypes.util.find_library,
                   which: Callable = shutil.which) -> list[Finding]:
@@ -209,7 +209,7 @@ _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b|i)?")
 
 # ---------------------------------------------------------------- dtype support
 
-def check_bf16(vendor: str, device_module=None) -> Finding:
+def check_bf16(vendor: str | RuntimeProfile, device_module=None) -> Finding:
     if _vendor_row(vendor)["module"] is None or device_module is None:
         return Finding("ok", "bf16", "cpu: bf16 autocast available (fp16 is not used on cpu)")
     fn = getattr(device_module, "is_bf16_supported", None)
@@ -226,7 +226,7 @@ def check_bf16(vendor: str, device_module=None) -> Finding:
                    "train in fp16 with a GradScaler; the dtype guard starts at fp16")
 
 
-def run_preflight(expected_devices: int | None = None, vendor: str = "cpu", *, device_module=None,
+def run_preflight(expected_devices: int | None = None, vendor: str | RuntimeProfile = "cpu", *, device_module=None,
                   minimum_devices: int | None = None, num_workers: int = 0, prefetch_factor: int = 2,
                   batch_bytes: int = 0,
                   shm_path: str = "/dev/shm", shm_min_bytes: int | None = None,
@@ -250,7 +250,7 @@ def run_preflight(expected_devices: int | None = None, vendor: str = "cpu", *, d
     return findings
 
 
-def sysfs_finding(vendor: str, root: str = "/") -> Finding | None:
+def sysfs_finding(vendor: str | RuntimeProfile, root: str = "/") -> Finding | None:
     """What sysfs shows of the vendor's cards (None for cpu): a driver-side view that does not
     depend on torch, to tell "no card" from "card present, torch cannot use it"."""
     from .topology import list_devices, profile_of
@@ -286,12 +286,12 @@ def format_text(findings: list[Finding], title: str) -> list[str]:
     return lines
 
 
-def format_json(findings: list[Finding], vendor: str) -> dict:
+def format_json(findings: list[Finding], vendor: str | RuntimeProfile) -> dict:
     errors, warns = counts(findings)
     return {"vendor": vendor, "findings": [f.to_dict() for f in findings], "errors": errors, "warnings": warns}
 
 
-def check_dtype(dtype: str | None, vendor: str, device_module=None) -> Finding | None:
+def check_dtype(dtype: str | None, vendor: str | RuntimeProfile, device_module=None) -> Finding | None:
     """The precision training starts in, against what the device supports."""
     if not dtype:
         return None
@@ -435,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if counts(findings)[0] else 0
 
 
-def collect(vendor: str, expected_devices: int | None = None, *, sysfs_root: str = "/", **kw) -> list[Finding]:
+def collect(vendor: str | RuntimeProfile, expected_devices: int | None = None, *, sysfs_root: str = "/",
+            **kw) -> list[Finding]:
     """Everything the doctor reports: run_preflight plus the sysfs view of the cards."""
     findings = run_preflight(expected_devices, vendor, **kw)
     extra = sysfs_finding(vendor, sysfs_root)

@@ -241,7 +241,7 @@ def _volume_source(vol: Volume) -> dict[str, Any]:
         src = {}
         if vol.empty_dir.medium:
             src["medium"] = vol.empty_dir.medium
-        if vol.empty_dir.size_limit is not None:
+        if vol.empty_dir.size_limit_bytes is not None:
             src["sizeLimit"] = format_quantity(vol.empty_dir.size_limit_bytes)
         return {"emptyDir": src}
     if vol.secret is not None:
