@@ -132,7 +132,7 @@ def _load_cached(path: str) -> VendorProfile:
 
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, yaml.YAMLError) as exc:
         raise ProfileError(f"vendor profile {p} cannot be read: {exc}") from None
     problems: Problems = []
