@@ -42,7 +42,8 @@ class AttemptTracker:
         self.last_heartbeat = self.started_at
 
     def feed(self, obs: b.Observation, now: float) -> list[b.Event]:
-        self.events += obs.events
+        # Output lines are only a heartbeat: kept out of the evidence a root cause is found in.
+        self.events += [ev for ev in obs.events if ev.kind != b.OUTPUT]
         self.nodes = obs.nodes
         if self.all_started_at is None and obs.nodes and all(n.phase != b.PENDING for n in obs.nodes):
             # The heartbeat clock starts when every node runs: time spent queued (Kueue, Volcano),
@@ -50,6 +51,11 @@ class AttemptTracker:
             self.all_started_at = now
             self.last_heartbeat = max(self.last_heartbeat, now)
         for ev in obs.events:
+            if ev.kind == b.OUTPUT and self.first_progress_at is None:
+                # A job without orchestrator.runtime: any output is its heartbeat. Once it has
+                # printed a progress line, only progress counts (a chatty job stuck in a
+                # collective still logs).
+                self.last_heartbeat = max(self.last_heartbeat, now)
             if ev.kind != b.PROGRESS or not ev.progress:
                 continue
             self.last_heartbeat = max(self.last_heartbeat, now)
@@ -254,6 +260,9 @@ class Supervisor:
             elif kind in ("start", "exit", "preempted"):
                 self.echo(f"attempt {rec.attempt}: {kind} " + ", ".join(f"{k}={v}" for k, v in p.items()
                                                                        if k not in ("event", "time")))
+        elif ev.kind == b.OUTPUT:
+            if tracker.first_progress_at is None:     # the job's own progress, one line a second
+                self.echo(f"attempt {rec.attempt}: node {ev.node} | {ev.message}")
         elif ev.kind != b.PROGRESS:
             detail = f" exit {ev.exit_code}" if ev.exit_code is not None else ""
             why = f" ({ev.message})" if ev.message else ""

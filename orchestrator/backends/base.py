@@ -32,11 +32,27 @@ OOM_KILLED = "oom_killed"              # the kernel/kubelet killed it for memory
 EVICTED = "evicted"                    # preempted / evicted / DisruptionTarget (graceful)
 IMAGE_PULL_FAILED = "image_pull_failed"
 PROGRESS = "progress"                  # a WMCTL-PROGRESS line from rank 0 (also the heartbeat)
+OUTPUT = "output"                      # any other line: the heartbeat of a job that prints no progress lines
 CANCELLED = "cancelled"
 
 # What teardown keeps of a node whose output goes with it (containers, pods): the end, where the
 # cause is. `wmctl logs` of a failed attempt is the first thing a user asks for.
 ARCHIVE_TAIL_LINES = 20000
+
+# A job that never imports orchestrator.runtime prints no progress lines; its own output is its
+# sign of life. One line per node per second is enough for that and keeps a chatty job cheap.
+OUTPUT_EVERY_S = 1.0
+
+
+def output_event(last: dict[int, float], node: int, host: str | None, line: str,
+                 now: float | None = None) -> "Event | None":
+    """An OUTPUT event for ``line`` unless ``node`` had one less than OUTPUT_EVERY_S ago."""
+    now = time.time() if now is None else now
+    text = line.rstrip()
+    if not text or now - last.get(node, float("-inf")) < OUTPUT_EVERY_S:
+        return None
+    last[node] = now
+    return Event(OUTPUT, now, node, host, message=text[-200:])
 
 
 @dataclass(frozen=True)

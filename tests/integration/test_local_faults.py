@@ -193,3 +193,15 @@ def test_cancel_from_another_process_ends_the_watched_run_cancelled(home):
     assert rec["attempts"][0]["outcome"] == "cancelled"
     assert not (h.run_folder(home, run) / "attempt-1").exists()
     assert "cancelled" in cancel.stdout and not h.leftover_processes(run)
+
+
+def test_a_script_that_never_imports_the_runtime_is_not_killed_as_a_hang(home):
+    """It prints its own lines (one a second for 8 s) and never a progress line; the heartbeat
+    timeout is 4 s. Its output is its sign of life, and it reaches the watch lines."""
+    run = "plain"
+    spec = h.write_spec(home, run, nodes=1, steps=8, sleep=1.0, job="plain.py", restart={"heartbeat_timeout": "4s"})
+    w = h.Watch(spec, home)
+    assert w.wait(timeout=120) == 0, w.output
+    rec = h.record(home, run)
+    assert rec["status"] == "succeeded" and len(rec["attempts"]) == 1, w.output
+    assert "| my own log: step" in w.output

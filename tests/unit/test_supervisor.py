@@ -340,3 +340,28 @@ def test_step_lines_say_where_the_time_went_and_each_timing_warning_once(home):
     assert any(line.endswith("data 50% comm 10% -> data-bound") for line in lines)
     advice = [line for line in lines if "data wait is" in line]
     assert advice == ["attempt 0: data wait is 50% of the step (threshold 30%): raise num_workers"]
+
+
+def output(text="epoch 1 loss 0.52"):
+    return b.Event(b.OUTPUT, START, 0, "host-0", message=text)
+
+
+def test_a_job_without_progress_lines_is_alive_while_it_prints(home):
+    """A plain train.py that never imports orchestrator.runtime: a line every 30 s keeps a 60 s
+    heartbeat alive for 200 s, and its lines reach the watch output."""
+    script = [([output()] if i % 30 == 0 else [], running()) for i in range(200)] + [([], done())]
+    outcome, backend, record, lines, clock = supervise({0: script}, restart={"heartbeat_timeout": "60s"})
+    assert outcome.exit_code == 0 and record.attempts[0].outcome == "succeeded"
+    assert [c for c in backend.calls if c[0] == "submit"] == [("submit", 0)]
+    assert clock.now - START >= 200
+    assert any(line == "attempt 0: node 0 | epoch 1 loss 0.52" for line in lines)
+
+
+def test_once_a_job_prints_progress_lines_other_output_is_no_heartbeat(home):
+    """A chatty job stuck in a collective still logs: after its first progress line only
+    progress counts."""
+    script = [([progress("checkpoint", 5)], running())] + [([output()], running()) for _ in range(100)]
+    outcome, _, record, lines, _ = supervise({0: script, 1: [([progress("resume", 5), progress("checkpoint", 9)],
+                                                              done())]}, restart={"heartbeat_timeout": "60s"})
+    assert record.attempts[0].outcome == "hang"
+    assert not any("| epoch" in line for line in lines)

@@ -319,12 +319,17 @@ class DockerBackend(b.Backend[DockerRequest]):
             st.stop.wait(1.0)
 
     def _follow_progress(self, st: _Attempt, name: str) -> None:
+        output_at: dict[int, float] = {}
         for ns, line in self._log_lines(name, follow=True, stop=st.stop, streams=st.streams):
             payload = parse_progress(line)
             if payload is not None:
                 stamp = payload.get("time")
                 t = float(stamp) if isinstance(stamp, (int, float)) else ns / 1e9
                 st.inbox.put(("progress", b.Event(b.PROGRESS, t, 0, name, progress=payload)))
+                continue
+            sign = b.output_event(output_at, 0, name, line)
+            if sign is not None:
+                st.inbox.put(("progress", sign))
 
     def _log_lines(self, name: str, *, follow: bool, stop: threading.Event | None = None,
                    streams: list[Any] | None = None) -> Iterator[tuple[int, str]]:

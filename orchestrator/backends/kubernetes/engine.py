@@ -356,6 +356,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         ns = st.ref.namespace or self.namespace
         uid_done: set[str] = set()
         consumed: dict[str, int] = {}
+        output_at: dict[int, float] = {}
         while not st.stop.is_set():
             with st.lock:
                 cands = [p for p in st.pods.values() if pod_index(p) == 0
@@ -381,12 +382,12 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                             continue            # already seen before a reconnect
                         consumed[uid] = n
                         prog = parse_progress(line)
-                        if prog is not None:
+                        host = pod["spec"].get("nodeName")
+                        sign = None if prog is not None else b.output_event(output_at, 0, host, line)
+                        if prog is not None or sign is not None:
                             with st.lock:
                                 if not st.cancelled:
-                                    st.events.append(Event(PROGRESS, node=0,
-                                                           host=pod["spec"].get("nodeName"),
-                                                           progress=prog))
+                                    st.events.append(sign or Event(PROGRESS, node=0, host=host, progress=prog))
                         if st.stop.is_set():
                             break
                 finally:

@@ -81,6 +81,7 @@ class _NodeWatch(NodeView):
         self.pid_file = layout.node_pid_file(ref.run, ref.attempt, node)
         self.offset = 0
         self.partial = b""
+        self.output_at: dict[int, float] = {}
 
 
 class LocalBackend(b.Backend[LocalRequest]):
@@ -185,10 +186,15 @@ class LocalBackend(b.Backend[LocalRequest]):
         w.partial = lines.pop()
         events = []
         for raw in lines:
-            progress = parse_progress(raw.decode("utf-8", "replace"))
+            line = raw.decode("utf-8", "replace")
+            progress = parse_progress(line)
             if progress is not None:
                 events.append(b.Event(b.PROGRESS, time=progress.get("time", time.time()), node=w.node,
                                       host=w.host, progress=progress))
+                continue
+            sign = b.output_event(w.output_at, w.node, w.host, line)
+            if sign is not None:
+                events.append(sign)
         return events
 
     # -- logs / cancel / attempts ------------------------------------------------------------
