@@ -191,3 +191,20 @@ def test_each_backend_is_a_package_with_its_rooms(name):
     package = ROOT / "backends" / name
     assert (package / "__init__.py").is_file() and (package / "render.py").is_file()
     assert (package / "engine.py").is_file() and (package / "classify.py").is_file()
+
+
+def test_no_source_file_is_ignored_by_git():
+    """A .gitignore pattern that swallows a package (a bare `build/` once hid orchestrator/build/)
+    leaves a checkout that works here and a clone that cannot import: every file that ships must
+    be visible to git."""
+    import shutil
+    import subprocess
+
+    repo = ROOT.parent
+    if shutil.which("git") is None or not (repo / ".git").exists():
+        pytest.skip("not a git checkout")
+    paths = [str(p.relative_to(repo)) for top in ("orchestrator", "templates", "images", "manifests", "tests")
+             for p in (repo / top).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    found = subprocess.run(["git", "check-ignore", "--stdin"], input="\n".join(paths), cwd=repo,
+                           capture_output=True, text=True)
+    assert found.stdout.strip() == "", f"ignored by git: {found.stdout.split()}"
