@@ -87,7 +87,7 @@ def default_backend() -> str:
         return CPU.dist_backend
     try:
         profile = for_job()
-    except VendorUnknown:
+    except VendorUnknown:      # a handed-over profile that cannot be read
         return CPU.dist_backend
     # The profile's collective library, for the device module it names.
     return profile.dist_backend if profile.torch_module == torch_module_name() else CPU.dist_backend

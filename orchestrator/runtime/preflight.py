@@ -25,8 +25,8 @@ from typing import Callable
 
 from .advice import hint
 from .dtype_guard import DtypeGuard
-from .protocol import ENV_DIST_BACKEND, ENV_SYSFS_ROOT, ENV_TORCH_MODULE, ENV_VENDOR
-from .vendor import CPU, RuntimeProfile, from_env, known
+from .protocol import ENV_SYSFS_ROOT, ENV_VENDOR
+from .vendor import RuntimeProfile, for_job, from_env
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -304,31 +304,6 @@ def check_dtype(dtype: str | None, vendor: str | RuntimeProfile, device_module=N
     return Finding("ok", "dtype", f"training starts in {dtype}; the dtype guard steps down on NaN/inf")
 
 
-def job_vendor(env=None) -> RuntimeProfile:
-    """The job's vendor profile: the one wmctl handed over, else the one WMCTL_VENDOR names, else
-    the first known profile with the job's torch module, else cpu."""
-    from .topology import TopologyError, profile_of
-
-    env = os.environ if env is None else env
-    own = from_env(env)
-    if own is not None:
-        return own
-    raw = (env.get(ENV_VENDOR) or "").strip()
-    if raw:
-        try:
-            return profile_of(raw, env)
-        except TopologyError:
-            pass   # the device-module check below still runs for the torch module
-    module = (env.get(ENV_TORCH_MODULE) or "cpu").strip().lower()
-    found = next((p for p in known(env) if p.torch_module == module), None)
-    if found is not None or module == "cpu":
-        return found or CPU
-    # No profile, but the environment names an accelerator's torch module: check for that module
-    # rather than quietly training on the CPU.
-    return RuntimeProfile(name=raw or module, torch_module=module,
-                          dist_backend=(env.get(ENV_DIST_BACKEND) or CPU.dist_backend).strip())
-
-
 class PreflightFailed(SystemExit):
     """The job cannot do anything useful here (e.g. no usable accelerator): stop at once."""
 
@@ -355,7 +330,7 @@ def in_job(*, num_workers: int = 0, prefetch_factor: int = 2, batch_bytes: int =
 
     if (env_int("LOCAL_RANK") or 0) != 0:
         return []
-    vendor = job_vendor(env)
+    vendor = for_job(env)
     from .protocol import ENV_EXPECT_DEVICES
 
     findings = run_preflight(env_int(ENV_EXPECT_DEVICES), vendor, minimum_devices=env_int("LOCAL_WORLD_SIZE"),

@@ -17,7 +17,7 @@ import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
-from .protocol import ENV_VENDOR, ENV_VENDOR_PROFILE
+from .protocol import ENV_DIST_BACKEND, ENV_TORCH_MODULE, ENV_VENDOR, ENV_VENDOR_PROFILE
 
 
 class VendorUnknown(ValueError):
@@ -114,10 +114,22 @@ def resolve(name: str | RuntimeProfile | None, env: Mapping[str, str] | None = N
 
 def for_job(env: Mapping[str, str] | None = None) -> RuntimeProfile:
     """The profile of the job this process belongs to: the one handed over, else the one
-    ``WMCTL_VENDOR`` names, else CPU."""
+    ``WMCTL_VENDOR`` names, else the first known profile with the job's torch module, else CPU.
+    With no profile but an accelerator torch module named, a profile of just that module: the
+    job checks for it rather than quietly training on the CPU."""
     env = os.environ if env is None else env
     own = from_env(env)
     if own is not None:
         return own
     named = env.get(ENV_VENDOR, "").strip()
-    return resolve(named, env) if named else CPU
+    if named:
+        try:
+            return resolve(named, env)
+        except VendorUnknown:
+            pass   # the torch module below still says what the job runs on
+    module = (env.get(ENV_TORCH_MODULE) or CPU.name).strip().lower()
+    found = next((p for p in known(env) if p.torch_module == module), None)
+    if found is not None or module == CPU.name:
+        return found or CPU
+    return RuntimeProfile(name=named or module, torch_module=module,
+                          dist_backend=(env.get(ENV_DIST_BACKEND) or CPU.dist_backend).strip())
