@@ -18,10 +18,10 @@ from typing import Any, Callable, Iterator
 from . import backends
 from .backends.base import AttemptRef, Backend, BackendOptions
 from .build.record import RECORD_FILE, pinned_ref
-from .errors import RunCancelled, RunFailed, RunNotFound, WmctlError
+from .errors import EngineUnavailable, RunCancelled, RunFailed, RunNotFound, WmctlError
 from .plan import AttemptContext, Plan
 from .spec import JobSpec, from_dict, load_spec
-from .state import RunRecord, RunStore, list_runs, open_store
+from .state import Lease, RunRecord, RunStore, list_runs, open_store
 from .supervisor import Supervisor
 from .vendors import VendorProfile, load_profile
 
@@ -135,6 +135,9 @@ def schedule(request: SubmitRequest, *, watch: bool, echo: Echo,
     store = open_store(job.spec.name)
     try:
         _clear_the_name(store, engine, echo)
+        # Leased before the record exists: `status` never takes a run being submitted for one
+        # whose submitter died.
+        store.acquire_watcher()
         spec = job.spec
         overrides = dict(job.overrides)
         if spec.image.tag and "@sha256:" in spec.image.tag:
@@ -146,6 +149,7 @@ def schedule(request: SubmitRequest, *, watch: bool, echo: Echo,
                            spec=spec.to_dict(), source_dir=str(spec.source_dir))
         store.save(record)
     except BaseException:
+        store.release_watcher()
         engine.close()
         raise
     return _supervise(store, record, job, engine, watch=watch, echo=echo, show_state=show_state,
@@ -156,6 +160,35 @@ def submit(job: Job, backend: str, *, auto_resume: bool = False, watch: bool = F
            context: str | None = None, show_state: Callable[..., None] | None = None) -> int:
     return schedule(dryrun(job, backend, auto_resume=auto_resume, context=context), watch=watch, echo=echo,
                     show_state=show_state)
+
+
+def spawn_watcher(run: str, *, auto_resume: bool, wait_s: float = 20.0) -> int:
+    """Start a watcher of ``run`` that outlives this process (its own session, its lines in the
+    run folder's watcher log), and wait until it holds the lease. Returns its pid."""
+    import subprocess
+    import sys
+
+    store = open_store(run)
+    log = store.watcher_log()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "orchestrator.watcher", run] + (["--auto-resume"] if auto_resume else [])
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        lease = store.lease()
+        if lease is not None and lease.pid == proc.pid:
+            return proc.pid
+        if proc.poll() is not None:
+            tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-3:]
+            raise WmctlError(f"the watcher of {run} exited at once (exit {proc.returncode}): " + " | ".join(tail),
+                             hint=f"see {log}; `wmctl watch {run} --auto-resume` watches in the foreground")
+        time.sleep(0.05)
+    return proc.pid
 
 
 def _clear_the_name(store: RunStore, engine: Backend[Any], echo: Echo) -> None:
@@ -185,13 +218,15 @@ def _clear_the_name(store: RunStore, engine: Backend[Any], echo: Echo) -> None:
 def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any], *, watch: bool, echo: Echo,
                show_state: Callable[..., None] | None, first_plan: Plan[Any] | None = None) -> int:
     try:
-        store.acquire_watcher()
+        note = store.acquire_watcher()
+        if note:
+            echo(f"note: {note}")
         try:
             sup = Supervisor(job.spec, job.profile, engine, store, record, auto_resume=record.auto_resume,
                              echo=echo, show_state=show_state, first_plan=first_plan)
             if not watch:
                 rec = sup.current_or_new_attempt()
-                echo(f"submitted {job.spec.name} attempt {rec.attempt}; follow it with `wmctl watch {job.spec.name}`")
+                echo(f"submitted {job.spec.name} attempt {rec.attempt}")
                 return 0
             return sup.run().exit_code
         finally:
@@ -206,8 +241,15 @@ def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any
 
 def watch(run: str, *, auto_resume: bool | None, echo: Echo, show_state: Callable[..., None] | None = None) -> int:
     """Supervise a recorded run from where it is (adopting a running attempt)."""
+    from .supervisor import resumable_unwatched, take_up_unwatched
+
     store = open_store(run)
     record = store.load()
+    if auto_resume and resumable_unwatched(record):
+        job, notes = job_of(record)
+        take_up_unwatched(record, job.spec, backends.backend_class(record.backend).places_nodes)
+        echo(f"run {run} failed while nobody watched it ({record.attempts[-1].outcome}); resuming it")
+        store.save(record)
     if record.status != "running":
         echo(record.final_report or f"run {run} already {record.status}")
         return {"succeeded": 0, "cancelled": RunCancelled.exit_code}.get(record.status, RunFailed.exit_code)
@@ -229,26 +271,81 @@ def ref_of(record: RunRecord, attempt: int) -> AttemptRef:
     return AttemptRef(record.backend, record.run, attempt, record.namespace)
 
 
-def status(run: str) -> RunRecord:
-    return open_store(run).load()
-
-
 @dataclass
-class RunListing:
+class RunView:
+    """A run as it is now: its record (reconciled with the backend when nobody watches it), and
+    who watches it."""
+
     run: str
     record: RunRecord | None
+    lease: Lease | None = None
     problem: str | None = None      # why the record could not be read
+    note: str | None = None         # what reconciling saw, or why it could not look
+
+    @property
+    def watcher(self) -> str:
+        return self.lease.describe() if self.lease else "unwatched"
 
 
-def runs() -> list[RunListing]:
-    """Every run recorded here; a damaged record is listed with its problem, never raised."""
+def status(run: str, *, reconcile: bool = True) -> RunView:
+    """The run's record and watcher. A record that says running while no watcher holds the lease
+    is checked against where the run lives, and its true end recorded."""
+    store = open_store(run)
+    record = store.load()
+    lease = store.lease()
+    note = None
+    if reconcile and lease is None and record.status == "running":
+        record, note = _reconcile(store, record)
+        lease = store.lease()
+    return RunView(run, record, lease, note=note)
+
+
+def _reconcile(store: RunStore, record: RunRecord) -> tuple[RunRecord, str | None]:
+    from .supervisor import reconcile
+
+    try:
+        store.acquire_watcher()     # no watcher may start (and decide) while this one looks
+    except WmctlError:
+        return store.load(), None   # a watcher started meanwhile: its record is the truth
+    try:
+        record = store.load()
+        engine = engine_of(record)
+        try:
+            if reconcile(record, engine):
+                store.save(record)
+        finally:
+            engine.close()
+    except EngineUnavailable as exc:
+        return record, f"could not check the run on {record.backend}: {exc.message}"
+    finally:
+        store.release_watcher()
+    return record, None
+
+
+def runs() -> list[RunView]:
+    """Every run recorded here, reconciled like ``status``; a damaged record is listed with its
+    problem, never raised."""
     out = []
     for run in list_runs():
         try:
-            out.append(RunListing(run, open_store(run).load()))
+            out.append(status(run))
         except RunNotFound as exc:
-            out.append(RunListing(run, None, exc.message))
+            out.append(RunView(run, None, problem=exc.message))
     return out
+
+
+def watcher_log(run: str) -> Iterator[str]:
+    """What a detached watcher of ``run`` printed."""
+    store = open_store(run)
+    store.load()
+    path = store.watcher_log()
+    if not path.exists():
+        raise RunNotFound(f"run {run} has no watcher log ({path})",
+                          hint="only a watcher started by `wmctl submit --detach --auto-resume` writes one; "
+                               "a foreground watcher prints to its terminal")
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            yield line.rstrip("\n")
 
 
 def logs(run: str, *, node: int = 0, attempt: int | None = None, follow: bool = False) -> Iterator[str]:

@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import shutil
+import socket
 import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field, fields
@@ -22,6 +23,12 @@ from typing import IO, Any
 
 from . import layout
 from .errors import RecordDamaged, RunNotFound, WmctlError
+
+# The watcher lease: a live watcher beats every LEASE_BEAT_S; on this host its flock is the proof
+# of life, and a lease from another host (a shared run folder) is live while its beat is younger
+# than LEASE_STALE_S. A stale lease is taken over; a live one is refused.
+LEASE_BEAT_S = 5.0
+LEASE_STALE_S = 60.0
 
 # Version 1 records (before the resolved spec was kept) carry no "version" key.
 RECORD_VERSION = 2
@@ -76,6 +83,28 @@ class RunRecord:
         return cls(**{k: v for k, v in data.items() if k in known}, attempts=attempts)
 
 
+@dataclass(frozen=True)
+class Lease:
+    """Who watches a run: the process, its host, when it started and last beat."""
+
+    pid: int
+    host: str
+    started: float
+    beat: float
+
+    def age(self, now: float | None = None) -> float:
+        return max(0.0, (time.time() if now is None else now) - self.beat)
+
+    def describe(self, now: float | None = None) -> str:
+        who = f"{self.pid}@{self.host}" if self.pid else f"a process on {self.host}"
+        return f"watched by {who} (beat {self.age(now):.0f}s ago)"
+
+    @classmethod
+    def mine(cls, started: float | None = None) -> "Lease":
+        now = time.time()
+        return cls(os.getpid(), socket.gethostname(), started or now, now)
+
+
 class RunStore(ABC):
     """Where one run's state is kept."""
 
@@ -95,12 +124,25 @@ class RunStore(ABC):
         """Replace the record, atomically: a reader sees the old one or the new one."""
 
     @abstractmethod
-    def acquire_watcher(self) -> None:
-        """Become the only watcher of this run, or raise naming the one that is."""
+    def acquire_watcher(self) -> str | None:
+        """Become the only watcher of this run, or raise naming the one that is. Returns a note
+        when a stale lease (a watcher that died on another host) was taken over."""
 
     @abstractmethod
     def release_watcher(self) -> None:
         """Give the watcher lease up (idempotent)."""
+
+    @abstractmethod
+    def beat(self) -> None:
+        """The watcher is alive (cheap to call often: written at most every LEASE_BEAT_S)."""
+
+    @abstractmethod
+    def lease(self) -> Lease | None:
+        """The live watcher's lease, or None when nobody watches the run."""
+
+    @abstractmethod
+    def watcher_log(self) -> Path:
+        """Where a detached watcher writes its lines."""
 
     @abstractmethod
     def archive_log(self, attempt: int, node: int, data: bytes) -> None:
@@ -119,9 +161,9 @@ class RunStore(ABC):
     def cancel_intent(self) -> dict[str, Any] | None:
         """The recorded cancel intent (time, by, graceful), or None."""
 
-    @abstractmethod
     def watched(self) -> bool:
         """Does a live watcher hold this run's lease?"""
+        return self.lease() is not None
 
     @abstractmethod
     def append_metric(self, event: dict[str, Any]) -> None:
@@ -145,6 +187,7 @@ class LocalRunStore(RunStore):
         self.dir = layout.run_dir(run, self.home)
         self.path = self.dir / layout.RECORD_FILE
         self._lock_fh: IO[str] | None = None
+        self._lease: Lease | None = None
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -172,27 +215,89 @@ class LocalRunStore(RunStore):
         self.dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path, json.dumps(asdict(record), indent=1))
 
-    def acquire_watcher(self) -> None:
+    def acquire_watcher(self) -> str | None:
+        if self._lock_fh is not None:
+            return None             # held by this store already (submit takes it before the record exists)
         self.dir.mkdir(parents=True, exist_ok=True)
         fh = open(self.dir / layout.WATCHER_LOCK, "a+")
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            fh.seek(0)
-            holder = fh.read().strip() or "another process"
             fh.close()
-            raise WmctlError(f"run {self.run!r} is already being watched by {holder}",
+            held = self._read_lease()
+            holder = held.describe() if held else "another process on this host"
+            raise WmctlError(f"run {self.run!r} is already {holder}" if held else
+                             f"run {self.run!r} is already watched by {holder}",
                              hint="stop that watcher first, or use `wmctl status` to look without acting") from None
-        fh.seek(0)
-        fh.truncate()
-        fh.write(f"pid {os.getpid()}")
-        fh.flush()
+        note = None
+        held = self._read_lease()
+        if held is not None and held.host != socket.gethostname():
+            # The flock proves nothing across hosts (a run folder on shared storage): the beat does.
+            if held.age() < LEASE_STALE_S:
+                fh.close()
+                raise WmctlError(f"run {self.run!r} is already {held.describe()}",
+                                 hint="stop that watcher first (on its host), or use `wmctl status` to look "
+                                      f"without acting; its lease goes stale {LEASE_STALE_S:.0f} s after its last beat")
+            note = f"took over the stale lease of {held.pid}@{held.host} (last beat {held.age():.0f}s ago)"
         self._lock_fh = fh
+        self._lease = Lease.mine()
+        self._write_lease(self._lease)
+        return note
 
     def release_watcher(self) -> None:
         if self._lock_fh is not None:
+            held = self._read_lease()
+            mine = self._lease
+            if held is not None and mine is not None and (held.pid, held.host) == (mine.pid, mine.host):
+                try:
+                    (self.dir / layout.WATCHER_LEASE).unlink()
+                except FileNotFoundError:
+                    pass
             self._lock_fh.close()
             self._lock_fh = None
+            self._lease = None
+
+    def beat(self) -> None:
+        if self._lease is None or time.time() - self._lease.beat < LEASE_BEAT_S:
+            return
+        self._lease = Lease.mine(started=self._lease.started)
+        self._write_lease(self._lease)
+
+    def lease(self) -> Lease | None:
+        if self._lease is not None:
+            return self._lease
+        held = self._read_lease()
+        if held is not None and held.host != socket.gethostname():
+            return held if held.age() < LEASE_STALE_S else None
+        if not self._flock_held():
+            return None
+        now = time.time()
+        return held or Lease(0, socket.gethostname(), now, now)   # locked, lease not written yet
+
+    def watcher_log(self) -> Path:
+        return self.dir / layout.WATCHER_LOG
+
+    def _flock_held(self) -> bool:
+        path = self.dir / layout.WATCHER_LOCK
+        if not path.exists():
+            return False
+        with open(path, "a+") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            return False
+
+    def _read_lease(self) -> Lease | None:
+        try:
+            data = json.loads((self.dir / layout.WATCHER_LEASE).read_text(encoding="utf-8"))
+            return Lease(int(data["pid"]), str(data["host"]), float(data["started"]), float(data["beat"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _write_lease(self, lease: Lease) -> None:
+        write_atomic(self.dir / layout.WATCHER_LEASE, json.dumps(asdict(lease)))
 
     def archive_log(self, attempt: int, node: int, data: bytes) -> None:
         path = layout.node_log(self.run, attempt, node, self.home)
@@ -223,20 +328,6 @@ class LocalRunStore(RunStore):
             # Written atomically, so unreadable means edited by hand: still an intent to cancel.
             return {"time": time.time(), "by": "an unreadable cancel file", "graceful": False}
         return data if isinstance(data, dict) else {"time": time.time(), "by": "?", "graceful": False}
-
-    def watched(self) -> bool:
-        if self._lock_fh is not None:
-            return True
-        path = self.dir / layout.WATCHER_LOCK
-        if not path.exists():
-            return False
-        with open(path, "a+") as fh:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(fh, fcntl.LOCK_UN)
-            return False
 
     def append_metric(self, event: dict[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
-"""`wmctl status RUN`: attempts, failures, last step and checkpoint."""
+"""`wmctl status RUN`: attempts, failures, last step and checkpoint, and who watches the run."""
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict
 
 import click
@@ -15,14 +16,25 @@ from ..supervisor import steps_redone, summary
 @click.argument("run")
 @click.option("-o", "--output", type=click.Choice(["text", "yaml", "json"]), default="text", show_default=True)
 def command(run, output):
-    record = api.status(run)
+    view = api.status(run)
+    record = view.record
     if output == "text":
         click.echo(summary(record))
+        click.echo(f"  watcher: {view.watcher}")
+        if view.note:
+            click.echo(f"  note: {view.note}")
         return
-    data = {**asdict(record), "steps_redone": steps_redone(record)}
+    data = {**asdict(record), "steps_redone": steps_redone(record), "watcher": watcher_data(view)}
     data.pop("spec", None)      # the resolved spec is for watchers; `wmctl render` shows a plan
     if output == "json":
         click.echo(json.dumps(data, indent=2))
     else:
         import yaml
         click.echo(yaml.safe_dump(data, sort_keys=False))
+
+
+def watcher_data(view: api.RunView) -> dict:
+    if view.lease is None:
+        return {"state": "unwatched"}
+    return {"state": "watched", "pid": view.lease.pid, "host": view.lease.host,
+            "beat_age_s": round(view.lease.age(time.time()), 1)}

@@ -17,7 +17,8 @@ from ._common import backend_option, display_for, load, overrides_from, plan_doc
               help="Supervise the run after submitting (default: on with --auto-resume).")
 @click.option("--auto-resume", is_flag=True, help="On node failure, resubmit from the latest checkpoint.")
 @click.option("--context", "kube_context", default=None, help="Kubernetes context (kubeconfig).")
-@click.option("--detach", is_flag=True, help="Return after submitting; watch later with `wmctl watch RUN`.")
+@click.option("--detach", is_flag=True, help="Return after submitting. With --auto-resume a detached watcher "
+                                             "supervises the run (`wmctl logs RUN --watcher`).")
 def command(spec_path, set_flags, nodes, image_tag, vendor, namespace, backend, dry_run, output, watch,
             auto_resume, kube_context, detach):
 
@@ -28,6 +29,14 @@ def command(spec_path, set_flags, nodes, image_tag, vendor, namespace, backend, 
         click.echo(plan_document(request.plan, output), nl=False)
         return
     watching = (request.auto_resume if watch is None else watch) and not detach
+    run = job.spec.name
     with display_for(watching) as display:
         code = api.schedule(request, watch=watching, echo=display, show_state=display.state)
+        if code == 0 and not watching:
+            if request.auto_resume:
+                pid = api.spawn_watcher(run, auto_resume=True)
+                display(f"watcher {pid} supervises {run} with auto-resume; its lines: `wmctl logs {run} --watcher`")
+            else:
+                display(f"nothing will resume {run} if it fails (no watcher runs): `wmctl watch {run} --auto-resume` "
+                        "starts one; `wmctl status` shows where it stands")
     raise SystemExit(code)

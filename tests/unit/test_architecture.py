@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.cli", 7),
     ("orchestrator.commands", 7),
     ("orchestrator.api", 6),
+    ("orchestrator.watcher", 6),         # the detached watcher process: the library's watch
     ("orchestrator.supervisor", 5),
     ("orchestrator.display", 5),
     ("orchestrator.failures", 5),

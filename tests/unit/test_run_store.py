@@ -84,7 +84,94 @@ def test_a_damaged_record_is_reported_by_status_and_listed_by_list(home, content
     assert code == 6 and "damaged" in err and "mv " in err and "Traceback" not in err
     code, out, _ = run_main(["list"], capsys)
     assert code == 0
-    lines = out.splitlines()
-    assert any(line.startswith("good\tlocal\trunning") for line in lines)
-    assert any(line.startswith("bad\t-\tdamaged") for line in lines)
+    rows = [line.split() for line in out.splitlines()]
+    assert rows[0] == ["RUN", "BACKEND", "STATUS", "ATTEMPTS", "STEP", "WATCHER"]
+    # "good" says running, has no attempt and nobody watches it: the submitter died before submitting.
+    assert ["good", "local", "failed", "0", "-", "unwatched"] in rows
+    assert any(row[:3] == ["bad", "-", "damaged"] for row in rows)
     assert "None" not in out
+
+
+# ---- the watcher lease ------------------------------------------------------------------------
+
+LEASE_HOLDER = """
+import sys, time
+from orchestrator.state import LocalRunStore
+store = LocalRunStore(sys.argv[1])
+store.acquire_watcher()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def _hold_lease_in_another_process(run, tmp_path):
+    import subprocess
+    import sys
+    script = tmp_path / "hold.py"
+    script.write_text(LEASE_HOLDER)
+    proc = subprocess.Popen([sys.executable, str(script), run], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_watcher_is_refused_with_who_holds_the_lease(home, tmp_path):
+    import os
+    import socket
+    from orchestrator.errors import WmctlError
+    proc = _hold_lease_in_another_process("leased", tmp_path)
+    try:
+        store = LocalRunStore("leased")
+        lease = store.lease()
+        assert lease is not None and lease.pid == proc.pid and lease.host == socket.gethostname()
+        assert store.watched()
+        with pytest.raises(WmctlError) as err:
+            store.acquire_watcher()
+        assert f"watched by {proc.pid}@{socket.gethostname()} (beat " in err.value.message
+        assert lease.pid != os.getpid()
+    finally:
+        proc.kill()
+        proc.wait()
+    # The holder died: its flock went with it, so the lease is free, and taking it needs no note.
+    store = LocalRunStore("leased")
+    assert store.lease() is None and not store.watched()
+    assert store.acquire_watcher() is None
+    assert store.lease() is not None and store.lease().pid == os.getpid()
+    store.release_watcher()
+    assert store.lease() is None
+
+
+def _lease_from_another_host(store, age_s):
+    import time
+    from orchestrator.state import Lease
+    store.dir.mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    store._write_lease(Lease(4242, "other-host", now - 600, now - age_s))
+
+
+def test_a_live_lease_from_another_host_is_refused_and_a_stale_one_taken_over(home):
+    from orchestrator.errors import WmctlError
+    from orchestrator.state import LEASE_STALE_S
+    store = LocalRunStore("shared")
+    _lease_from_another_host(store, age_s=3)
+    assert store.lease() is not None and store.lease().host == "other-host"
+    with pytest.raises(WmctlError) as err:
+        store.acquire_watcher()
+    assert "watched by 4242@other-host (beat 3s ago)" in err.value.message
+    _lease_from_another_host(store, age_s=LEASE_STALE_S + 5)
+    assert store.lease() is None
+    note = store.acquire_watcher()
+    assert note is not None and "took over the stale lease of 4242@other-host" in note
+    store.release_watcher()
+
+
+def test_the_watcher_beats_its_lease(home, monkeypatch):
+    import orchestrator.state as state
+    store = LocalRunStore("beating")
+    store.acquire_watcher()
+    first = store._read_lease()
+    monkeypatch.setattr(state, "LEASE_BEAT_S", 0.0)
+    store.beat()
+    second = store._read_lease()
+    assert first is not None and second is not None
+    assert second.beat > first.beat and second.started == first.started
+    store.release_watcher()

@@ -1,0 +1,35 @@
+"""A detached watcher: ``python -m orchestrator.watcher RUN [--auto-resume]``.
+
+`wmctl submit --detach --auto-resume` starts it in a session of its own, its output appended to
+the run folder's ``watcher.log`` (``wmctl logs RUN --watcher``). It is the library's watch with
+ISO 8601 timestamped lines; it outlives the shell that submitted the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from . import api
+from .errors import WmctlError
+
+
+def _line(text: str) -> None:
+    print(f"[{time.strftime('%Y-%m-%dT%H:%M:%S%z')}] {text}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.watcher")
+    parser.add_argument("run")
+    parser.add_argument("--auto-resume", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        return api.watch(args.run, auto_resume=True if args.auto_resume else None, echo=_line)
+    except WmctlError as exc:
+        _line(f"error: {exc}")
+        return exc.exit_code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
