@@ -8,6 +8,7 @@ the job to fail on its own wastes the cluster.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -15,10 +16,29 @@ from typing import Any, Callable
 from . import failures as F
 from .backends import base as b
 from .errors import EngineUnavailable, RunCancelled, RunFailed
+from .layout import run_dir
 from .plan import AttemptContext, Plan
+from .runtime.protocol import ENV_TEST_PAUSE_AT
 from .state import AttemptRecord, RunRecord, RunStore
 
 POLL_INTERVAL_S = 0.25
+
+# The phases a test can hold open (WMCTL_TEST_PAUSE_AT=<phase>) to cancel a run inside them.
+SUBMITTING, STARTING, TEARDOWN = "submitting", "starting", "teardown"
+PAUSE_LIMIT_S = 300.0
+
+
+def pause_point(run: str, phase: str, sleep: Callable[[float], None] = time.sleep) -> None:
+    """Test hook: with WMCTL_TEST_PAUSE_AT=<phase>, create ``pause-<phase>`` in the run folder and
+    wait while it exists (a test removes it to let the watcher go on). A no-op otherwise."""
+    if os.environ.get(ENV_TEST_PAUSE_AT) != phase:
+        return
+    marker = run_dir(run) / f"pause-{phase}"
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(str(os.getpid()))
+    deadline = time.monotonic() + PAUSE_LIMIT_S
+    while marker.exists() and time.monotonic() < deadline:
+        sleep(0.05)
 
 
 @dataclass
@@ -130,17 +150,27 @@ class Supervisor:
             teardown_started = self.clock()
             self.backend.cancel(ref)
             rec.timings["teardown_s"] = round(self.clock() - teardown_started, 3)
+            pause_point(self.spec.name, TEARDOWN)
             rec.timings["detect_s"] = round(max(0.0, teardown_started - failure.time), 3)
             # A backend on one host (local, Docker) retries in place: "elsewhere" would be a promise it cannot keep.
             decision = F.decide(failure, retry_on_oom=self.spec.restart.retry_on_oom,
                                 exclude_failed_nodes=self.spec.restart.exclude_failed_nodes
                                 and self.backend.places_nodes)
             self._record_failure(rec, tracker, failure, decision)
+            if failure.kind != F.CANCELLED and self._cancelled() is not None:
+                self.echo(f"attempt {rec.attempt} failed: {failure.describe()} -> torn down; a cancel arrived "
+                          "meanwhile: nothing more is submitted")
+                late_cancel = self._cancelled()
+                assert late_cancel is not None
+                return self._finish(rec, tracker, "cancelled", f"run {self.spec.name} {late_cancel.evidence}",
+                                    RunCancelled.exit_code)
             ended = "was cancelled" if failure.kind == F.CANCELLED else f"failed: {failure.describe()}"
             self.echo(f"attempt {rec.attempt} {ended} -> torn down in {rec.timings['teardown_s']:.2f} s; "
                       f"decision: {decision}")
             if failure.kind == F.CANCELLED:
-                return self._finish(rec, tracker, "cancelled", f"run {self.spec.name} {failure.evidence}",
+                kept = (f"; its newest checkpoint is step {tracker.last_checkpoint_step}"
+                        if tracker.last_checkpoint_step is not None else "")
+                return self._finish(rec, tracker, "cancelled", f"run {self.spec.name} {failure.evidence}{kept}",
                                     RunCancelled.exit_code)
             stop = self._why_stop(rec, failure, decision)
             if stop:
@@ -162,6 +192,17 @@ class Supervisor:
         how = " gracefully" if intent.get("graceful") else ""
         return F.Failure(F.CANCELLED, None, None, float(intent.get("time") or self.clock()),
                          f"cancelled{how} by {intent.get('by') or 'the user'}")
+
+    def _graceful_wait(self, cancelled: F.Failure, tracker: AttemptTracker, now: float) -> bool:
+        """A graceful cancel sent SIGTERM: keep watching (the job saves its checkpoint and exits)
+        until every node has ended or the grace period is over; then the teardown is final."""
+        intent = self.store.cancel_intent() or {}
+        if not intent.get("graceful"):
+            return False
+        if tracker.nodes and b.Observation([], tracker.nodes).finished:
+            return False
+        grace = float(self.spec.kubernetes.termination_grace_period_s)
+        return now < cancelled.time + grace
 
     def _wait(self, seconds: float) -> None:
         """Sleep, waking early for a cancel."""
@@ -189,11 +230,12 @@ class Supervisor:
     def _watch(self, ref: b.AttemptRef, rec: AttemptRecord) -> tuple[AttemptTracker, F.Failure | None]:
         tracker = AttemptTracker(started_at=rec.submitted_at)
         timeout = self.spec.restart.heartbeat_timeout_s
+        pause_point(self.spec.name, STARTING)
         while True:
             now = self.clock()
             self.store.beat()
             cancelled = self._cancelled()
-            if cancelled is not None:
+            if cancelled is not None and not self._graceful_wait(cancelled, tracker, now):
                 return tracker, cancelled
             obs = self._poll(ref, tracker, now)
             if obs is None:
@@ -212,6 +254,9 @@ class Supervisor:
             if tracker.first_step_at and "first_step_s" not in rec.timings:
                 rec.timings["first_step_s"] = round(tracker.first_step_at - rec.submitted_at, 3)
                 self._sync(rec, tracker)
+            if cancelled is not None:     # a graceful cancel: only the nodes' end (or the grace period's) counts
+                self.sleep(self.poll_interval)
+                continue
             failure = tracker.failure(now, timeout)
             if failure is not None:
                 return tracker, failure
@@ -298,6 +343,10 @@ class Supervisor:
             self.store.save(self.record)      # recorded before submitting: a restart adopts, never duplicates
         ctx = AttemptContext(attempt=attempt, excluded_nodes=tuple(excluded), resume=attempt > 0 or self.auto_resume,
                              parent=parent.attempt if parent else None)
+        pause_point(self.spec.name, SUBMITTING)
+        if self._cancelled() is not None:
+            self.echo(f"attempt {attempt} not submitted: the run was cancelled")
+            return rec
         started = self.clock()
         plan, self._first_plan = self._first_plan, None
         if plan is None or plan.attempt != attempt or plan.context != ctx:

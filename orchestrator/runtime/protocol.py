@@ -48,6 +48,7 @@ ENV_LOCAL_TAG = "WMCTL_LOCAL_TAG"          # local backend: marks every process 
 ENV_CACHE_DIR = "WMCTL_CACHE_DIR"          # where the runtime wheel is cached
 ENV_RUNTIME_WHEEL = "WMCTL_RUNTIME_WHEEL"  # a prebuilt runtime wheel to put in images
 ENV_TEST_SLEEP_BEFORE_COMMIT = "WMCTL_TEST_SLEEP_BEFORE_COMMIT"  # tests: widen the torn-commit window
+ENV_TEST_PAUSE_AT = "WMCTL_TEST_PAUSE_AT"  # tests: the watcher holds this phase open (supervisor.pause_point)
 
 
 def format_progress(event: str, **fields: Any) -> str:

@@ -1,0 +1,245 @@
+"""The run lifecycle on the local backend, with real processes: cancel in every phase with the
+watcher in another process, two watchers, a detached watcher, and runs nobody watches.
+
+Each test asserts the final state, the exit codes, and that no attempt was submitted twice
+(each attempt folder exists once, and the record lists each attempt once)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from . import harness as h
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("wmctl-life")
+
+
+def wmctl(home, *args, timeout=120):
+    env = {**os.environ, "WMCTL_HOME": str(home), "PYTHONPATH": str(h.REPO)}
+    env.pop("WMCTL_TEST_PAUSE_AT", None)
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout, cwd=str(h.REPO))
+
+
+def cancel_in_background(home, run, *extra):
+    env = {**os.environ, "WMCTL_HOME": str(home), "PYTHONPATH": str(h.REPO)}
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "cancel", run, *extra], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(h.REPO))
+
+
+def submitted_attempts(home, run) -> list[int]:
+    rec = h.record(home, run)
+    numbers = [a["attempt"] for a in rec["attempts"]]
+    assert len(numbers) == len(set(numbers)), f"an attempt was recorded twice: {numbers}"
+    return numbers
+
+
+def attempt_folders(home, run) -> list[str]:
+    return sorted(p.name for p in h.run_folder(home, run).glob("attempt-*"))
+
+
+def pause_marker(home, run, phase):
+    return h.run_folder(home, run) / f"pause-{phase}"
+
+
+def held_watch(home, run, phase, **spec_kw):
+    """A watcher in another process, held open at ``phase`` by the test hook."""
+    spec = h.write_spec(home, run, **spec_kw)
+    os.environ["WMCTL_TEST_PAUSE_AT"] = phase
+    try:
+        w = h.Watch(spec, home)
+    finally:
+        del os.environ["WMCTL_TEST_PAUSE_AT"]
+    marker = pause_marker(home, run, phase)
+    h.wait_until(marker.exists, 120, f"the watcher to reach {phase}")
+    return w, marker
+
+
+def cancel_while_held(home, run, marker):
+    """Cancel from another process while the watcher is held; let the watcher go once the intent
+    is recorded (the cancel waits for the watcher to end the run)."""
+    proc = cancel_in_background(home, run)
+    h.wait_until((h.run_folder(home, run) / "cancel.json").exists, 60, "the cancel intent")
+    marker.unlink()
+    out, _ = proc.communicate(timeout=120)
+    return proc.returncode, out
+
+
+def assert_cancelled(home, run, w, attempts):
+    assert w.wait(timeout=120) == 8, w.output
+    rec = h.record(home, run)
+    assert rec["status"] == "cancelled", rec
+    assert submitted_attempts(home, run) == attempts
+    assert not h.leftover_processes(run)
+    assert "cancelled" in rec["final_report"]
+
+
+def test_cancel_while_submitting_submits_nothing(home):
+    run = "c-submitting"
+    w, marker = held_watch(home, run, "submitting", nodes=1, steps=400)
+    code, out = cancel_while_held(home, run, marker)
+    assert code == 0, out
+    assert_cancelled(home, run, w, [0])
+    assert attempt_folders(home, run) == [], "attempt 0 was submitted after the cancel"
+    assert "not submitted: the run was cancelled" in w.output
+
+
+def test_cancel_while_starting_tears_the_attempt_down(home):
+    run = "c-starting"
+    w, marker = held_watch(home, run, "starting", nodes=2, steps=400)
+    code, out = cancel_while_held(home, run, marker)
+    assert code == 0, out
+    assert_cancelled(home, run, w, [0])
+    assert attempt_folders(home, run) == ["attempt-0"]
+
+
+def test_cancel_during_the_backoff_wait_submits_nothing_more(home):
+    run = "c-backoff"
+    spec = h.write_spec(home, run, nodes=2, steps=400, restart={"backoff": "60s"})
+    w = h.Watch(spec, home)
+    h.wait_checkpoint(home, run, 0, 5)
+    assert h.kill_node(run, 0, 1) > 0
+    h.wait_until(lambda: "backing off 60 s" in w.output, 60, "the backoff")
+    started = time.monotonic()
+    cancel = wmctl(home, "cancel", run)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert_cancelled(home, run, w, [0])
+    assert time.monotonic() - started < 30, "the watcher slept out its backoff instead of waking for the cancel"
+    assert attempt_folders(home, run) == ["attempt-0"]
+    assert h.record(home, run)["attempts"][0]["outcome"] == "node_lost"
+
+
+def test_cancel_during_the_teardown_of_a_failed_attempt_submits_nothing_more(home):
+    run = "c-teardown"
+    marker = pause_marker(home, run, "teardown")
+    spec = h.write_spec(home, run, nodes=2, steps=400)
+    os.environ["WMCTL_TEST_PAUSE_AT"] = "teardown"
+    try:
+        w = h.Watch(spec, home)
+    finally:
+        del os.environ["WMCTL_TEST_PAUSE_AT"]
+    h.wait_checkpoint(home, run, 0, 5)
+    assert h.kill_node(run, 0, 1) > 0
+    h.wait_until(marker.exists, 60, "the teardown")
+    code, out = cancel_while_held(home, run, marker)
+    assert code == 0, out
+    assert_cancelled(home, run, w, [0])
+    assert attempt_folders(home, run) == ["attempt-0"]
+
+
+def test_graceful_cancel_waits_for_the_checkpoint_then_ends_cancelled(home):
+    run = "c-graceful"
+    spec = h.write_spec(home, run, nodes=2, steps=400, every=1000)   # no periodic checkpoint
+    w = h.Watch(spec, home)
+    h.wait_step(home, run, 0, 3)
+    cancel = wmctl(home, "cancel", run, "--graceful")
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert_cancelled(home, run, w, [0])
+    events = h.progress(home, run, 0)
+    saved = [p["step"] for p in events if p["event"] == "checkpoint"]
+    assert saved, "SIGTERM did not get its checkpoint before the teardown"
+    assert any(p["event"] == "preempted" for p in events)
+    rec = h.record(home, run)
+    assert f"newest checkpoint is step {saved[-1]}" in rec["final_report"]
+    assert "gracefully" in rec["final_report"]
+
+
+def test_a_second_watcher_is_refused_naming_the_first(home):
+    run = "two-watchers"
+    spec = h.write_spec(home, run, nodes=1, steps=400)
+    w = h.Watch(spec, home)
+    h.wait_step(home, run, 0, 1)
+    second = wmctl(home, "watch", run, "--auto-resume")
+    assert second.returncode != 0 and "Traceback" not in second.stderr
+    assert f"watched by {w.proc.pid}@" in second.stderr
+    status = wmctl(home, "status", run)
+    assert f"watcher: watched by {w.proc.pid}@" in status.stdout
+    assert wmctl(home, "cancel", run).returncode == 0
+    assert_cancelled(home, run, w, [0])
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "app_error", "killed", "cancelled", "running"])
+def test_status_of_a_run_nobody_watches_is_the_truth(home, outcome):
+    run = f"unwatched-{outcome.replace('_', '-')}"
+    args = {"succeeded": {"steps": 10}, "app_error": {"steps": 400, "job_args": ["--fail-at", "3"]},
+            "killed": {"steps": 400}, "cancelled": {"steps": 400}, "running": {"steps": 4000}}[outcome]
+    spec = h.write_spec(home, run, nodes=2, **args)
+    sub = wmctl(home, "submit", str(spec))
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    assert f"nothing will resume {run}" in sub.stdout
+    expected = {"succeeded": "succeeded", "app_error": "failed", "killed": "failed", "cancelled": "cancelled",
+                "running": "running"}[outcome]
+    if outcome == "killed":
+        h.wait_step(home, run, 0, 2)
+        assert h.kill_node(run, 0, 0) > 0
+    elif outcome == "cancelled":
+        h.wait_step(home, run, 0, 2)
+        assert wmctl(home, "cancel", run).returncode == 0
+    elif outcome == "running":
+        h.wait_step(home, run, 0, 2)
+
+    def settled():
+        return json.loads(wmctl(home, "status", run, "-o", "json").stdout)["status"] == expected
+    h.wait_until(settled, 120, f"status {expected}")
+    status = wmctl(home, "status", run)
+    assert status.returncode == 0 and "None" not in status.stdout
+    assert "watcher: unwatched" in status.stdout
+    data = json.loads(wmctl(home, "status", run, "-o", "json").stdout)
+    assert data["watcher"] == {"state": "unwatched"}
+    attempt = data["attempts"][0]
+    want_outcome = {"succeeded": "succeeded", "app_error": "app_error", "killed": "node_lost",
+                    "cancelled": "cancelled", "running": None}[outcome]
+    assert attempt["outcome"] == want_outcome, data
+    listing = [line.split() for line in wmctl(home, "list").stdout.splitlines()]
+    assert [run, "local", expected] == next(r[:3] for r in listing if r[0] == run)
+    assert submitted_attempts(home, run) == [0]
+    if outcome == "killed":
+        assert "wmctl watch" in data["final_report"] and "--auto-resume" in data["final_report"]
+    if outcome == "running":
+        assert wmctl(home, "cancel", run).returncode == 0
+    h.wait_until(lambda: not h.leftover_processes(run), 60, "no processes left")
+
+
+def test_a_killed_unwatched_run_is_resumed_by_a_later_watcher(home):
+    run = "unwatched-resumed"
+    spec = h.write_spec(home, run, nodes=2, steps=60)
+    assert wmctl(home, "submit", str(spec)).returncode == 0
+    h.wait_checkpoint(home, run, 0, 5)
+    assert h.kill_node(run, 0, 1) > 0
+    h.wait_until(lambda: json.loads(wmctl(home, "status", run, "-o", "json").stdout)["status"] == "failed",
+                 60, "status failed")
+    w = h.Watch(spec, home, run, "--auto-resume", command="watch")
+    assert w.wait(timeout=240) == 0, w.output
+    assert "failed while nobody watched it (node_lost); resuming it" in w.output
+    rec = h.record(home, run)
+    assert rec["status"] == "succeeded", w.output
+    assert submitted_attempts(home, run) == [0, 1]
+    assert rec["attempts"][1]["resumed_from_step"] is not None
+
+
+def test_detach_with_auto_resume_starts_a_watcher_that_resumes(home):
+    run = "detached"
+    spec = h.write_spec(home, run, nodes=2, steps=60)
+    sub = wmctl(home, "submit", str(spec), "--detach", "--auto-resume")
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    assert f"wmctl logs {run} --watcher" in sub.stdout
+    status = wmctl(home, "status", run)
+    assert "watcher: watched by " in status.stdout, status.stdout
+    h.wait_checkpoint(home, run, 0, 5)
+    assert h.kill_node(run, 0, 1) > 0
+    h.wait_until(lambda: h.record(home, run)["status"] == "succeeded", 240, "the detached watcher to finish")
+    assert submitted_attempts(home, run) == [0, 1]
+    log = wmctl(home, "logs", run, "--watcher")
+    assert log.returncode == 0
+    assert "attempt 0 failed: node_lost" in log.stdout and f"run {run} succeeded on attempt 1" in log.stdout
+    assert "watcher: unwatched" in wmctl(home, "status", run).stdout
