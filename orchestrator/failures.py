@@ -7,6 +7,7 @@ over that exit, because survivors of a lost peer die with ordinary error codes.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .backends import base as b
@@ -120,3 +121,110 @@ def decide(failure: Failure, *, retry_on_oom: bool = False, exclude_failed_nodes
     if decision == RETRY_ELSEWHERE and not exclude_failed_nodes:
         decision = RETRY
     return decision
+
+
+# ---- the failing rank's own words ------------------------------------------------------------
+
+# What an exit code means when the job said nothing (torchrun reports workers' codes; negative
+# ones are signals).
+EXIT_MEANINGS = {
+    127: "command not found", 126: "command found but not executable",
+    137: "killed (SIGKILL) from outside the job, with no OOM evidence", -9: "killed (SIGKILL) from outside the job, "
+    "with no OOM evidence", 139: "segmentation fault", -11: "segmentation fault", 134: "aborted (SIGABRT)",
+    -6: "aborted (SIGABRT)", 135: "bus error (SIGBUS: often /dev/shm too small)", -7: "bus error (SIGBUS: often "
+    "/dev/shm too small)",
+}
+ERROR_LINES = 8                  # traceback lines kept in the record: the last frames and the error
+
+_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:(?: ?)")
+_ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+_LAUNCHER = ("/torch/distributed/", "/orchestrator/runtime/affinity.py", "/bin/torchrun")
+
+
+@dataclass(frozen=True)
+class JobError:
+    """The first failing rank's own error, found in its node's output."""
+
+    summary: str                 # one line for the watch line and the report
+    lines: tuple[str, ...]       # the end of its traceback (frames and the exception), or ()
+    rank: int | None = None
+    exit_code: int | None = None
+
+
+def job_error(lines: list[str]) -> JobError | None:
+    """Read a failed node's output (torchrun's and its workers'): the root-cause rank and exit
+    code from torchrun's report, that rank's traceback (not the launcher's), wmctl-bind's own
+    error (command not found), or the exit code's meaning. None when it holds none of these."""
+    root_rank = root_exit = None
+    in_root = False
+    for line in lines:
+        if "Root Cause (first observed failure)" in line:
+            in_root = True
+        elif in_root and root_rank is None and (m := _ROOT_RANK.match(line)):
+            root_rank = int(m.group(1))
+        elif in_root and root_exit is None and (m := _ROOT_EXIT.match(line)):
+            root_exit = int(m.group(1))
+    blocks = _tracebacks(lines)
+    user = [blk for blk in blocks if not _launcher_only(blk[1])]
+    pick = next((blk for blk in reversed(user) if root_rank is not None and blk[0] == root_rank), None)
+    pick = pick or (user[-1] if user else None)
+    if pick is not None:
+        rank, body = pick
+        frames = [i for i, text in enumerate(body) if _FRAME.match(text)]
+        tail = body[frames[-3] if len(frames) >= 3 else (frames[0] if frames else 0):]
+        tail = tail[-ERROR_LINES:]
+        where = ""
+        user_frames = [m for m in (_FRAME.match(body[i]) for i in frames) if m and not _is_launcher(m.group(1))]
+        if user_frames:
+            where = f' (File "{user_frames[-1].group(1).rsplit("/", 1)[-1]}", line {user_frames[-1].group(2)})'
+        who = f"rank {rank}: " if rank is not None else (f"rank {root_rank}: " if root_rank is not None else "")
+        return JobError(f"{who}{body[-1].strip()}{where}", tuple(tail), rank if rank is not None else root_rank,
+                        root_exit)
+    bind = [text for text in map(_strip, lines) if text.startswith("wmctl-bind: error:")]
+    if bind:
+        what = bind[-1].strip().removeprefix("wmctl-bind: error: ")
+        code = f" (exit {root_exit})" if root_exit is not None else ""
+        who = f"rank {root_rank}: " if root_rank is not None else ""
+        return JobError(f"{who}{what}{code}", (), root_rank, root_exit)
+    if root_exit is not None and root_exit in EXIT_MEANINGS:
+        who = f"rank {root_rank} " if root_rank is not None else ""
+        return JobError(f"{who}exit {root_exit}: {EXIT_MEANINGS[root_exit]}", (), root_rank, root_exit)
+    return None
+
+
+def _strip(line: str) -> str:
+    return _PREFIX.sub("", line, count=1)
+
+
+def _tracebacks(lines: list[str]) -> list[tuple[int | None, list[str]]]:
+    """Every Python traceback in the output, with the rank its lines are prefixed with."""
+    out: list[tuple[int | None, list[str]]] = []
+    current: list[str] | None = None
+    rank: int | None = None
+    for raw in lines:
+        m = _PREFIX.match(raw)
+        text = _strip(raw)
+        if text.startswith("Traceback (most recent call last):"):
+            current, rank = [], int(m.group(1)) if m else None
+            continue
+        if current is None:
+            continue
+        if text[:1] in (" ", "\t") or not text.strip():
+            current.append(text)
+            continue
+        current.append(text)         # the exception line ends the block
+        out.append((rank, current))
+        current = None
+    return out
+
+
+def _is_launcher(path: str) -> bool:
+    return any(part in path for part in _LAUNCHER)
+
+
+def _launcher_only(body: list[str]) -> bool:
+    """The launcher's own traceback (torchrun's ChildFailedError, wmctl-bind), not the job's."""
+    files = [m.group(1) for m in map(_FRAME.match, body) if m]
+    return "ChildFailedError" in body[-1] or (bool(files) and all(_is_launcher(f) for f in files))

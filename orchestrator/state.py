@@ -49,6 +49,7 @@ class AttemptRecord:
     failed_node: int | None = None
     failed_host: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    error: list[str] = field(default_factory=list)   # the failing rank's traceback tail (its own words)
 
 
 @dataclass

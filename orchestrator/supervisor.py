@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from . import failures as F
 from .backends import base as b
-from .errors import EngineUnavailable, RunCancelled, RunFailed
+from .errors import EngineUnavailable, RunCancelled, RunFailed, WmctlError
 from .layout import run_dir
 from .plan import AttemptContext, Plan
 from .runtime.protocol import ENV_TEST_PAUSE_AT
 from .state import AttemptRecord, RunRecord, RunStore
 
 POLL_INTERVAL_S = 0.25
+LOG_TAIL_LINES = 400      # of a failed node's output, searched for the failing rank's error
 
 # The phases a test can hold open (WMCTL_TEST_PAUSE_AT=<phase>) to cancel a run inside them.
 SUBMITTING, STARTING, TEARDOWN = "submitting", "starting", "teardown"
@@ -147,6 +149,7 @@ class Supervisor:
                 self.backend.release(ref)
                 return self._finish(rec, tracker, "succeeded", f"run {self.spec.name} succeeded on attempt "
                                     f"{rec.attempt} at step {tracker.last_step}", 0)
+            failure, error = self._with_job_error(ref, failure)
             teardown_started = self.clock()
             self.backend.cancel(ref)
             rec.timings["teardown_s"] = round(self.clock() - teardown_started, 3)
@@ -156,6 +159,7 @@ class Supervisor:
             decision = F.decide(failure, retry_on_oom=self.spec.restart.retry_on_oom,
                                 exclude_failed_nodes=self.spec.restart.exclude_failed_nodes
                                 and self.backend.places_nodes)
+            rec.error = list(error.lines) if error else []
             self._record_failure(rec, tracker, failure, decision)
             if failure.kind != F.CANCELLED and self._cancelled() is not None:
                 self.echo(f"attempt {rec.attempt} failed: {failure.describe()} -> torn down; a cancel arrived "
@@ -184,6 +188,9 @@ class Supervisor:
                 return self._finish(rec, tracker, "cancelled", f"run {self.spec.name} {late.evidence}",
                                     RunCancelled.exit_code)
             rec = self._submit(rec.attempt + 1, parent=rec)
+
+    def _with_job_error(self, ref: b.AttemptRef, failure: F.Failure) -> tuple[F.Failure, F.JobError | None]:
+        return with_job_error(self.backend, ref, failure)
 
     def _cancelled(self) -> F.Failure | None:
         intent = self.store.cancel_intent()
@@ -383,6 +390,23 @@ class Supervisor:
         return Outcome(status, self.record.final_report, code)
 
 
+def with_job_error(backend: b.Backend[Any], ref: b.AttemptRef,
+                   failure: F.Failure) -> tuple[F.Failure, F.JobError | None]:
+    """An application error is reported in the failing rank's own words: its traceback's end,
+    read from its node's output before a teardown takes the node away."""
+    if failure.kind != F.APP_ERROR or failure.node is None:
+        return failure, None
+    tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+    try:
+        tail.extend(backend.logs(ref, node=failure.node, follow=False))
+    except WmctlError:
+        return failure, None
+    error = F.job_error(list(tail))
+    if error is None:
+        return failure, None
+    return replace(failure, evidence=f"{failure.evidence}; {error.summary}"), error
+
+
 def step_line(progress: dict[str, Any]) -> str:
     """One step report as a line: loss, then where the step's time went and what bounds it.
 
@@ -430,6 +454,7 @@ def summary(record: RunRecord) -> str:
         if a.excluded_nodes:
             parts.append(f"excluded {','.join(a.excluded_nodes)}")
         lines.append("; ".join(parts))
+        lines += [f"    | {text}" for text in a.error]
     redone = steps_redone(record)
     if redone:
         lines.append(f"  steps redone per failure: {redone}")
@@ -484,6 +509,8 @@ def reconcile(record: RunRecord, backend: b.Backend[Any], *, clock: Callable[[],
             setattr(last, name, value)
     failure = F.root_cause(tracker.events)
     if failure is not None:
+        failure, error = with_job_error(backend, ref, failure)
+        last.error = list(error.lines) if error else []
         _end_unwatched(record, last, failure, clock())
         up = [n.node for n in tracker.nodes if n.phase not in (b.SUCCEEDED, b.FAILED, b.LOST)]
         if up:

@@ -243,3 +243,32 @@ def test_detach_with_auto_resume_starts_a_watcher_that_resumes(home):
     assert log.returncode == 0
     assert "attempt 0 failed: node_lost" in log.stdout and f"run {run} succeeded on attempt 1" in log.stdout
     assert "watcher: unwatched" in wmctl(home, "status", run).stdout
+
+
+def test_an_app_error_is_reported_with_the_jobs_own_traceback(home):
+    run = "crashes"
+    spec = h.write_spec(home, run, nodes=2, job="crash.py")
+    w = h.Watch(spec, home)
+    assert w.wait(timeout=120) == 7, w.output
+    rec = h.record(home, run)
+    a0 = rec["attempts"][0]
+    assert a0["outcome"] == "app_error"
+    assert 'crash.py", line 18' in a0["evidence"] and "ValueError: bad batch shape (4, 3) at step 2" in a0["evidence"]
+    assert a0["error"][-1] == "ValueError: bad batch shape (4, 3) at step 2"
+    assert 'crash.py", line 18' in w.output
+    status = wmctl(home, "status", run).stdout
+    assert 'crash.py", line 18, in load_batch' in status and "torch/distributed" not in status
+
+
+def test_a_command_that_does_not_exist_is_named(home):
+    import yaml
+    run = "no-command"
+    spec = h.write_spec(home, run, nodes=1)
+    data = yaml.safe_load(spec.read_text())
+    data["command"] = ["pythonx", "counter.py"]
+    spec.write_text(yaml.safe_dump(data))
+    w = h.Watch(spec, home)
+    assert w.wait(timeout=120) == 7, w.output
+    a0 = h.record(home, run)["attempts"][0]
+    assert "command not found: pythonx (exit 127)" in a0["evidence"], a0
+    assert submitted_attempts(home, run) == [0]

@@ -80,3 +80,67 @@ def test_hang_is_declared_only_past_the_heartbeat_timeout():
 ])
 def test_decisions_follow_the_restart_policy(kind, options, decision):
     assert F.decide(F.Failure(kind, 1, "host-1", 0.0, "x"), **options) == decision
+
+
+# ---- the failing rank's own words -------------------------------------------------------------
+
+from orchestrator.failures import job_error  # noqa: E402
+
+TORCHRUN_REPORT = [
+    "Traceback (most recent call last):",
+    '  File "/venv/bin/torchrun", line 6, in <module>',
+    "    sys.exit(main())",
+    '  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent',
+    "    raise ChildFailedError(",
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "============================================================",
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  rank      : {rank} (local_rank: 0)",
+    "  exitcode  : {code} (pid: 2985) ",
+]
+
+
+def report(rank=0, code=1):
+    return [line.format(rank=rank, code=code) for line in TORCHRUN_REPORT]
+
+
+def test_the_root_cause_ranks_traceback_wins_over_others_and_the_launchers():
+    lines = [
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "/w/train.py", line 80, in <module>',
+        "[rank0]: RuntimeError: Connection closed by peer",
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "/w/train.py", line 30, in step',
+        "[rank1]:     loss = model(x)",
+        "[rank1]: KeyError: 'pixel_values'",
+        *report(rank=1),
+    ]
+    err = job_error(lines)
+    assert err is not None and err.rank == 1 and err.exit_code == 1
+    assert err.summary == "rank 1: KeyError: 'pixel_values' (File \"train.py\", line 30)"
+    assert err.lines[-1] == "KeyError: 'pixel_values'" and 'File "/w/train.py", line 30, in step' in err.lines[0]
+
+
+def test_an_unprefixed_traceback_is_the_jobs_when_it_has_a_user_frame():
+    lines = ["Traceback (most recent call last):", '  File "/w/boom.py", line 1, in <module>',
+             "    import torch", "ModuleNotFoundError: No module named 'torch'", *report()]
+    err = job_error(lines)
+    assert err is not None and err.summary.startswith("rank 0: ModuleNotFoundError: No module named 'torch'")
+
+
+def test_command_not_found_names_the_command_and_the_exit_code():
+    err = job_error(["wmctl-bind: error: command not found: python", *report(code=127)])
+    assert err is not None and err.summary == "rank 0: command not found: python (exit 127)"
+
+
+@pytest.mark.parametrize("code,meaning", [(-9, "killed (SIGKILL) from outside the job, with no OOM evidence"),
+                                          (139, "segmentation fault"), (-7, "bus error")])
+def test_an_exit_code_alone_is_explained(code, meaning):
+    err = job_error(report(rank=3, code=code))
+    assert err is not None and err.summary.startswith(f"rank 3 exit {code}: {meaning}")
+
+
+def test_output_without_an_error_gives_none():
+    assert job_error(["step 1", "step 2"]) is None
+    assert job_error(report(code=1)) is None      # only the launcher's own traceback

@@ -103,6 +103,12 @@ class ScriptedBackend:
     def close(self) -> None:
         self.calls.append(("close", None))
 
+    def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False):
+        self.calls.append(("logs", node))
+        return iter(self.output.get(node, []))
+
+    output: dict[int, list[str]] = {}
+
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
@@ -151,7 +157,7 @@ def test_app_error_stops_without_a_retry(home):
              [b.NodeStatus(0, b.RUNNING), b.NodeStatus(1, b.FAILED, exit_code=1)])],
     })
     assert outcome.exit_code == 7
-    assert backend.calls == [("submit", 0), ("cancel", 0)]
+    assert backend.calls == [("submit", 0), ("logs", 1), ("cancel", 0)]
     assert "is not retried (app_error)" in record.final_report
 
 
@@ -365,3 +371,40 @@ def test_once_a_job_prints_progress_lines_other_output_is_no_heartbeat(home):
                                                               done())]}, restart={"heartbeat_timeout": "60s"})
     assert record.attempts[0].outcome == "hang"
     assert not any("| epoch" in line for line in lines)
+
+
+TRACEBACK = [
+    "wmctl-bind: local_rank=0 cpus=0 numa=0 mode=even threads=1",
+    "[rank1]: Traceback (most recent call last):",
+    '[rank1]:   File "/workspace/train.py", line 41, in <module>',
+    "[rank1]:     main()",
+    '[rank1]:   File "/workspace/train.py", line 12, in main',
+    '[rank1]:     raise ValueError("bad batch shape (4, 3)")',
+    "[rank1]: ValueError: bad batch shape (4, 3)",
+    "Traceback (most recent call last):",
+    '  File "/usr/lib/python3/site-packages/torch/distributed/run.py", line 1019, in run',
+    "    elastic_launch(",
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  rank      : 1 (local_rank: 1)",
+    "  exitcode  : 1 (pid: 2935) ",
+]
+
+
+def test_an_app_error_is_reported_in_the_failing_ranks_own_words(home, monkeypatch):
+    """The watch line, the final report and the record carry the job's traceback end (its
+    train.py frame and exception), read from the failed node before the teardown."""
+    monkeypatch.setattr(ScriptedBackend, "output", {1: TRACEBACK})
+    outcome, backend, record, lines, _ = supervise({
+        0: [([progress("checkpoint", 5), b.Event(b.NODE_EXITED, START, 1, "host-1", exit_code=1)],
+             [b.NodeStatus(0, b.RUNNING), b.NodeStatus(1, b.FAILED, exit_code=1)])],
+    })
+    assert outcome.exit_code == 7
+    a0 = record.attempts[0]
+    assert 'rank 1: ValueError: bad batch shape (4, 3) (File "train.py", line 12)' in a0.evidence
+    assert a0.error[-1] == "ValueError: bad batch shape (4, 3)"
+    assert any('train.py", line 12, in main' in text for text in a0.error)
+    assert not any("torch/distributed" in text for text in a0.error)
+    assert 'train.py", line 12' in record.final_report
+    assert any("ValueError: bad batch shape" in line and "failed: app_error" in line for line in lines)
