@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 from . import backends
 from .backends.base import AttemptRef, Backend, BackendOptions
 from .build.record import RECORD_FILE, pinned_ref
-from .errors import EngineUnavailable, RunCancelled, RunFailed, RunNotFound, WmctlError
+from .errors import EngineUnavailable, RunCancelled, RunExists, RunFailed, RunNotFound, WmctlError
 from .plan import AttemptContext, Plan
 from .spec import JobSpec, from_dict, load_spec
 from .state import Lease, RunRecord, RunStore, list_runs, open_store
@@ -128,13 +128,13 @@ def dryrun(job: Job, backend: str, *, auto_resume: bool = False, context: str | 
 
 
 def schedule(request: SubmitRequest, *, watch: bool, echo: Echo,
-             show_state: Callable[..., None] | None = None) -> int:
+             show_state: Callable[..., None] | None = None, replace: bool = False) -> int:
     """Record the run and submit its planned attempt 0; with ``watch``, supervise it to the end.
     Returns the exit code (0, or RunFailed's when the run failed)."""
     job, engine = request.job, request.backend
     store = open_store(job.spec.name)
     try:
-        _clear_the_name(store, engine, echo)
+        _clear_the_name(store, engine, echo, replace=replace)
         # Leased before the record exists: `status` never takes a run being submitted for one
         # whose submitter died.
         store.acquire_watcher()
@@ -157,9 +157,9 @@ def schedule(request: SubmitRequest, *, watch: bool, echo: Echo,
 
 
 def submit(job: Job, backend: str, *, auto_resume: bool = False, watch: bool = False, echo: Echo,
-           context: str | None = None, show_state: Callable[..., None] | None = None) -> int:
+           context: str | None = None, show_state: Callable[..., None] | None = None, replace: bool = False) -> int:
     return schedule(dryrun(job, backend, auto_resume=auto_resume, context=context), watch=watch, echo=echo,
-                    show_state=show_state)
+                    show_state=show_state, replace=replace)
 
 
 def spawn_watcher(run: str, *, auto_resume: bool, wait_s: float = 20.0) -> int:
@@ -191,28 +191,69 @@ def spawn_watcher(run: str, *, auto_resume: bool, wait_s: float = 20.0) -> int:
     return proc.pid
 
 
-def _clear_the_name(store: RunStore, engine: Backend[Any], echo: Echo) -> None:
-    """A new run takes over its name: an ended run of that name is archived and what it left on
-    the backend (finished containers, Jobs kept for their TTL) removed, so the new attempt 0 is
-    created, not adopted from the old run. Objects of that name that no record here knows are
-    someone else's: refused, never adopted and never deleted."""
-    left = engine.attempts(store.run)
+def _clear_the_name(store: RunStore, engine: Backend[Any], echo: Echo, *, replace: bool) -> None:
+    """A run name belongs to one run. A name an ended run holds is refused, unless ``replace``:
+    then that run is deleted first (its record and what it left on the backend; never its
+    checkpoints). A run that has not ended is never replaced. Objects of that name that no record
+    here knows are someone else's: refused, never adopted and never deleted."""
     if store.exists():
-        old = store.load()
+        view = status(store.run)
+        old = view.record
+        assert old is not None
         if old.status == "running":
-            raise WmctlError(f"run {store.run!r} already exists and has not ended",
-                             hint=f"watch it with `wmctl watch {store.run}`, or `wmctl cancel {store.run}` first")
-        if left:
-            echo(f"removing what the previous run {store.run} ({old.status}) left on {engine.name}: "
-                 + ", ".join(ref.attempt_name for ref in left))
-        for ref in left:
-            engine.cancel(ref)
-        store.retire()
-    elif left:
-        raise WmctlError(f"{engine.name} already has attempts of a run named {store.run!r} "
-                         f"({', '.join(ref.attempt_name for ref in left)}) that no run record here knows",
-                         hint="another machine or WMCTL_HOME may be watching it: rename this run (name: or "
-                              "--set name=...), or remove those objects if they are stale")
+            raise RunExists(f"run {store.run!r} already exists and has not ended ({view.watcher})",
+                            hint=f"watch it with `wmctl watch {store.run}`, `wmctl cancel {store.run}` it first, "
+                                 "or give this run another name (name: or --set name=...)")
+        if not replace:
+            ago = _ago(old.created_at)
+            raise RunExists(f"a run named {store.run!r} already exists ({old.status}, submitted {ago} ago)",
+                            hint=f"--replace replaces it, `wmctl delete {store.run}` removes it, or give this run "
+                                 "another name (name: or --set name=...)")
+        echo(f"replacing run {store.run} ({old.status})")
+        _delete(store, engine, old, echo)
+        return
+    left = engine.attempts(store.run)
+    if left:
+        raise RunExists(f"{engine.name} already has attempts of a run named {store.run!r} "
+                        f"({', '.join(ref.attempt_name for ref in left)}) that no run record here knows",
+                        hint="another machine or WMCTL_HOME may be watching it: rename this run (name: or "
+                             "--set name=...), or remove those objects if they are stale")
+
+
+def _ago(then: float) -> str:
+    seconds = max(0, int(time.time() - then))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def delete(run: str, *, echo: Echo) -> RunRecord:
+    """Remove an ended run: what it left on its backend (finished containers, Jobs kept for their
+    TTL, archived logs) and its record. Its checkpoints are the user's data and stay."""
+    view = status(run)
+    record = view.record
+    assert record is not None
+    if record.status == "running":
+        raise RunExists(f"run {run!r} has not ended ({view.watcher})",
+                        hint=f"`wmctl cancel {run}` first, then delete it")
+    store = open_store(run)
+    engine = engine_of(record)
+    try:
+        _delete(store, engine, record, echo)
+    finally:
+        engine.close()
+    return record
+
+
+def _delete(store: RunStore, engine: Backend[Any], record: RunRecord, echo: Echo) -> None:
+    left = engine.attempts(store.run)
+    if left:
+        echo(f"removing what run {store.run} ({record.status}) left on {engine.name}: "
+             + ", ".join(ref.attempt_name for ref in left))
+    for ref in left:
+        engine.cancel(ref)
+    store.delete()
 
 
 def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any], *, watch: bool, echo: Echo,
@@ -351,7 +392,7 @@ def watcher_log(run: str) -> Iterator[str]:
 def logs(run: str, *, node: int = 0, attempt: int | None = None, follow: bool = False) -> Iterator[str]:
     record = open_store(run).load()
     if not record.attempts:
-        raise WmctlError(f"run {run} has no attempts yet", hint=f"see `wmctl status {run}`")
+        raise RunNotFound(f"run {run} has no attempts yet, so no logs", hint=f"see `wmctl status {run}`")
     n = record.attempts[-1].attempt if attempt is None else attempt
     engine = engine_of(record)
     try:

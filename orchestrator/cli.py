@@ -26,6 +26,7 @@ COMMANDS = {
     "logs": "logs",
     "cancel": "cancel",
     "list": "list_runs",
+    "delete": "delete",
     "affinity": "affinity",
     "doctor": "doctor",
 }
@@ -40,6 +41,7 @@ HELP = {
     "logs": "Print (or follow) the logs of one node of a run.",
     "cancel": "Cancel a run and tear down every attempt's processes/containers/objects.",
     "list": "List runs.",
+    "delete": "Remove an ended run: its record, logs and leftover objects (never its checkpoints).",
     "affinity": "Print the per-rank CPU/NUMA binding plan for this machine.",
     "doctor": "Check devices, shared memory, dtype support and the vendor runtime.",
 }

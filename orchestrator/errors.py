@@ -33,6 +33,13 @@ class SpecError(WmctlError):
         super().__init__("invalid job spec:\n" + "\n".join(lines))
 
 
+class OptionError(WmctlError):
+    """A command's option or argument is invalid (``--mode``, ``--shm-min``, ``--build-arg``...).
+    Nothing was done: the same exit code as an invalid spec, and as Click's own usage errors."""
+
+    exit_code = 2
+
+
 class ProfileError(WmctlError):
     """A vendor profile file is missing or malformed."""
 
@@ -47,6 +54,14 @@ class BuildError(WmctlError):
 
 class BackendError(WmctlError):
     """A backend (local, Docker, Kubernetes) refused or failed an operation."""
+
+    exit_code = 4
+
+
+class RunExists(WmctlError):
+    """The run's name is taken: a run of that name has not ended, or the backend holds objects of
+    that name that no record here knows. Nothing was submitted. The same exit code as a backend's
+    refusal: the submit was refused, and a retry after the old run ends (or a new name) succeeds."""
 
     exit_code = 4
 
@@ -77,3 +92,10 @@ class RunFailed(WmctlError):
     """A supervised run ended without success (app error, retry budget spent, ...)."""
 
     exit_code = 7
+
+
+class MachineUnfit(WmctlError):
+    """`wmctl doctor` ran its checks and found errors on this machine (devices, /dev/shm, dtype,
+    vendor runtime): the check itself worked, so this is not an unexpected failure (1)."""
+
+    exit_code = 9

@@ -14,7 +14,6 @@ from pathlib import Path
 from .runtime.protocol import ENV_HOME
 
 RUNS = "runs"
-ARCHIVE = ".archive"          # ended runs moved aside when a new run takes their name
 RECORD_FILE = "run.json"
 WATCHER_LOCK = "watcher.lock"
 WATCHER_LEASE = "watcher.json" # who watches: pid, host, last beat (read across hosts sharing the folder)
@@ -57,10 +56,6 @@ def runs_root(home: Path | None = None) -> Path:
 
 def run_dir(run: str, home: Path | None = None) -> Path:
     return runs_root(home) / run
-
-
-def archive_dir(home: Path | None = None) -> Path:
-    return runs_root(home) / ARCHIVE
 
 
 def attempt_dir(run: str, attempt: int, home: Path | None = None) -> Path:

@@ -175,8 +175,8 @@ class RunStore(ABC):
         """Every kept event, oldest first; a line torn by a crash is skipped."""
 
     @abstractmethod
-    def retire(self) -> None:
-        """Move an ended run's state out of the way of a new run of the same name."""
+    def delete(self) -> None:
+        """Remove the run's state (record, lease, logs, metrics): `wmctl delete`, `--replace`."""
 
 
 class LocalRunStore(RunStore):
@@ -351,10 +351,13 @@ class LocalRunStore(RunStore):
                     out.append(item)
         return out
 
-    def retire(self) -> None:
-        dest = layout.archive_dir(self.home) / f"{self.run}-{int(time.time())}"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(self.dir), str(dest))
+    def delete(self) -> None:
+        # The record goes first: a folder without one is no run (list_runs), whatever is left.
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def open_store(run: str) -> RunStore:

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from ..errors import WmctlError
+from ..errors import OptionError
 
 
 @click.command("affinity")
@@ -30,9 +30,9 @@ def command(nproc: int, mode: str, vendor: str, sysfs_root: str, output: str) ->
         topo = read_topology(vendor, sysfs_root)
         plan = plan_binding(topo, nproc, mode)
     except TopologyError as exc:
-        raise WmctlError(f"--vendor: {exc}") from None
+        raise OptionError(f"--vendor: {exc}") from None
     except AffinityError as exc:
-        raise WmctlError(f"--mode/--nproc: {exc.message}", hint=exc.hint) from None
+        raise OptionError(f"--mode/--nproc: {exc.message}", hint=exc.hint) from None
 
     if output == "json":
         data = plan.to_dict()

@@ -11,7 +11,7 @@ import os
 
 import click
 
-from ..errors import WmctlError
+from ..errors import MachineUnfit, OptionError
 
 
 @click.command("doctor")
@@ -42,17 +42,17 @@ def command(vendor: str | None, expect_devices: int | None, shm_min: str | None,
     try:
         shm_min_bytes = parse_size(shm_min) if shm_min is not None else None
     except ValueError as exc:
-        raise WmctlError(f"--shm-min: {exc}") from None
+        raise OptionError(f"--shm-min: {exc}") from None
     try:
         batch = parse_size(batch_bytes)
     except ValueError as exc:
-        raise WmctlError(f"--batch-size: {exc}") from None
+        raise OptionError(f"--batch-size: {exc}") from None
     source = "--vendor" if vendor else ENV_VENDOR
     name = vendor or os.environ.get(ENV_VENDOR) or "auto"
     try:
         name = detect_vendor("/") if name.lower() == "auto" else normalise_vendor(name)
     except TopologyError as exc:
-        raise WmctlError(f"{source}: {exc}") from None
+        raise OptionError(f"{source}: {exc}") from None
 
     findings = collect(name, expect_devices, num_workers=num_workers, prefetch_factor=prefetch_factor,
                        batch_bytes=batch, shm_path=shm_path, shm_min_bytes=shm_min_bytes)
@@ -63,6 +63,7 @@ def command(vendor: str | None, expect_devices: int | None, shm_min: str | None,
         for line in format_text(findings, f"wmctl doctor: vendor {name}"):
             click.echo(line)
     if errors:
-        # An error, not ctx.exit(1): cli.main runs click with standalone_mode=False, where
-        # ctx.exit's code is returned rather than used as the exit status.
-        raise WmctlError(f"doctor found {errors} error(s); see the hints above")
+        # An error, not ctx.exit(): cli.main runs click with standalone_mode=False, where
+        # ctx.exit's code is returned rather than used as the exit status. Its own exit code (9):
+        # the checks ran and found the machine unfit, which is neither bad input nor a wmctl bug.
+        raise MachineUnfit(f"doctor found {errors} error(s); see the hints above")

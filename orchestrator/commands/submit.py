@@ -17,10 +17,11 @@ from ._common import backend_option, display_for, load, overrides_from, plan_doc
               help="Supervise the run after submitting (default: on with --auto-resume).")
 @click.option("--auto-resume", is_flag=True, help="On node failure, resubmit from the latest checkpoint.")
 @click.option("--context", "kube_context", default=None, help="Kubernetes context (kubeconfig).")
+@click.option("--replace", is_flag=True, help="Replace an ended run of the same name (its checkpoints are kept).")
 @click.option("--detach", is_flag=True, help="Return after submitting. With --auto-resume a detached watcher "
                                              "supervises the run (`wmctl logs RUN --watcher`).")
 def command(spec_path, set_flags, nodes, image_tag, vendor, namespace, backend, dry_run, output, watch,
-            auto_resume, kube_context, detach):
+            auto_resume, kube_context, replace, detach):
 
     job = load(spec_path, overrides_from(set_flags, nodes, image_tag, vendor, namespace))
     request = api.dryrun(job, backend, auto_resume=auto_resume, context=kube_context)
@@ -31,7 +32,7 @@ def command(spec_path, set_flags, nodes, image_tag, vendor, namespace, backend, 
     watching = (request.auto_resume if watch is None else watch) and not detach
     run = job.spec.name
     with display_for(watching) as display:
-        code = api.schedule(request, watch=watching, echo=display, show_state=display.state)
+        code = api.schedule(request, watch=watching, echo=display, show_state=display.state, replace=replace)
         if code == 0 and not watching:
             if request.auto_resume:
                 pid = api.spawn_watcher(run, auto_resume=True)

@@ -211,18 +211,24 @@ def test_docker_app_error_is_reported_as_the_apps_and_not_retried(docker_client,
 
 
 def test_docker_resubmitting_a_finished_run_runs_it_again(docker_client, image, home):
-    """A finished run's name is reused: the new attempt 0 must run, not adopt the old one."""
+    """A finished run's name is refused without --replace; with it the new attempt 0 must run,
+    not adopt the old one, and the old run's record is gone (no hidden archive)."""
     run = "dkf-again"
     spec = write_spec(home, run, image, steps=6, every=3)
     assert watch(spec, home).wait(300) == 0
     assert (home / f"ckpt-{run}" / "final.txt").exists()
+    first = h.record(home, run)["created_at"]
+    refused = run_wmctl("submit", str(spec), "--backend", "docker", cwd=home, env={"WMCTL_HOME": str(home)})
+    assert refused.returncode == 4 and "--replace" in refused.stderr, refused.stderr
+    assert h.record(home, run)["created_at"] == first, "a refused submit touched the record"
     shutil.rmtree(home / f"ckpt-{run}")
     (home / f"ckpt-{run}").mkdir()
-    again = watch(spec, home)
+    again = h.Watch(spec, home, "--backend", "docker", "--replace")
     assert again.wait(300) == 0, again.output
     assert (home / f"ckpt-{run}" / "final.txt").exists(), again.output
-    assert h.record(home, run)["attempts"][0]["outcome"] == "succeeded"
-    assert list((home / "runs" / ".archive").glob(f"{run}-*")), "the first run's folder was not kept"
+    rec = h.record(home, run)
+    assert rec["created_at"] != first and [a["outcome"] for a in rec["attempts"]] == ["succeeded"]
+    assert not (home / "runs" / ".archive").exists()
     assert not leftovers(docker_client, run)
 
 

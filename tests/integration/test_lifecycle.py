@@ -272,3 +272,43 @@ def test_a_command_that_does_not_exist_is_named(home):
     a0 = h.record(home, run)["attempts"][0]
     assert "command not found: pythonx (exit 127)" in a0["evidence"], a0
     assert submitted_attempts(home, run) == [0]
+
+
+def test_a_taken_run_name_is_refused_replaced_on_request_and_deleted(home):
+    run = "reused"
+    spec = h.write_spec(home, run, nodes=1, steps=6)
+    w = h.Watch(spec, home)
+    assert w.wait(timeout=120) == 0, w.output
+    first = h.record(home, run)
+    again = wmctl(home, "submit", str(spec))
+    assert again.returncode == 4 and "Traceback" not in again.stderr
+    assert f"a run named '{run}' already exists (succeeded" in again.stderr
+    assert "--replace" in again.stderr and f"wmctl delete {run}" in again.stderr
+    assert h.record(home, run) == first, "a refused submit changed the record"
+    replaced = wmctl(home, "submit", str(spec), "--replace", "--auto-resume")
+    assert replaced.returncode == 0, replaced.stdout + replaced.stderr
+    assert f"replacing run {run} (succeeded)" in replaced.stdout
+    second = h.record(home, run)
+    assert second["created_at"] != first["created_at"] and submitted_attempts(home, run) == [0]
+    assert not (h.run_folder(home, run).parent / ".archive").exists()
+    gone = wmctl(home, "delete", run)
+    assert gone.returncode == 0, gone.stderr
+    assert "checkpoints under" in gone.stdout
+    assert not h.run_folder(home, run).exists()
+    assert run not in wmctl(home, "list").stdout
+    assert wmctl(home, "status", run).returncode == 6
+    ckpt = h.yaml.safe_load(spec.read_text())["checkpoint"]["dir"]
+    assert any(os.scandir(ckpt)), "delete removed the run's checkpoints"
+
+
+def test_a_running_run_is_neither_replaced_nor_deleted(home):
+    run = "busy"
+    spec = h.write_spec(home, run, nodes=1, steps=4000)
+    w = h.Watch(spec, home)
+    h.wait_step(home, run, 0, 1)
+    for args in (("submit", str(spec), "--replace"), ("delete", run)):
+        out = wmctl(home, *args)
+        assert out.returncode == 4 and "has not ended" in out.stderr, out.stderr
+        assert f"watched by {w.proc.pid}@" in out.stderr
+    assert wmctl(home, "cancel", run).returncode == 0
+    assert_cancelled(home, run, w, [0])

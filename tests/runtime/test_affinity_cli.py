@@ -75,7 +75,7 @@ def test_errors_name_the_option_and_the_fix(root):
 def test_real_entry_point_prints_no_traceback(root, capsys):
     with pytest.raises(SystemExit) as info:
         main(["affinity", "--nproc", "65", "--mode", "exclusive", "--vendor", "cpu", "--sysfs-root", root])
-    assert info.value.code == 1
+    assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --mode/--nproc: 65 ranks") and "Traceback" not in err
 

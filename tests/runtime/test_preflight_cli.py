@@ -7,7 +7,7 @@ import json
 from click.testing import CliRunner
 
 from orchestrator.cli import cli, main
-from orchestrator.errors import WmctlError
+from orchestrator.errors import MachineUnfit, WmctlError
 
 import pytest
 
@@ -21,7 +21,7 @@ def test_cpu_machine_passes():
 
 def test_missing_vendor_module_fails_with_hint():
     result = CliRunner().invoke(cli, ["doctor", "--vendor", "musa", "--expect-devices", "8"])
-    assert result.exit_code == 1
+    assert isinstance(result.exception, MachineUnfit) and result.exception.exit_code == 9
     assert "[error] device-module: torch.musa is not available: torch_musa cannot be imported" in result.output
     assert "hint: install torch_musa" in result.output
     assert "libmthreads_core.so" in result.output
@@ -31,7 +31,7 @@ def test_missing_vendor_module_fails_with_hint():
 def test_shm_minimum_and_json(tmp_path):
     result = CliRunner().invoke(cli, ["doctor", "--vendor", "cpu", "--shm-min", "100t", "--shm-path", str(tmp_path),
                                       "-o", "json"])
-    assert result.exit_code == 1
+    assert isinstance(result.exception, MachineUnfit)
     data = json.loads(result.output)
     shm = next(f for f in data["findings"] if f["check"] == "shm")
     assert shm["level"] == "error" and "below the required 100.0 TiB" in shm["message"]
@@ -41,14 +41,14 @@ def test_shm_minimum_and_json(tmp_path):
 
 def test_cuda_on_a_cpu_build_reports_device_count():
     result = CliRunner().invoke(cli, ["doctor", "--vendor", "cuda", "--expect-devices", "2", "--num-workers", "0"])
-    assert result.exit_code == 1
+    assert isinstance(result.exception, MachineUnfit)
     assert "torch.cuda.device_count() is 0, expected 2" in result.output
 
 
 def test_bad_options_are_clear(capsys):
     with pytest.raises(SystemExit) as info:
         main(["doctor", "--shm-min", "lots"])
-    assert info.value.code == 1
+    assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --shm-min: bad size 'lots'") and "Traceback" not in err
     with pytest.raises(SystemExit):

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ... import layout
-from ...errors import BackendError
+from ...errors import BackendError, RunNotFound
 from ...plan import AttemptContext, HostFacts, Plan
 from ...runtime.protocol import ENV_LOCAL_TAG, parse_progress
 from .. import base as b
@@ -201,7 +201,18 @@ class LocalBackend(b.Backend[LocalRequest]):
     def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False) -> Iterator[str]:
         path = layout.node_log(ref.run, ref.attempt, node)
         if not path.exists():
-            raise BackendError(f"no log for node {node} of {ref.attempt_name} ({path})")
+            # Not found (6), like the Docker and Kubernetes backends: no such attempt, no such
+            # node, or a node that has not started writing yet.
+            plan_file = layout.attempt_dir(ref.run, ref.attempt) / layout.PLAN_FILE
+            if not plan_file.exists():
+                raise RunNotFound(f"run {ref.run} has no attempt {ref.attempt} here",
+                                  hint=f"see `wmctl status {ref.run}` for its attempts")
+            nodes = len(json.loads(plan_file.read_text())["resources"])
+            if not 0 <= node < nodes:
+                raise RunNotFound(f"{ref.attempt_name} has no node {node}",
+                                  hint=f"its nodes are 0-{nodes - 1}" if nodes > 1 else "its only node is 0")
+            raise RunNotFound(f"no log for node {node} of {ref.attempt_name} yet ({path})",
+                              hint="the node has not started yet; try again in a moment")
         with open(path, "r", encoding="utf-8", errors="replace") as fh:
             while True:
                 line = fh.readline()

@@ -1,0 +1,18 @@
+"""`wmctl delete RUN`: remove an ended run (its record and what it left on its backend)."""
+
+from __future__ import annotations
+
+import click
+
+from .. import api
+from ._common import echo_line
+
+
+@click.command("delete", help="Remove an ended run: its record, logs and leftover objects (never its checkpoints).")
+@click.argument("run")
+def command(run):
+
+    record = api.delete(run, echo=echo_line)
+    where = (record.spec or {}).get("checkpoint", {}).get("dir")
+    kept = f"; its checkpoints under {where} are kept" if where else ""
+    click.echo(f"deleted run {run} ({record.status}){kept}")
