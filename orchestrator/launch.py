@@ -75,6 +75,15 @@ def torchrun_args(spec: JobSpec, profile: VendorProfile, *, endpoint: str, rdzv_
     return argv
 
 
+def user_program(argv: list[str]) -> str | None:
+    """The user's program in an argv ``torchrun_args`` built: the word after the launcher."""
+    try:
+        i = argv.index(LAUNCHER)
+    except ValueError:
+        return None
+    return argv[i + 1] if i + 1 < len(argv) else None
+
+
 def affinity_value(spec: JobSpec) -> str:
     if isinstance(spec.affinity, dict):
         return json.dumps({str(k): v for k, v in sorted(spec.affinity.items())}, sort_keys=True)

@@ -358,7 +358,17 @@ class Supervisor:
         plan, self._first_plan = self._first_plan, None
         if plan is None or plan.attempt != attempt or plan.context != ctx:
             plan = self.backend.plan(self.spec, self.profile, ctx)
-        self.backend.submit(plan)
+        try:
+            self.backend.submit(plan)
+        except WmctlError as exc:
+            # Refused before anything ran (a program missing from the image, a quota, a bad
+            # mount): the run has ended, and its record says so and why.
+            rec.outcome, rec.ended_at, rec.evidence = "not_submitted", self.clock(), exc.message
+            self.record.status = "failed"
+            self.record.final_report = (f"run {self.spec.name} failed: attempt {attempt} could not be submitted: "
+                                        f"{exc.message}\n" + summary(self.record))
+            self.store.save(self.record)
+            raise
         rec.timings["submit_s"] = round(self.clock() - started, 3)
         self.store.save(self.record)
         where = f", excluding {', '.join(excluded)}" if excluded else ""

@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterator
 
 from ... import labels as L
 from ...adaptors import docker as sdk
-from ...errors import BackendError, RunNotFound
+from ...errors import BackendError, RunNotFound, SpecError
+from ...launch import user_program
 from ...plan import AttemptContext, HostFacts, Plan
 from ...runtime.protocol import parse_progress
 from .. import base as b
@@ -124,6 +125,8 @@ class DockerBackend(b.Backend[DockerRequest]):
             try:
                 for image in sorted({c["create"]["image"] for c in containers}):
                     self._ensure_image(image)
+                    if plan.attempt == 0:
+                        self._check_program(image, user_program(list(containers[0]["create"]["command"])))
                 for res in plan.resources:
                     if res["kind"] == "network":
                         self._ensure_network(res, plan, undo)
@@ -165,6 +168,27 @@ class DockerBackend(b.Backend[DockerRequest]):
         raise BackendError(f"image {image!r} is not on this Docker host",
                            hint=f"build it with `wmctl build-image SPEC` or pull it (`docker pull {image}`), "
                                 "then submit again")
+
+    def _check_program(self, image: str, program: str | None) -> None:
+        """The job's program (``command[0]``) must exist in the image: asked of the image's own
+        shell (``command -v``, the program passed as an argument, never spliced into the script)
+        in a throwaway container, before any container of the attempt exists. An image without a
+        shell is not probed; the in-job launcher then reports it (exit 127, named)."""
+        if not program:
+            return
+        errors, _ = sdk.errors()
+        try:
+            self.client.containers.run(image, ["-c", 'command -v "$1" >/dev/null || exit 127', "sh", program],
+                                       entrypoint="sh", remove=True, network_mode="none", stdout=True,
+                                       stderr=True)
+        except errors.ContainerError as exc:
+            if exc.exit_status != 127:
+                return
+            alt = " (the image may have python3: use it in command)" if program == "python" else ""
+            raise SpecError([("command[0]", f"{program!r} is not found in image {image}{alt}; "
+                                            "nothing was submitted")]) from None
+        except errors.APIError:
+            return
 
     def _ensure_network(self, res: dict[str, Any], plan: Any, undo: list[Callable[[], None]]) -> None:
         errors, _ = sdk.errors()

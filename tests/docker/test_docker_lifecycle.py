@@ -1,0 +1,172 @@
+"""The run lifecycle on a real Docker engine: cancel in every phase with the watcher in another
+process, a graceful cancel, runs nobody watches (status from the containers), a detached
+watcher, and a program missing from the image caught before anything is created.
+
+Each test asserts the final state, the exit codes, that no attempt was submitted twice and that
+no container or network of the run is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from orchestrator import labels as L
+from tests.integration import harness as h
+
+from .conftest import run_wmctl
+from .test_docker_faults import _no_stale_runs, home, image, leftovers, wait_progress, write_spec  # noqa: F401
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360)]
+
+
+def wmctl(home, *args, timeout=300):
+    return run_wmctl(*args, cwd=home, env={"WMCTL_HOME": str(home)}, timeout=timeout)
+
+
+def docker_watch(spec, home, pause=None):
+    if pause:
+        os.environ["WMCTL_TEST_PAUSE_AT"] = pause
+    try:
+        return h.Watch(spec, home, "--backend", "docker")
+    finally:
+        os.environ.pop("WMCTL_TEST_PAUSE_AT", None)
+
+
+def attempts(home, run):
+    numbers = [a["attempt"] for a in h.record(home, run)["attempts"]]
+    assert len(numbers) == len(set(numbers)), numbers
+    return numbers
+
+
+def containers(client, run):
+    return client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]})
+
+
+def cancel_while_held(home, run, phase):
+    marker = h.run_folder(home, run) / f"pause-{phase}"
+    h.wait_until(marker.exists, 180, f"the watcher to reach {phase}")
+    env = {**os.environ, "WMCTL_HOME": str(home), "PYTHONPATH": str(h.REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "cancel", run], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=str(home))
+    h.wait_until((h.run_folder(home, run) / "cancel.json").exists, 60, "the cancel intent")
+    marker.unlink()
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+
+
+def assert_cancelled(client, home, run, w, expected):
+    assert w.wait(timeout=240) == 8, w.output
+    rec = h.record(home, run)
+    assert rec["status"] == "cancelled", rec["final_report"]
+    assert attempts(home, run) == expected
+    assert not leftovers(client, run)
+    assert not client.networks.list(filters={"label": [f"{L.RUN}={run}"]})
+
+
+def test_docker_cancel_while_submitting_creates_nothing(docker_client, image, home):
+    run = "dkl-submitting"
+    w = docker_watch(write_spec(home, run, image, steps=400), home, pause="submitting")
+    cancel_while_held(home, run, "submitting")
+    assert_cancelled(docker_client, home, run, w, [0])
+    assert "not submitted: the run was cancelled" in w.output
+
+
+def test_docker_cancel_while_starting_removes_the_containers(docker_client, image, home):
+    run = "dkl-starting"
+    w = docker_watch(write_spec(home, run, image, steps=400), home, pause="starting")
+    cancel_while_held(home, run, "starting")
+    assert_cancelled(docker_client, home, run, w, [0])
+
+
+def test_docker_cancel_during_teardown_and_backoff_submits_nothing_more(docker_client, image, home):
+    run = "dkl-backoff"
+    w = docker_watch(write_spec(home, run, image, steps=400, restart={"backoff": "90s"}), home)
+    wait_progress(docker_client, run, 0, "checkpoint", 5)
+    docker_client.containers.get(f"{run}-a0-1").kill()
+    h.wait_until(lambda: "backing off 90 s" in w.output, 120, "the backoff")
+    started = time.monotonic()
+    cancel = wmctl(home, "cancel", run)
+    assert cancel.returncode == 0, cancel.stderr
+    assert_cancelled(docker_client, home, run, w, [0])
+    assert time.monotonic() - started < 60
+    assert h.record(home, run)["attempts"][0]["outcome"] == "node_lost"
+
+
+def test_docker_graceful_cancel_keeps_the_sigterm_checkpoint(docker_client, image, home):
+    run = "dkl-graceful"
+    w = docker_watch(write_spec(home, run, image, steps=400, every=1000), home)
+    wait_progress(docker_client, run, 0, "step", 3)
+    cancel = wmctl(home, "cancel", run, "--graceful")
+    assert cancel.returncode == 0, cancel.stderr
+    assert_cancelled(docker_client, home, run, w, [0])
+    rec = h.record(home, run)
+    assert "gracefully" in rec["final_report"] and "newest checkpoint is step" in rec["final_report"]
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "app_error", "killed", "cancelled", "running"])
+def test_docker_status_of_a_run_nobody_watches_is_the_truth(docker_client, image, home, outcome):
+    run = f"dkl-unwatched-{outcome.replace('_', '-')}"
+    args = {"succeeded": {"steps": 6}, "app_error": {"steps": 400, "job_args": ["--fail-at", "3"]},
+            "killed": {"steps": 400}, "cancelled": {"steps": 400}, "running": {"steps": 4000}}[outcome]
+    spec = write_spec(home, run, image, **args)
+    sub = wmctl(home, "submit", str(spec), "--backend", "docker")
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    assert f"nothing will resume {run}" in sub.stdout
+    if outcome in ("killed", "cancelled", "running"):
+        wait_progress(docker_client, run, 0, "step", 1)
+    if outcome == "killed":
+        docker_client.containers.get(f"{run}-a0-0").kill()
+    elif outcome == "cancelled":
+        assert wmctl(home, "cancel", run).returncode == 0
+    expected = {"succeeded": "succeeded", "app_error": "failed", "killed": "failed", "cancelled": "cancelled",
+                "running": "running"}[outcome]
+    h.wait_until(lambda: json.loads(wmctl(home, "status", run, "-o", "json").stdout)["status"] == expected,
+                 180, f"status {expected}")
+    status = wmctl(home, "status", run)
+    assert "None" not in status.stdout and "watcher: unwatched" in status.stdout
+    data = json.loads(wmctl(home, "status", run, "-o", "json").stdout)
+    want = {"succeeded": "succeeded", "app_error": "app_error", "killed": "node_lost", "cancelled": "cancelled",
+            "running": None}[outcome]
+    assert data["attempts"][0]["outcome"] == want, data["final_report"]
+    row = next(line.split() for line in wmctl(home, "list").stdout.splitlines() if line.startswith(run + " "))
+    assert row[:3] == [run, "docker", expected]
+    assert attempts(home, run) == [0]
+    if outcome in ("running", "killed", "app_error"):
+        assert wmctl(home, "cancel", run).returncode == 0
+    h.wait_until(lambda: not [c for c in containers(docker_client, run) if c.status == "running"], 60,
+                 "no running container")
+
+
+def test_docker_detached_watcher_resumes_a_killed_node(docker_client, image, home):
+    run = "dkl-detached"
+    spec = write_spec(home, run, image, steps=60)
+    sub = wmctl(home, "submit", str(spec), "--backend", "docker", "--detach", "--auto-resume")
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    assert "watcher: watched by " in wmctl(home, "status", run).stdout
+    wait_progress(docker_client, run, 0, "checkpoint", 5)
+    docker_client.containers.get(f"{run}-a0-1").kill()
+    h.wait_until(lambda: h.record(home, run)["status"] == "succeeded", 300, "the detached watcher to finish")
+    assert attempts(home, run) == [0, 1]
+    log = wmctl(home, "logs", run, "--watcher")
+    assert "attempt 0 failed: node_lost" in log.stdout and f"run {run} succeeded on attempt 1" in log.stdout
+    h.wait_until(lambda: not wmctl(home, "status", run).stdout.count("watched by"), 30, "the watcher to end")
+
+
+def test_docker_a_program_missing_from_the_image_is_caught_before_submit(docker_client, image, home):
+    run = "dkl-noprogram"
+    spec = write_spec(home, run, image)
+    data = yaml.safe_load(spec.read_text())
+    data["command"][0] = "pythonx"
+    spec.write_text(yaml.safe_dump(data))
+    sub = wmctl(home, "submit", str(spec), "--backend", "docker", "--auto-resume")
+    assert sub.returncode == 2, sub.stdout + sub.stderr
+    assert "command[0]: 'pythonx' is not found in image" in sub.stderr and "Traceback" not in sub.stderr
+    assert not containers(docker_client, run), "an attempt was half-submitted"
+    rec = h.record(home, run)
+    assert rec["status"] == "failed" and rec["attempts"][0]["outcome"] == "not_submitted"
