@@ -414,9 +414,12 @@ def cancel(run: str, *, graceful: bool = False, by: str | None = None, wait_s: f
             raise WmctlError(f"the {engine.name} backend cannot cancel gracefully",
                              hint="cancel without --graceful: its teardown already sends SIGTERM with the "
                                   "termination grace period")
+        refs = engine.attempts(run)
         if record.status == "running":
-            store.request_cancel(by=by or f"pid {os.getpid()}@{socket.gethostname()}", graceful=graceful)
-        for ref in engine.attempts(run):
+            intent = store.request_cancel(by=by or f"pid {os.getpid()}@{socket.gethostname()}", graceful=graceful)
+            for ref in refs:
+                engine.note_cancel(ref, intent)
+        for ref in refs:
             engine.cancel(ref, graceful=graceful)
     finally:
         engine.close()

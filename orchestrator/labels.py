@@ -9,6 +9,7 @@ SPEC_HASH = "wmctl.io/spec-hash"
 PARENT_ATTEMPT = "wmctl.io/parent-attempt"
 EXCLUDED_NODES = "wmctl.io/excluded-nodes"  # comma-separated host names
 VERSION = "wmctl.io/version"
+CANCEL_REQUESTED = "wmctl.io/cancel-requested"  # annotation: the cancel intent (JSON), set before teardown
 
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"

@@ -187,6 +187,12 @@ class Backend(ABC, Generic[R]):
         """Tear down everything of the attempt at once (SIGTERM first and a wait for the job's
         checkpoint with ``graceful``, where ``graceful_cancel``). Idempotent."""
 
+    def note_cancel(self, ref: AttemptRef, intent: dict[str, Any]) -> None:
+        """Write the cancel intent onto the attempt's own objects too, before the teardown, where
+        the backend can (Kubernetes: an annotation on the Job, seen by a watcher on any machine).
+        Docker cannot change a container's labels after creation, and local processes carry none:
+        there the run store alone holds it. Best effort."""
+
     def release(self, ref: AttemptRef) -> None:
         """The attempt ended well: free what still holds its name (finished containers) while
         keeping its logs readable. Idempotent."""

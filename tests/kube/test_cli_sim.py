@@ -119,3 +119,66 @@ def test_sim_cli_detach_then_cancel_deletes_in_the_runs_namespace(fake_api, tmp_
     assert all("/namespaces/training/" in r["path"] for r in fake_api.api.sent("DELETE", ""))
     status = json.loads(wmctl("status", "clicancel", "-o", "json").stdout)
     assert status["status"] == "cancelled" and "cancelled" in status["final_report"]
+
+
+def test_sim_cancel_annotates_the_job_before_teardown_and_a_watcher_elsewhere_obeys_it(fake_api, tmp_path):
+    """`wmctl cancel` writes its intent on the Job (an annotation) before deleting anything; a
+    watcher on another machine, which shares no run folder with the canceller, reads the intent
+    from the cluster, ends the run cancelled (exit 8) and submits no attempt 1."""
+    kubeconfig = tmp_path / "kubeconfig"
+    write_kubeconfig(kubeconfig, fake_api.server.url)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "clicross", "nodes": 2, "image": {"vendor": "cpu", "tag": "registry.example.com/wm:v3"},
+        "command": ["python", "train.py"], "kubernetes": {"namespace": "training"},
+        "volumes": [{"name": "ckpt", "mount": "/ckpt", "pvc": "wm-ckpt"}], "checkpoint": {"dir": "/ckpt"},
+        "restart": {"max_attempts": 3, "backoff": "0s"},
+    }))
+    fake_api.cluster.script(job="clicross-a0", run_seconds=None)
+    fake_api.cluster.start()
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "WMCTL_HOME": str(tmp_path / "home"),
+           "PYTHONPATH": str(REPO)}
+    watcher = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "submit", str(spec), "-b", "kubernetes",
+                                "--context", "sim", "--auto-resume"], env=env, cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        jobs = lambda: [j["metadata"]["name"] for j in fake_api.store.list("jobs")[0]]  # noqa: E731
+        assert fake_api.cluster.run_until(lambda: jobs() == ["clicross-a0"], timeout=30)
+        time.sleep(0.5)
+        # Another machine's cancel: the annotation alone (its run folder is not this one).
+        from kubernetes import client as k8s
+        cfg = k8s.Configuration(host=fake_api.server.url)
+        cfg.api_key = {"authorization": "Bearer sim-token"}
+        k8s.BatchV1Api(k8s.ApiClient(cfg)).patch_namespaced_job(
+            "clicross-a0", "training", {"metadata": {"annotations": {"wmctl.io/cancel-requested": '{"by": "elsewhere"}'}}})
+        out, _ = watcher.communicate(timeout=60)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+    assert watcher.returncode == 8, out
+    assert "cancel requested on the Job" in out and "clicross-a1" not in out
+    assert all("clicross-a1" not in r["path"] for r in fake_api.api.sent("POST", ""))
+    record = json.loads((tmp_path / "home" / "runs" / "clicross" / "run.json").read_text())
+    assert record["status"] == "cancelled" and [a["attempt"] for a in record["attempts"]] == [0]
+
+
+def test_sim_cli_cancel_patches_the_intent_before_any_delete(fake_api, tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    write_kubeconfig(kubeconfig, fake_api.server.url)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "cliorder", "nodes": 1, "image": {"vendor": "cpu", "tag": "registry.example.com/wm:v3"},
+        "command": ["python", "train.py"], "kubernetes": {"namespace": "training"},
+    }))
+    fake_api.cluster.script(job="cliorder-a0", run_seconds=None)
+    fake_api.cluster.start()
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "WMCTL_HOME": str(tmp_path / "home"),
+           "PYTHONPATH": str(REPO)}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "orchestrator.cli", *a], env=env, cwd=tmp_path,  # noqa: E731
+                                    capture_output=True, text=True, timeout=60)
+    assert run("submit", str(spec), "-b", "kubernetes", "--context", "sim", "--detach").returncode == 0
+    assert run("cancel", "cliorder").returncode == 0
+    verbs = [(r["verb"], r["path"]) for r in fake_api.api.sent(None, "") if r["verb"] in ("PATCH", "DELETE")]
+    patch = next(i for i, (v, p) in enumerate(verbs) if v == "PATCH" and p.endswith("/jobs/cliorder-a0"))
+    first_delete = next(i for i, (v, _) in enumerate(verbs) if v == "DELETE")
+    assert patch < first_delete, verbs

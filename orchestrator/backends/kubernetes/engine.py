@@ -343,6 +343,11 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         with st.lock:
             if etype != "DELETED":
                 st.job = job
+            intent = ((job.get("metadata") or {}).get("annotations") or {}).get(L.CANCEL_REQUESTED)
+            if intent and not st.cancelled:
+                # Another machine's `wmctl cancel` (its run folder is not ours): the Job says so.
+                st.cancelled = True
+                st.events.append(Event(CANCELLED, message=f"cancel requested on the Job: {intent}"))
             if not st.completions:
                 st.completions = int((job.get("spec") or {}).get("completions") or 1)
 
@@ -476,6 +481,20 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
     def release(self, ref: AttemptRef) -> None:
         """A finished Job stays for `kubectl` and pod logs until ttlSecondsAfterFinished (the spec's
         kubernetes.ttl_seconds_after_finished) lets the cluster remove it; nothing to do here."""
+
+    def note_cancel(self, ref: AttemptRef, intent: dict[str, Any]) -> None:
+        """Annotate the attempt's Job with the cancel intent (a merge patch on metadata only), so
+        a watcher elsewhere, sharing no run folder with this machine, reads it from the cluster
+        and never resubmits. Best effort: a Job already gone, or a patch this user may not make,
+        leaves the teardown to say what happened."""
+        ApiException = sdk.api_exception()
+        ns = ref.namespace or self.namespace
+        body = {"metadata": {"annotations": {L.CANCEL_REQUESTED: json.dumps(intent, sort_keys=True)}}}
+        try:
+            call_json(self._batch().patch_namespaced_job, ref.attempt_name, ns, body,
+                      what=f"annotate Job {ns}/{ref.attempt_name} with the cancel intent")
+        except ApiException:
+            pass
 
     def cancel(self, ref: AttemptRef, graceful: bool = False) -> None:
         """Keep each node's log tail, then delete the Job (Foreground: its pods go first), the
