@@ -182,3 +182,67 @@ def test_sim_cli_cancel_patches_the_intent_before_any_delete(fake_api, tmp_path)
     patch = next(i for i, (v, p) in enumerate(verbs) if v == "PATCH" and p.endswith("/jobs/cliorder-a0"))
     first_delete = next(i for i, (v, _) in enumerate(verbs) if v == "DELETE")
     assert patch < first_delete, verbs
+
+
+@pytest.mark.parametrize("outcome", ["succeeded", "app_error", "killed", "cancelled", "running"])
+def test_sim_status_of_a_run_nobody_watches_is_read_from_the_cluster(fake_api, tmp_path, outcome):
+    """A plain `submit` (no watcher); after the outcome, `status` and `list` ask the cluster."""
+    kubeconfig = tmp_path / "kubeconfig"
+    write_kubeconfig(kubeconfig, fake_api.server.url)
+    run = f"unw-{outcome.replace('_', '-')}"
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": run, "nodes": 2, "image": {"vendor": "cpu", "tag": "registry.example.com/wm:v3"},
+        "command": ["python", "train.py"], "kubernetes": {"namespace": "training"},
+        "volumes": [{"name": "ckpt", "mount": "/ckpt", "pvc": "wm-ckpt"}], "checkpoint": {"dir": "/ckpt"},
+    }))
+    cluster = fake_api.cluster
+    behaviour = {"succeeded": {"run_seconds": 0.3}, "app_error": {"run_seconds": 0.3, "exit_code": 1},
+                 "killed": {"run_seconds": None}, "cancelled": {"run_seconds": None},
+                 "running": {"run_seconds": None}}[outcome]
+    cluster.script(job=f"{run}-a0", **behaviour)
+    first = {**behaviour, "run_seconds": 0.8} if outcome == "app_error" else behaviour   # rank 1 fails first
+    cluster.script(job=f"{run}-a0", index=0, logs=[(0.0, progress("start", 0)), (0.05, progress("step", 3))],
+                   **first)
+    if outcome == "app_error":
+        cluster.script(job=f"{run}-a0", index=1, run_seconds=0.3, exit_code=1,
+                       logs=[(0.0, "[rank1]: Traceback (most recent call last):"),
+                             (0.01, '[rank1]:   File "/workspace/train.py", line 7, in <module>'),
+                             (0.02, "[rank1]: ValueError: bad shape")])
+    cluster.start()
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "WMCTL_HOME": str(tmp_path / "home"),
+           "PYTHONPATH": str(REPO)}
+
+    def wmctl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+
+    sub = wmctl("submit", str(spec), "-b", "kubernetes", "--context", "sim")
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    assert f"nothing will resume {run}" in sub.stdout
+
+    def running_pods():
+        return [p for p in fake_api.store.list("pods")[0]
+                if p["metadata"]["labels"].get("job-name") == f"{run}-a0" and p["status"].get("phase") == "Running"]
+    if outcome in ("killed", "cancelled", "running"):
+        assert cluster.run_until(lambda: len(running_pods()) == 2, timeout=30)
+    if outcome == "killed":
+        cluster.kill_node(running_pods()[0]["spec"]["nodeName"])
+    elif outcome == "cancelled":
+        assert wmctl("cancel", run).returncode == 0
+    expected = {"succeeded": "succeeded", "app_error": "failed", "killed": "failed", "cancelled": "cancelled",
+                "running": "running"}[outcome]
+    want = {"succeeded": "succeeded", "app_error": "app_error", "killed": "node_lost", "cancelled": "cancelled",
+            "running": None}[outcome]
+
+    def settled():
+        data = json.loads(wmctl("status", run, "-o", "json").stdout)
+        return data["status"] == expected and data["attempts"][0]["outcome"] == want
+    assert cluster.run_until(settled, timeout=60), wmctl("status", run).stdout
+    text = wmctl("status", run).stdout
+    assert "None" not in text and "watcher: unwatched" in text
+    row = next(line.split() for line in wmctl("list").stdout.splitlines() if line.startswith(run + " "))
+    assert row[:3] == [run, "kubernetes", expected]
+    if outcome == "app_error":
+        assert 'train.py", line 7' in text and "ValueError: bad shape" in text
+    assert all(f"{run}-a1" not in r["path"] for r in fake_api.api.sent("POST", ""))
