@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from . import layout
-from .errors import RecordDamaged, RunNotFound, WmctlError
+from .errors import RecordDamaged, RunExists, RunNotFound
 
 # The watcher lease: a live watcher beats every LEASE_BEAT_S; on this host its flock is the proof
 # of life, and a lease from another host (a shared run folder) is live while its beat is younger
@@ -227,18 +227,18 @@ class LocalRunStore(RunStore):
             fh.close()
             held = self._read_lease()
             holder = held.describe() if held else "another process on this host"
-            raise WmctlError(f"run {self.run!r} is already {holder}" if held else
-                             f"run {self.run!r} is already watched by {holder}",
-                             hint="stop that watcher first, or use `wmctl status` to look without acting") from None
+            raise RunExists(f"run {self.run!r} is already {holder}" if held else
+                            f"run {self.run!r} is already watched by {holder}",
+                            hint="stop that watcher first, or use `wmctl status` to look without acting") from None
         note = None
         held = self._read_lease()
         if held is not None and held.host != socket.gethostname():
             # The flock proves nothing across hosts (a run folder on shared storage): the beat does.
             if held.age() < LEASE_STALE_S:
                 fh.close()
-                raise WmctlError(f"run {self.run!r} is already {held.describe()}",
-                                 hint="stop that watcher first (on its host), or use `wmctl status` to look "
-                                      f"without acting; its lease goes stale {LEASE_STALE_S:.0f} s after its last beat")
+                raise RunExists(f"run {self.run!r} is already {held.describe()}",
+                                hint="stop that watcher first (on its host), or use `wmctl status` to look "
+                                     f"without acting; its lease goes stale {LEASE_STALE_S:.0f} s after its last beat")
             note = f"took over the stale lease of {held.pid}@{held.host} (last beat {held.age():.0f}s ago)"
         self._lock_fh = fh
         self._lease = Lease.mine()

@@ -84,7 +84,7 @@ def test_docker_cancel_while_starting_removes_the_containers(docker_client, imag
     assert_cancelled(docker_client, home, run, w, [0])
 
 
-def test_docker_cancel_during_teardown_and_backoff_submits_nothing_more(docker_client, image, home):
+def test_docker_cancel_during_the_backoff_wait_submits_nothing_more(docker_client, image, home):
     run = "dkl-backoff"
     w = docker_watch(write_spec(home, run, image, steps=400, restart={"backoff": "90s"}), home)
     wait_progress(docker_client, run, 0, "checkpoint", 5)
@@ -96,6 +96,26 @@ def test_docker_cancel_during_teardown_and_backoff_submits_nothing_more(docker_c
     assert_cancelled(docker_client, home, run, w, [0])
     assert time.monotonic() - started < 60
     assert h.record(home, run)["attempts"][0]["outcome"] == "node_lost"
+
+
+def test_docker_cancel_during_the_teardown_of_a_failed_attempt_submits_nothing_more(docker_client, image, home):
+    run = "dkl-teardown"
+    w = docker_watch(write_spec(home, run, image, steps=400), home, pause="teardown")
+    wait_progress(docker_client, run, 0, "checkpoint", 5)
+    docker_client.containers.get(f"{run}-a0-1").kill()
+    cancel_while_held(home, run, "teardown")
+    assert_cancelled(docker_client, home, run, w, [0])
+    assert h.record(home, run)["attempts"][0]["outcome"] == "node_lost"
+
+
+def test_docker_a_second_watcher_is_refused_naming_the_first(docker_client, image, home):
+    run = "dkl-two"
+    w = docker_watch(write_spec(home, run, image, steps=400), home)
+    wait_progress(docker_client, run, 0, "step", 1)
+    second = wmctl(home, "watch", run, "--auto-resume")
+    assert second.returncode == 4 and f"watched by {w.proc.pid}@" in second.stderr, second.stderr
+    assert wmctl(home, "cancel", run).returncode == 0
+    assert_cancelled(docker_client, home, run, w, [0])
 
 
 def test_docker_graceful_cancel_keeps_the_sigterm_checkpoint(docker_client, image, home):

@@ -160,7 +160,7 @@ def test_a_second_watcher_is_refused_naming_the_first(home):
     w = h.Watch(spec, home)
     h.wait_step(home, run, 0, 1)
     second = wmctl(home, "watch", run, "--auto-resume")
-    assert second.returncode != 0 and "Traceback" not in second.stderr
+    assert second.returncode == 4 and "Traceback" not in second.stderr
     assert f"watched by {w.proc.pid}@" in second.stderr
     status = wmctl(home, "status", run)
     assert f"watcher: watched by {w.proc.pid}@" in status.stdout
