@@ -158,3 +158,17 @@ def test_logs_of_a_real_run(home: Path, capsys):
     assert code == 6 and "has no node 9" in err and "its only node is 0" in err and "Traceback" not in err
     code, _, err = _run(["logs", "logs-run", "--attempt", "5"], capsys)
     assert code == 6 and "no attempt 5" in err and "Traceback" not in err
+
+
+def test_every_error_class_s_exit_code_is_in_the_readme_table():
+    """A new error class with a new exit code must be documented in the one table."""
+    import re
+
+    from orchestrator import errors
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    paragraph = readme.split("Exit codes:", 1)[1].split("\n\n", 1)[0].strip()
+    documented = {int(n) for n in re.findall(r"(?:^|; )(\d+) ", paragraph)}
+    classes = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.WmctlError)]
+    assert {c.exit_code for c in classes} <= documented, documented
+    assert documented == set(range(10)), documented
