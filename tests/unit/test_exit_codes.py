@@ -78,6 +78,8 @@ CASES = [
     Case("doctor-bad-size", lambda t: ["doctor", "--vendor", "cpu", "--shm-min", "lots"], 2, "--shm-min"),
     Case("doctor-unknown-vendor", lambda t: ["doctor", "--vendor", "nope"], 2, "--vendor"),
     Case("missing-spec-file", lambda t: ["render", str(t / "nope.yaml")], 2, "does not exist"),
+    Case("render-negative-attempt", lambda t: ["render", TINY, "--attempt", "-1"], 2, "--attempt"),
+    Case("logs-negative-node", lambda t: ["logs", "nope", "--node", "-1"], 2, "--node"),
     # 3: the build refused its input (a real failed build needs an engine: tests/docker)
     Case("build-arg-not-key-value", lambda t: ["build-image", TINY, "--dry-run", "--build-arg", "NOEQUALS"], 3,
          "--build-arg"),
