@@ -65,5 +65,6 @@ def test_missing_writable_relative_host_path_is_created_and_the_job_writes_there
     assert f"note: created the missing host folder {folder} (volumes[0].host_path, volume 'out', " \
            "mounted at /workspace/out)" in lines, lines
     assert (folder / "ok.txt").read_text() == "written in the container"
-    assert api.status(RUN).status == "succeeded"
-    assert [a.attempt for a in api.status(RUN).attempts] == [0]      # submitted once, not retried
+    record = api.status(RUN).record
+    assert record is not None and record.status == "succeeded"
+    assert [a.attempt for a in record.attempts] == [0]      # submitted once, not retried
