@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterator
 from . import backends
 from .backends.base import AttemptRef, Backend, BackendOptions
 from .build.record import RECORD_FILE, pinned_ref
-from .errors import EngineUnavailable, RunCancelled, RunExists, RunFailed, RunNotFound, WmctlError
+from .errors import (EngineUnavailable, OptionError, RunCancelled, RunExists, RunFailed, RunNotFound, SpecError,
+                     WmctlError)
 from .plan import AttemptContext, Plan
 from .spec import JobSpec, from_dict, load_spec
 from .state import Lease, RunRecord, RunStore, list_runs, open_store
@@ -122,6 +123,10 @@ def dryrun(job: Job, backend: str, *, auto_resume: bool = False, context: str | 
     auto_resume = auto_resume or job.spec.restart.auto_resume
     engine, options = backend_for(backend, job, context=context)
     backends.check(type(engine), job.spec, auto_resume=auto_resume)
+    problems = engine.check_host(job.spec)     # a missing read-only host folder, on this machine
+    if problems:
+        engine.close()
+        raise SpecError(problems)
     ctx = AttemptContext(attempt=attempt, excluded_nodes=tuple(exclude), resume=auto_resume or attempt > 0,
                          parent=attempt - 1 if attempt > 0 else None)
     return SubmitRequest(job, engine, engine.plan(job.spec, job.profile, ctx), auto_resume, options)
@@ -138,6 +143,8 @@ def schedule(request: SubmitRequest, *, watch: bool, echo: Echo,
         # Leased before the record exists: `status` never takes a run being submitted for one
         # whose submitter died.
         store.acquire_watcher()
+        for note in engine.prepare_host(job.spec):     # missing writable host folders, created
+            echo(f"note: {note}")
         spec = job.spec
         overrides = dict(job.overrides)
         if spec.image.tag and "@sha256:" in spec.image.tag:
@@ -411,9 +418,9 @@ def cancel(run: str, *, graceful: bool = False, by: str | None = None, wait_s: f
     engine = engine_of(record)
     try:
         if graceful and not engine.graceful_cancel:
-            raise WmctlError(f"the {engine.name} backend cannot cancel gracefully",
-                             hint="cancel without --graceful: its teardown already sends SIGTERM with the "
-                                  "termination grace period")
+            raise OptionError(f"the {engine.name} backend cannot cancel gracefully",
+                              hint="cancel without --graceful: its teardown already sends SIGTERM with the "
+                                   "termination grace period")
         refs = engine.attempts(run)
         if record.status == "running":
             intent = store.request_cancel(by=by or f"pid {os.getpid()}@{socket.gethostname()}", graceful=graceful)

@@ -1,4 +1,5 @@
-"""Small, dependency-free building blocks for validating the job spec.
+"""Small building blocks for validating the job spec (durationpy, Go's duration syntax, is their
+one dependency).
 
 Plain dataclasses plus these helpers instead of pydantic: the spec stays readable, every
 error names its field path and the fix, and the CLI avoids ~150 ms of import time (the
@@ -16,6 +17,8 @@ import typing
 from decimal import Decimal
 from typing import Any, Literal, Union, get_args, get_origin
 
+import durationpy
+
 Problems = list[tuple[str, str]]
 
 _QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTPE]i?|k|m)?\s*$")
@@ -25,6 +28,11 @@ _FACTORS = {
 }
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)?\s*$")
 _DURATION_FACTORS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+# Go's (and so Kubernetes') duration units. durationpy also reads d, w, mm and y, which Go does not:
+# a spec value should mean the same to wmctl as to kubectl, so those are refused.
+_GO_UNITS = ("h", "m", "s", "ms", "us", "µs", "μs", "ns")
+_GO_TERM = re.compile(r"([0-9.]+)([^0-9.]*)")
+_DURATION_FORMS = "write it like 30s, 1m30s, 250ms or 1h"
 _INTEGER = re.compile(r"^\s*-?[0-9]+\s*$")   # ASCII digits only: int() refuses '²' that isdigit() accepts
 
 INT32_MAX = 2**31 - 1
@@ -82,15 +90,31 @@ def parse_duration(value: Any) -> float:
         # Compared before float(): a huge int would overflow the conversion itself.
         seconds = float(value) if value <= MAX_DURATION_S else math.inf
     elif isinstance(value, str):
-        m = _DURATION.match(value)
-        if not m:
-            raise Invalid(f"{value!r} is not a duration; write it like 30s, 5m or 1h")
-        seconds = float(m.group(1)) * _DURATION_FACTORS[m.group(2)]
+        m = _DURATION.match(value)      # a number of seconds, or one term (30s, 1.5 m, 250ms)
+        seconds = float(m.group(1)) * _DURATION_FACTORS[m.group(2)] if m else _go_duration(value)
     else:
         raise Invalid(f"expected a duration such as 30s or 5m, got {type(value).__name__}")
     if not seconds <= MAX_DURATION_S:   # also catches a float overflowed to inf
         raise Invalid(f"{value!r} is too long; durations go up to {MAX_DURATION_S}s (68 years)")
     return seconds
+
+
+def _go_duration(value: str) -> float:
+    """A Go/Kubernetes duration ('1h2m3.5s', '1m30s', '+90s') in seconds, parsed by durationpy
+    (the kubernetes client's own parser), with Go's units only and no negative values."""
+    text = value.strip()
+    if text.startswith("-"):
+        raise Invalid(f"{value!r}: a duration cannot be negative")
+    for _, unit in _GO_TERM.findall(text.lstrip("+")):
+        if unit not in _GO_UNITS:
+            what = f"unknown unit {unit!r}" if unit else "a number without its unit"
+            raise Invalid(f"{value!r} is not a duration ({what}); use h, m, s, ms, us or ns: {_DURATION_FORMS}")
+    try:
+        return durationpy.from_str(text).total_seconds()
+    except (OverflowError, ValueError) as exc:     # DurationError is a ValueError; older ones leak both
+        if isinstance(exc, OverflowError) or "range" in str(exc):
+            raise Invalid(f"{value!r} is too long; durations go up to {MAX_DURATION_S}s (68 years)") from None
+        raise Invalid(f"{value!r} is not a duration; {_DURATION_FORMS}") from None
 
 
 def format_quantity(n: int) -> str:

@@ -26,6 +26,17 @@ def where() -> str:
     return os.environ.get("DOCKER_HOST") or "the local socket (unix:///var/run/docker.sock)"
 
 
+def engine_is_local() -> bool:
+    """Does the environment's engine run on this machine, so a bind mount's source is a folder
+    here? The local socket, or TCP/SSH to this very host; a remote engine's folders are its own."""
+    from urllib.parse import urlparse
+
+    host = os.environ.get("DOCKER_HOST", "")
+    if not host or host.startswith(("unix://", "npipe://")):
+        return True
+    return urlparse(host).hostname in ("localhost", "127.0.0.1", "::1")
+
+
 def client(timeout: int | None = None) -> Any:
     """A client for the engine the Docker environment names (DOCKER_HOST, ...), or
     EngineUnavailable with a hint when there is none."""

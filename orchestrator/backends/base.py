@@ -164,6 +164,18 @@ class Backend(ABC, Generic[R]):
         """What ``render`` and ``submit --dry-run`` print for a plan."""
         return dump(plan.to_dict(), output)
 
+    # -- the host: what this machine must hold before the first attempt ----------------------
+    def check_host(self, spec: Any) -> list[tuple[str, str]]:
+        """Problems this machine has with the spec (a read-only host folder that is missing),
+        raised with the spec's own problems by the dry run, before anything is submitted.
+        Default: none (the backend reads no folder of this machine)."""
+        return []
+
+    def prepare_host(self, spec: Any) -> list[str]:
+        """Make this machine ready for a new run (create its missing writable host folders) and
+        say what was done, one note each. Called once when a run is scheduled, never by a dry run."""
+        return []
+
     def namespace_of(self, spec: Any) -> str | None:
         """Where this backend keeps the run's objects (None on a backend without namespaces)."""
         return None

@@ -9,8 +9,8 @@ from .. import api
 
 @click.command("logs", help="Print (or follow) the output of one node of a run, or of its detached watcher.")
 @click.argument("run")
-@click.option("--node", type=int, default=0, show_default=True)
-@click.option("--attempt", type=int, default=None, help="Default: the latest attempt.")
+@click.option("--node", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--attempt", type=click.IntRange(min=0), default=None, help="Default: the latest attempt.")
 @click.option("-f", "--follow", is_flag=True)
 @click.option("--watcher", is_flag=True, help="The detached watcher's lines (`submit --detach --auto-resume`).")
 def command(run, node, attempt, follow, watcher):

@@ -16,7 +16,8 @@ from ._common import backend_option, load, overrides_from, plan_document, spec_o
 @click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write one file per object into DIR instead of printing.")
-@click.option("--attempt", type=int, default=0, show_default=True, help="Render this attempt number.")
+@click.option("--attempt", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Render this attempt number.")
 @click.option("--exclude-node", "exclude", multiple=True, help="Render with this node excluded (repeatable).")
 @click.option("--auto-resume", "resume", is_flag=True, help="Check and render as for `--auto-resume`.")
 def command(spec_path, set_flags, nodes, image_tag, vendor, namespace, backend, output, out_dir,

@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends.kubernetes.watch", 4),
     # pure planning: renderers, checks, classifiers, and what they share
     ("orchestrator.backends.base", 3),
+    ("orchestrator.backends.host_paths", 3),
     ("orchestrator.backends.local.render", 3),
     ("orchestrator.backends.local.classify", 3),
     ("orchestrator.backends.docker.render", 3),

@@ -78,6 +78,8 @@ CASES = [
     Case("doctor-bad-size", lambda t: ["doctor", "--vendor", "cpu", "--shm-min", "lots"], 2, "--shm-min"),
     Case("doctor-unknown-vendor", lambda t: ["doctor", "--vendor", "nope"], 2, "--vendor"),
     Case("missing-spec-file", lambda t: ["render", str(t / "nope.yaml")], 2, "does not exist"),
+    Case("render-negative-attempt", lambda t: ["render", TINY, "--attempt", "-1"], 2, "--attempt"),
+    Case("logs-negative-node", lambda t: ["logs", "nope", "--node", "-1"], 2, "--node"),
     # 3: the build refused its input (a real failed build needs an engine: tests/docker)
     Case("build-arg-not-key-value", lambda t: ["build-image", TINY, "--dry-run", "--build-arg", "NOEQUALS"], 3,
          "--build-arg"),
@@ -158,3 +160,17 @@ def test_logs_of_a_real_run(home: Path, capsys):
     assert code == 6 and "has no node 9" in err and "its only node is 0" in err and "Traceback" not in err
     code, _, err = _run(["logs", "logs-run", "--attempt", "5"], capsys)
     assert code == 6 and "no attempt 5" in err and "Traceback" not in err
+
+
+def test_every_error_class_s_exit_code_is_in_the_readme_table():
+    """A new error class with a new exit code must be documented in the one table."""
+    import re
+
+    from orchestrator import errors
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    paragraph = readme.split("Exit codes:", 1)[1].split("\n\n", 1)[0].strip()
+    documented = {int(n) for n in re.findall(r"(?:^|; )(\d+) ", paragraph)}
+    classes = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.WmctlError)]
+    assert {c.exit_code for c in classes} <= documented, documented
+    assert documented == set(range(10)), documented

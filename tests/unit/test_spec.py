@@ -59,6 +59,30 @@ def test_bad_quantity_and_duration_name_their_field():
     assert "16Gi" in p["resources.memory"] and "30s" in p["restart.backoff"]
 
 
+@pytest.mark.parametrize("text,seconds", [
+    # Go/Kubernetes forms, parsed by durationpy
+    ("1m30s", 90.0), ("1h", 3600.0), ("250ms", 0.25), ("1h2m3.5s", 3723.5), ("+90s", 90.0), ("2h0m0s", 7200.0),
+    ("500us", 0.0005),
+    # what was accepted before stays accepted: seconds as a number or a bare string, one term with spaces
+    (30, 30.0), (2.5, 2.5), ("30", 30.0), ("30s", 30.0), ("10m", 600.0), (" 30 s ", 30.0), ("1.5m", 90.0),
+    ("0", 0.0),
+])
+def test_durations_accept_go_forms_and_todays(text, seconds):
+    spec = spec_from({**BASE, "restart": {"backoff": text, "heartbeat_timeout": text}})
+    assert spec.restart.backoff_s == seconds and spec.restart.heartbeat_timeout_s == seconds
+
+
+@pytest.mark.parametrize("text,says", [
+    ("-1s", "cannot be negative"), ("-1m30s", "cannot be negative"), (-3, "cannot be negative"),
+    ("", "write it like 30s, 1m30s"), ("1x", "unknown unit 'x'"), ("1d", "unknown unit 'd'"),
+    ("1m30", "a number without its unit"), ("1.2.3s", "is not a duration"), ("soon", "is not a duration"),
+    ("99999999999999h", "is too long"),
+])
+def test_bad_durations_name_their_field(text, says):
+    p = problems_of({"restart": {"node_loss_timeout": text}, "rendezvous": {"join_timeout": text}})
+    assert says in p["restart.node_loss_timeout"] and says in p["rendezvous.join_timeout"]
+
+
 def test_name_too_long_with_attempt_suffix():
     p = problems_of({"name": "a" * 60, "restart": {"max_attempts": 10}, "nodes": 16})
     assert "shorten it to at most" in p["name"]

@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ... import labels as L
@@ -31,6 +32,7 @@ from ...launch import user_program
 from ...plan import AttemptContext, HostFacts, Plan
 from ...runtime.protocol import parse_progress
 from .. import base as b
+from .. import host_paths
 from ...state import open_store
 from .classify import TERMINAL, node_status, parse_docker_ns, parse_docker_time, transition_events
 from .render import DockerRequest, render_docker
@@ -79,6 +81,22 @@ class _Attempt:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
+def _create_bind_sources(containers: list[dict[str, Any]]) -> None:
+    """A writable bind source that is missing is created, as `docker run -v` does (the engine
+    API refuses it: "bind source path does not exist"). ``prepare_host`` made them, with notes,
+    when the run was scheduled; this covers a later attempt after the folder was removed, and a
+    plan submitted without the api. A read-only one is left for the engine to refuse."""
+    if not sdk.engine_is_local():
+        return
+    for c in containers:
+        for m in c["create"].get("mounts", []):
+            if m.get("Type") == "bind" and not m.get("ReadOnly") and m.get("Source"):
+                try:
+                    Path(m["Source"]).mkdir(parents=True, exist_ok=True)
+                except OSError:
+                    pass        # the engine's refusal names the path
+
+
 class DockerBackend(b.Backend[DockerRequest]):
     name = "docker"
     places_nodes = False     # one Docker host: a retry cannot go elsewhere
@@ -107,6 +125,15 @@ class DockerBackend(b.Backend[DockerRequest]):
     def render(cls, spec, profile, ctx: AttemptContext, host: HostFacts) -> Plan[DockerRequest]:
         return render_docker(spec, profile, ctx, host)
 
+    # ------------------------------------------------------------ the host
+
+    def check_host(self, spec) -> list[tuple[str, str]]:
+        # A remote engine's bind sources are its folders, not this machine's: not checked here.
+        return host_paths.missing_read_only(spec) if sdk.engine_is_local() else []
+
+    def prepare_host(self, spec) -> list[str]:
+        return host_paths.create_missing(spec) if sdk.engine_is_local() else []
+
     # ------------------------------------------------------------ submit
 
     def submit(self, plan: Plan[DockerRequest]) -> b.AttemptRef:
@@ -119,6 +146,7 @@ class DockerBackend(b.Backend[DockerRequest]):
         ref = b.AttemptRef(self.name, plan.run, plan.attempt)
         errors, _ = sdk.errors()
         _ = self.client       # connect first: an unreachable engine fails before anything exists
+        _create_bind_sources(containers)
         undo: list[Callable[[], None]] = []
         since = time.time() - 1.0
         with sdk.engine(f"submitting {plan.attempt_name}"):

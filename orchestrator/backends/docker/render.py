@@ -24,6 +24,7 @@ from ...runtime.topology import format_cpulist
 from ...spec import JobSpec
 from ...validate import format_quantity
 from ...vendors import VendorProfile
+from ..host_paths import host_path_source
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ def _mounts(spec: JobSpec, profile: VendorProfile) -> tuple[list[dict[str, Any]]
     for i, vol in enumerate(spec.volumes):
         kind = vol.source
         if kind == "host_path" and vol.host_path is not None:
-            src = vol.host_path if vol.host_path.startswith("/") else str((spec.source_dir / vol.host_path).resolve())
+            src = str(host_path_source(spec, vol.host_path))
             mounts.append({"Target": vol.mount, "Source": src, "Type": "bind", "ReadOnly": vol.read_only})
         elif kind == "pvc":
             # A named Docker volume stands in for a PVC: it outlives containers, like a PVC.

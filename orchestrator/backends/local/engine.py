@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Iterator
 
 from ... import layout
-from ...errors import BackendError, RunNotFound
+from ...errors import BackendError, RunNotFound, SpecError
 from ...plan import AttemptContext, HostFacts, Plan
 from ...runtime.protocol import ENV_LOCAL_TAG, parse_progress
 from .. import base as b
 from .classify import NodeView, node_events
-from .render import LocalRequest, render_local
+from .render import LocalRequest, local_checkpoint_dir, render_local
 
 TAG_ENV = ENV_LOCAL_TAG
 
@@ -103,6 +103,23 @@ class LocalBackend(b.Backend[LocalRequest]):
         """This machine, and a rendezvous port free on it now (the dry run and the submit
         choose it the same way)."""
         return HostFacts.of_this_machine(port=free_port(spec.local.master_port or spec.rendezvous.port))
+
+    def prepare_host(self, spec) -> list[str]:
+        """The checkpoint folder the spec names (checkpoint.dir, or its host_path volume) is made
+        here, as submit always did, now with a note when it did not exist. Other volumes are not
+        mounted on this backend (the job runs on this machine, with its folders as they are)."""
+        if not spec.checkpoint.dir:
+            return []       # the run folder's own checkpoints/: nothing the user named
+        ckpt = local_checkpoint_dir(spec)
+        if ckpt.exists():
+            return []
+        try:
+            ckpt.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            raise SpecError([("checkpoint.dir", f"the checkpoint folder {ckpt} cannot be created: {why}; "
+                                                "point it at a folder you can write")]) from None
+        return [f"created the missing checkpoint folder {ckpt} (checkpoint.dir {spec.checkpoint.dir})"]
 
     # -- submit --------------------------------------------------------------------------------
     def submit(self, plan: Plan[LocalRequest]) -> b.AttemptRef:

@@ -20,6 +20,7 @@ from ...runtime.protocol import ENV_NODE_NAME
 from ...runtime.topology import format_cpulist
 from ...spec import JobSpec
 from ...vendors import VendorProfile
+from ..host_paths import host_path_source
 
 PYTHON_NAMES = ("python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}")
 
@@ -45,8 +46,7 @@ def local_checkpoint_dir(spec: JobSpec, home: Path | None = None) -> Path:
     vol = spec.volume_for(ckpt)
     if vol is not None and vol.host_path is not None:
         rel = os.path.relpath(ckpt, vol.mount)
-        base = Path(vol.host_path)
-        base = base if base.is_absolute() else spec.source_dir / base
+        base = host_path_source(spec, vol.host_path)
         return (base / rel).resolve() if rel != "." else base.resolve()
     path = Path(ckpt)
     return path if path.is_absolute() else (spec.source_dir / path).resolve()

@@ -1,0 +1,70 @@
+"""A missing writable relative host_path on the real engine: created before the submit (with a
+note), bind-mounted, written by the job, and the run succeeds. Without the creation the engine
+refuses the container: "bind source path does not exist".
+
+The run goes through the api as `wmctl submit --watch` does (dryrun, then schedule), with attempt
+0's plan post-processed as tests/docker/test_backend_docker.py does (the bare base image has no
+wmctl: the repository is bind-mounted read-only at /wmctl).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator import api
+from orchestrator import labels as L
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = "dkh-mkdir"
+LAUNCHER = ["python3", "-m", "orchestrator.runtime.affinity"]
+
+
+@pytest.fixture
+def sweep(docker_client):
+    def remove():
+        for c in docker_client.containers.list(all=True, filters={"label": [f"{L.RUN}={RUN}"]}):
+            c.remove(force=True)
+        for net in docker_client.networks.list(filters={"label": [f"{L.RUN}={RUN}"]}):
+            net.remove()
+    remove()
+    yield
+    remove()
+
+
+def test_missing_writable_relative_host_path_is_created_and_the_job_writes_there(
+        docker_client, base_image, sweep, tmp_path, monkeypatch):
+    monkeypatch.setenv("WMCTL_HOME", str(tmp_path / "home"))
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": RUN, "nodes": 1, "nproc_per_node": 1, "affinity": "none",
+        "image": {"vendor": "cpu", "tag": base_image}, "resources": {"shm": "256Mi"},
+        "volumes": [{"name": "out", "mount": "/workspace/out", "host_path": "out/fresh"}],
+        "command": ["python3", "-c", "open('/workspace/out/ok.txt', 'w').write('written in the container')"],
+        "rendezvous": {"join_timeout": "60s"},
+    }))
+    folder = tmp_path / "out" / "fresh"
+    assert not folder.exists()
+
+    request = api.dryrun(api.load_job(spec), "docker")
+    assert not folder.exists()                          # a dry run creates nothing
+    for res in request.plan.resources:
+        if res["kind"] == "container":
+            c = res["create"]
+            c["mounts"] = c["mounts"] + [{"Target": "/wmctl", "Source": str(REPO), "Type": "bind", "ReadOnly": True}]
+            c["environment"] = {**c["environment"], "PYTHONPATH": "/wmctl", "PYTHONDONTWRITEBYTECODE": "1"}
+            c["command"] = [part for arg in c["command"] for part in (LAUNCHER if arg == "wmctl-bind" else [arg])]
+    lines: list[str] = []
+    code = api.schedule(request, watch=True, echo=lines.append)
+
+    assert code == 0, "\n".join(lines)
+    assert f"note: created the missing host folder {folder} (volumes[0].host_path, volume 'out', " \
+           "mounted at /workspace/out)" in lines, lines
+    assert (folder / "ok.txt").read_text() == "written in the container"
+    record = api.status(RUN).record
+    assert record is not None and record.status == "succeeded"
+    assert [a.attempt for a in record.attempts] == [0]      # submitted once, not retried
