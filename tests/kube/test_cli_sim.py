@@ -113,6 +113,9 @@ def test_sim_cli_detach_then_cancel_deletes_in_the_runs_namespace(fake_api, tmp_
     assert sub.returncode == 0, sub.stdout + sub.stderr
     jobs = lambda: [j["metadata"]["name"] for j in fake_api.store.list("jobs")[0]]  # noqa: E731
     assert jobs() == ["clicancel-a0"]
+    graceful = wmctl("cancel", "clicancel", "--graceful")
+    assert graceful.returncode == 2 and "cannot cancel gracefully" in graceful.stderr, graceful.stderr
+    assert jobs() == ["clicancel-a0"] and not (tmp_path / "home" / "runs" / "clicancel" / "cancel.json").exists()
     cancel = wmctl("cancel", "clicancel")
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     assert fake_api.cluster.run_until(lambda: not jobs() and not fake_api.store.list("services")[0])
