@@ -9,6 +9,7 @@ attempt 0 exactly as ``schedule`` then submits it.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import time
 from dataclasses import dataclass, field
@@ -153,7 +154,7 @@ def schedule(request: SubmitRequest, *, watch: bool, echo: Echo,
                            spec_path=str(job.spec_path.resolve()) if job.spec_path else "",
                            overrides=overrides, spec_hash=spec.spec_hash(), auto_resume=request.auto_resume,
                            kube_context=request.options.context, namespace=engine.namespace_of(spec),
-                           spec=spec.to_dict(), source_dir=str(spec.source_dir))
+                           spec=spec.to_dict(), source_dir=str(spec.source_dir), run_id=secrets.token_hex(8))
         store.save(record)
     except BaseException:
         store.release_watcher()

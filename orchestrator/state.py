@@ -70,6 +70,9 @@ class RunRecord:
     # started again later, runs this, not what the YAML file on disk says by then.
     spec: dict[str, Any] | None = None
     source_dir: str | None = None       # the spec file's folder: relative paths resolve against it
+    # Random per run: what the run's processes are tagged with, so teardown signals only them,
+    # never another run of the same name (another WMCTL_HOME, another user). "" before run ids.
+    run_id: str = ""
     version: int = RECORD_VERSION
 
     @classmethod

@@ -312,3 +312,32 @@ def test_a_running_run_is_neither_replaced_nor_deleted(home):
         assert f"watched by {w.proc.pid}@" in out.stderr
     assert wmctl(home, "cancel", run).returncode == 0
     assert_cancelled(home, run, w, [0])
+
+
+def test_two_runs_of_one_name_in_two_homes_never_touch_each_other(tmp_path):
+    """The README's run name in two WMCTL_HOMEs: cancelling one (and a teardown of its failed
+    attempt) signals only its own processes, found by the random run id in its record."""
+    homes = [tmp_path / "home-a", tmp_path / "home-b"]
+    specs = []
+    for home in homes:
+        home.mkdir()
+        specs.append(h.write_spec(home, "worldmodel", nodes=1, steps=4000))
+        assert wmctl(home, "submit", str(specs[-1])).returncode == 0
+    for home in homes:
+        h.wait_step(home, "worldmodel", 0, 1)
+    ids = [h.record(home, "worldmodel")["run_id"] for home in homes]
+    assert all(ids) and ids[0] != ids[1]
+    from orchestrator.backends.local.engine import tagged_pids
+    a_pids, b_pids = (tagged_pids("worldmodel-a0/", run_id=run_id) for run_id in ids)
+    assert a_pids and b_pids and not set(a_pids) & set(b_pids)
+    cancel = wmctl(homes[0], "cancel", "worldmodel")
+    assert cancel.returncode == 0, cancel.stderr
+    assert not tagged_pids("worldmodel-a0/", run_id=ids[0]), "home A's own processes survived its cancel"
+    assert h.record(homes[0], "worldmodel")["status"] == "cancelled"
+    alive = [pid for pid in b_pids if os.path.exists(f"/proc/{pid}")]
+    assert alive, "cancelling the run in home A killed the run in home B"
+    h.wait_step(homes[1], "worldmodel", 0, h.progress(homes[1], "worldmodel", 0)[-1].get("step", 0) + 1)
+    status = json.loads(wmctl(homes[1], "status", "worldmodel", "-o", "json").stdout)
+    assert status["status"] == "running"
+    assert wmctl(homes[1], "cancel", "worldmodel").returncode == 0
+    h.wait_until(lambda: not h.leftover_processes("worldmodel"), 60, "home B's processes to go")

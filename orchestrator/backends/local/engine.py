@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Iterator
 
 from ... import layout
-from ...errors import BackendError, RunNotFound, SpecError
+from ...errors import BackendError, RunNotFound, SpecError, WmctlError
 from ...plan import AttemptContext, HostFacts, Plan
 from ...runtime.protocol import ENV_LOCAL_TAG, parse_progress
+from ...state import open_store
 from .. import base as b
 from .classify import NodeView, node_events
 from .render import LocalRequest, local_checkpoint_dir, render_local
@@ -40,13 +41,19 @@ def free_port(preferred: int) -> int:
     raise BackendError("no free TCP port on 127.0.0.1 for the rendezvous")
 
 
-def _tag(attempt_name: str, node: int) -> str:
-    return f"{attempt_name}/{node}"
+def _tag(attempt_name: str, node: int, run_id: str = "") -> str:
+    """``<run>-a<N>/<node>@<run id>``: the run id is random per run and kept in its record, so two
+    runs of one name (two WMCTL_HOMEs, two users) never share a tag."""
+    return f"{attempt_name}/{node}@{run_id}" if run_id else f"{attempt_name}/{node}"
 
 
-def tagged_pids(prefix: str, exact: bool = False) -> list[int]:
-    """PIDs whose environment has WMCTL_LOCAL_TAG starting with (or, ``exact``, equal to) ``prefix``."""
+def tagged_pids(prefix: str, exact: bool = False, run_id: str | None = None) -> list[int]:
+    """PIDs whose environment has WMCTL_LOCAL_TAG starting with (or, ``exact``, equal to up to
+    the run id) ``prefix``. With ``run_id`` (teardown), only processes this run started: its id
+    ends the tag and they run as this user; a process whose tag has another id, or none, or
+    that another user owns, is never listed."""
     needle = f"{TAG_ENV}={prefix}".encode()
+    uid = os.getuid()
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -54,12 +61,29 @@ def tagged_pids(prefix: str, exact: bool = False) -> list[int]:
         try:
             with open(f"/proc/{entry}/environ", "rb") as fh:
                 env = fh.read()
+            owner = os.stat(f"/proc/{entry}").st_uid
         except OSError:
             continue
-        items = env.split(b"\0")
-        if any(item == needle if exact else item.startswith(needle) for item in items):
+        for item in env.split(b"\0"):
+            if not item.startswith(needle):
+                continue
+            tag = item[len(f"{TAG_ENV}="):].decode(errors="replace")
+            body, _, tag_id = tag.partition("@")
+            if exact and body != prefix:
+                continue
+            if run_id is not None and (tag_id != run_id or owner != uid):
+                continue
             pids.append(int(entry))
+            break
     return pids
+
+
+def run_id_of(run: str) -> str:
+    """The run's random id from its record ("" for a record from before run ids)."""
+    try:
+        return open_store(run).load().run_id
+    except WmctlError:
+        return ""
 
 
 def _proc_state(pid: int) -> str | None:
@@ -134,6 +158,7 @@ class LocalBackend(b.Backend[LocalRequest]):
             # The attempt exists already (a second watcher, or a retry after a crash): adopt it.
             return ref
         plan.request.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        run_id = run_id_of(plan.run)
         (directory / layout.PLAN_FILE).write_text(json.dumps(plan.to_dict(), indent=1))
         for agent in plan.resources:
             node = agent["node"]
@@ -142,7 +167,7 @@ class LocalBackend(b.Backend[LocalRequest]):
                       "--exit-file", str(watch.exit_file), "--pid-file", str(watch.pid_file)]
             if agent.get("cpus"):
                 keeper += ["--cpus", agent["cpus"]]
-            env = {**os.environ, **agent["env"], TAG_ENV: _tag(plan.attempt_name, node)}
+            env = {**os.environ, **agent["env"], TAG_ENV: _tag(plan.attempt_name, node, run_id)}
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[3]),
                                                               env.get("PYTHONPATH")]))
             try:
@@ -243,14 +268,15 @@ class LocalBackend(b.Backend[LocalRequest]):
     def cancel(self, ref: b.AttemptRef, graceful: bool = False) -> None:
         """SIGKILL every process of the attempt (SIGTERM first with ``graceful``)."""
         prefix = f"{ref.attempt_name}/"
+        run_id = run_id_of(ref.run)
         if graceful:
-            for pid in tagged_pids(prefix):
+            for pid in tagged_pids(prefix, run_id=run_id):
                 _signal(pid, signal.SIGTERM)
             deadline = time.time() + 40
-            while tagged_pids(prefix) and time.time() < deadline:
+            while tagged_pids(prefix, run_id=run_id) and time.time() < deadline:
                 time.sleep(0.2)
         for _ in range(50):
-            pids = tagged_pids(prefix)
+            pids = tagged_pids(prefix, run_id=run_id)
             if not pids:
                 return
             for pid in pids:
@@ -265,7 +291,7 @@ class LocalBackend(b.Backend[LocalRequest]):
 
     def kill_node(self, ref: b.AttemptRef, node: int, sig: int = signal.SIGKILL) -> int:
         """Signal every process of one node (used to inject faults). Returns how many."""
-        pids = tagged_pids(_tag(ref.attempt_name, node), exact=True)
+        pids = tagged_pids(f"{ref.attempt_name}/{node}", exact=True, run_id=run_id_of(ref.run))
         for pid in pids:
             _signal(pid, sig)
         return len(pids)
