@@ -341,3 +341,41 @@ def test_two_runs_of_one_name_in_two_homes_never_touch_each_other(tmp_path):
     assert status["status"] == "running"
     assert wmctl(homes[1], "cancel", "worldmodel").returncode == 0
     h.wait_until(lambda: not h.leftover_processes("worldmodel"), 60, "home B's processes to go")
+
+
+def test_a_start_that_fails_ends_the_run_failed_with_its_reason(home):
+    import yaml
+    run = "no-start"
+    spec = h.write_spec(home, run, nodes=1)
+    data = yaml.safe_load(spec.read_text())
+    data["image"]["context"] = str(home / "missing-dir")
+    spec.write_text(yaml.safe_dump(data))
+    sub = wmctl(home, "submit", str(spec), "--auto-resume")
+    assert sub.returncode != 0 and "Traceback" not in sub.stderr and "missing-dir" in sub.stderr
+    rec = h.record(home, run)
+    assert rec["status"] == "failed" and rec["attempts"][0]["outcome"] == "not_submitted"
+    assert "missing-dir" in rec["attempts"][0]["evidence"]
+    watch = wmctl(home, "watch", run, timeout=30)
+    assert watch.returncode == 7, watch.stdout + watch.stderr
+    again = wmctl(home, "submit", str(spec))
+    assert again.returncode == 4 and "--replace" in again.stderr and "has not ended" not in again.stderr
+
+
+@pytest.mark.parametrize("edit", ["renamed", "deleted"])
+def test_watch_runs_the_spec_as_submitted_whatever_became_of_the_file(home, edit):
+    import yaml
+    run = f"spec-{edit}"
+    spec = h.write_spec(home, run, nodes=1, steps=8)
+    assert wmctl(home, "submit", str(spec), "--detach").returncode == 0
+    if edit == "renamed":
+        data = yaml.safe_load(spec.read_text())
+        data["name"] = "someone-else"
+        spec.write_text(yaml.safe_dump(data))
+    else:
+        spec.unlink()
+    watch = wmctl(home, "watch", run, "--auto-resume")
+    assert watch.returncode == 0, watch.stdout + watch.stderr
+    assert f"run {run} succeeded" in watch.stdout
+    if edit == "renamed":
+        assert "changed since submission; running the spec as submitted" in watch.stdout
+    assert submitted_attempts(home, run) == [0]
