@@ -21,6 +21,7 @@ IMAGE_PULL = "image_pull"
 APP_ERROR = "app_error"
 HANG = "hang"
 CANCELLED = "cancelled"
+STORAGE_FULL = "storage_full"      # the job's disk (checkpoint folder) is full: ENOSPC
 
 # Decisions.
 RETRY = "retry"                    # same placement is fine
@@ -35,6 +36,7 @@ DEFAULT_DECISIONS = {
     IMAGE_PULL: STOP,   # a wrong tag or missing credentials do not fix themselves
     APP_ERROR: STOP,    # a bug in the job: retrying burns the budget and hides it
     CANCELLED: STOP,
+    STORAGE_FULL: STOP,  # a full disk stays full: retrying would fail the same save again
 }
 
 SIGKILL_EXIT = 137
@@ -89,7 +91,8 @@ def classify_event(ev: b.Event) -> Failure | None:
     return None
 
 
-_PRIORITY = {NODE_LOST: 0, HANG: 1, OOM: 2, IMAGE_PULL: 3, PREEMPTED: 4, APP_ERROR: 5, CANCELLED: 6}
+_PRIORITY = {NODE_LOST: 0, HANG: 1, OOM: 2, IMAGE_PULL: 3, PREEMPTED: 4, STORAGE_FULL: 5, APP_ERROR: 5,
+             CANCELLED: 6}
 
 
 def root_cause(events: list[b.Event]) -> Failure | None:
@@ -228,3 +231,17 @@ def _launcher_only(body: list[str]) -> bool:
     """The launcher's own traceback (torchrun's ChildFailedError, wmctl-bind), not the job's."""
     files = [m.group(1) for m in map(_FRAME.match, body) if m]
     return "ChildFailedError" in body[-1] or (bool(files) and all(_is_launcher(f) for f in files))
+
+
+_ENOSPC = re.compile(r"No space left on device|ENOSPC|\[Errno 28\]", re.I)
+_ENOSPC_PATH = re.compile(r"""(?:No space left on device|\[Errno 28\][^:]*)[:,]?\s*['"]?(/[^'"\s,)]+)""", re.I)
+
+
+def storage_full(error: JobError) -> str | None:
+    """What a full disk looks like in the failing rank's own words, or None: the path, when said."""
+    text = "\n".join((error.summary, *error.lines))
+    if not _ENOSPC.search(text):
+        return None
+    found = _ENOSPC_PATH.search(text)
+    where = f" writing {found.group(1)}" if found else ""
+    return f"the disk is full (ENOSPC){where}: free space there (old checkpoints, checkpoint.keep) and resubmit"

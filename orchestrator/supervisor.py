@@ -414,6 +414,9 @@ def with_job_error(backend: b.Backend[Any], ref: b.AttemptRef,
     error = F.job_error(list(tail))
     if error is None:
         return failure, None
+    full = F.storage_full(error)
+    if full is not None:
+        return replace(failure, kind=F.STORAGE_FULL, evidence=f"{full}; {error.summary}"), error
     return replace(failure, evidence=f"{failure.evidence}; {error.summary}"), error
 
 

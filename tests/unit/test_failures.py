@@ -144,3 +144,17 @@ def test_an_exit_code_alone_is_explained(code, meaning):
 def test_output_without_an_error_gives_none():
     assert job_error(["step 1", "step 2"]) is None
     assert job_error(report(code=1)) is None      # only the launcher's own traceback
+
+
+def test_a_full_disk_in_the_ranks_words_is_storage_full_and_stops():
+    lines = ["[rank0]: Traceback (most recent call last):",
+             '[rank0]:   File "/w/train.py", line 50, in <module>',
+             "[rank0]: OSError: [Errno 28] No space left on device: '/ckpt/wm/step-00000200.tmp/shared.pt'",
+             *report(rank=0)]
+    err = job_error(lines)
+    assert err is not None
+    why = F.storage_full(err)
+    assert why is not None and "/ckpt/wm/step-00000200.tmp/shared.pt" in why
+    assert F.DEFAULT_DECISIONS[F.STORAGE_FULL] == F.STOP
+    assert F.storage_full(job_error(["[rank0]: Traceback (most recent call last):",
+                                     "[rank0]: ValueError: nope", *report()])) is None
