@@ -9,6 +9,12 @@ Layout under the checkpoint root::
         meta.json             step, epoch, samples, world size, caller's extra (JSON)
         COMMITTED             written last: temp file + fsync + rename, then fsync of the folder
 
+The marker (format 2) is JSON: ``step``, ``world_size``, ``files`` (name -> size), and the
+identity of the writer: ``run`` (WMCTL_RUN), ``spec_hash`` (WMCTL_SPEC_HASH) and ``attempt``
+(WMCTL_ATTEMPT). Restore refuses another run's checkpoint unless it was asked for on purpose
+(``--resume-from`` / WMCTL_RESUME_FROM), and warns when the spec changed. Markers of format 1
+(no identity) still restore.
+
 Commit protocol: every rank writes and fsyncs its files, all ranks
 meet at a barrier, then rank 0 writes the marker. The marker lists every file with its size, so
 a checkpoint whose files were later damaged or half-deleted is not taken for complete.
@@ -36,13 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .protocol import ENV_TEST_SLEEP_BEFORE_COMMIT
+from .protocol import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN, ENV_SPEC_HASH, ENV_TEST_SLEEP_BEFORE_COMMIT
 
 STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
 COMMIT_MARKER = "COMMITTED"
 META_FILE = "meta.json"
 SHARED_FILE = "shared.pt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2   # 1: step, world_size, files; 2: + run, spec_hash, attempt
 MIN_KEEP = 2
 
 # Test hook (ENV_TEST_SLEEP_BEFORE_COMMIT): "STEP:SECONDS" makes rank 0 sleep after the barrier
@@ -305,7 +311,11 @@ class ResumeState:
     path: Path
     extra: dict[str, Any] = field(default_factory=dict)
     exact: bool = True
-    reason: str = ""
+    reason: str = ""                  # why the resume is not exact ("" when it is)
+    # Everything worth a look that did not stop the resume: a changed spec, a checkpoint taken
+    # from elsewhere on purpose, a world-size change. Printed to stderr by rank 0 as well.
+    warnings: list[str] = field(default_factory=list)
+    resumed_from: Path | None = None  # the other root it came from (WMCTL_RESUME_FROM); None: own root
 
 
 class CheckpointError(RuntimeError):
@@ -330,10 +340,25 @@ class CheckpointManager:
         progress: Any | None = None,
         commit_timeout_s: float = 600.0,
         check_finite: bool = True,
+        run: str | None = None,
+        spec_hash: str | None = None,
+        attempt: int | None = None,
+        resume_from: str | Path | None = None,
     ) -> None:
         from orchestrator.runtime import dist
 
         self.root = Path(directory)
+        # Who writes: recorded in every marker, checked on restore. Defaults: what the launcher
+        # set for the job (empty / None outside wmctl: nothing to check against).
+        self.run = os.environ.get(ENV_RUN, "") if run is None else run
+        self.spec_hash = os.environ.get(ENV_SPEC_HASH, "") if spec_hash is None else spec_hash
+        if attempt is None:
+            raw = os.environ.get(ENV_ATTEMPT, "").strip()
+            attempt = int(raw) if raw.isdigit() else None
+        self.attempt = attempt
+        if resume_from is None:
+            resume_from = os.environ.get(ENV_RESUME_FROM) or None
+        self.resume_from = Path(resume_from) if resume_from else None
         self.keep = max(int(keep), MIN_KEEP)
         self.every_steps = int(every_steps)
         self.async_save = async_save
@@ -526,7 +551,8 @@ class CheckpointManager:
         if missing or SHARED_FILE not in files or META_FILE not in files:
             raise CheckpointError(f"checkpoint {final} is missing {missing or [SHARED_FILE, META_FILE]}; "
                                   "is the checkpoint folder shared by every rank?")
-        marker = {"step": step, "world_size": self.world_size, "files": files, "time": time.time()}
+        marker = {"format": FORMAT_VERSION, "step": step, "world_size": self.world_size, "files": files,
+                  "time": time.time(), "run": self.run, "spec_hash": self.spec_hash, "attempt": self.attempt}
         write_atomic(final / COMMIT_MARKER, json.dumps(marker, sort_keys=True).encode())
         fsync_dir(self.root)
         seconds = time.perf_counter() - started
@@ -539,25 +565,24 @@ class CheckpointManager:
     def restore(self, path: str | Path | None = None) -> ResumeState | None:
         """Load the newest complete checkpoint (or ``path``) into the registered objects.
 
-        Returns None when there is nothing to resume from. RNG state is put back last, after
-        every other load, so nothing that draws random numbers runs after it.
+        Returns None when there is nothing to resume from. The run's own root comes first; only
+        when it holds no complete checkpoint yet is ``resume_from`` (WMCTL_RESUME_FROM) used.
+        Another run's checkpoint is refused unless it was asked for (``path`` or
+        ``resume_from``). RNG state is put back last, after every other load, so nothing that
+        draws random numbers runs after it.
         """
         from orchestrator.runtime import dist
 
-        chosen = None
-        if self.rank == 0:
-            if path is not None:
-                chosen = str(path) if is_committed(path) else None
-                if chosen is None:
-                    raise CheckpointError(f"{path} is not a committed checkpoint (no valid {COMMIT_MARKER})")
-            else:
-                info = latest_complete(self.root)
-                chosen = str(info.path) if info else None
-        # Every rank must load the same checkpoint even if its view of the folder lags.
-        chosen = dist.broadcast_object(chosen)
-        if chosen is None:
+        decision = self._choose(path) if self.rank == 0 else None
+        # Every rank must load the same checkpoint even if its view of the folder lags, and
+        # every rank must raise the same refusal (a lone raise on rank 0 would hang the rest).
+        decision = dist.broadcast_object(decision)
+        if decision.get("error"):
+            raise CheckpointError(decision["error"])
+        if decision.get("path") is None:
             return None
-        ckpt = Path(chosen)
+        ckpt = Path(decision["path"])
+        warnings: list[str] = list(decision.get("warnings") or [])
         meta = json.loads((ckpt / META_FILE).read_text(encoding="utf-8"))
         shared = _load(ckpt / SHARED_FILE)
         for name in ("model", "optimizer", "scheduler", "scaler"):
@@ -573,6 +598,8 @@ class CheckpointManager:
         if rank_state is None:
             exact = False
             reason = f"world size changed from {saved_world} to {self.world_size}"
+            warnings.append(f"{reason}: resuming inexactly (weights, optimizer and sample position are kept; "
+                            "per-rank random state starts anew)")
             if sampler is not None:
                 src = _load(ckpt / rank_file_name(0))["sampler"]
                 if src is not None:
@@ -584,7 +611,78 @@ class CheckpointManager:
                 if name in rank_state["generators"]:
                     gen.set_state(rank_state["generators"][name])
             restore_rng(rank_state["rng"])   # last: see the docstring
+        if self.rank == 0:
+            for w in warnings:
+                print(f"wmctl: checkpoint {ckpt}: {w}", file=sys.stderr, flush=True)
         self.last_saved_step = int(meta["step"])
+        elsewhere = decision.get("resumed_from")
         return ResumeState(step=int(meta["step"]), epoch=int(meta.get("epoch", 0)),
                            samples=int(meta.get("samples", 0)), path=ckpt,
-                           extra=dict(meta.get("extra") or {}), exact=exact, reason=reason)
+                           extra=dict(meta.get("extra") or {}), exact=exact, reason=reason,
+                           warnings=warnings, resumed_from=Path(elsewhere) if elsewhere else None)
+
+    def _choose(self, path: str | Path | None) -> dict[str, Any]:
+        """Rank 0: which checkpoint to load, what to warn about, or why to refuse (plain data,
+        broadcast to every rank)."""
+        try:
+            if path is not None:
+                if not is_committed(path):
+                    raise CheckpointError(f"{path} is not a committed checkpoint (no valid {COMMIT_MARKER})")
+                # Named explicitly: taken on purpose, whoever wrote it.
+                return {"path": str(path), "warnings": self._identity_warnings(Path(path), on_purpose=True)}
+            own = latest_complete(self.root)
+            if own is not None:
+                # WMCTL_RESUME_FROM naming this very root says its checkpoints are wanted as they are.
+                on_purpose = self.resume_from is not None and _same_place(self.resume_from, self.root)
+                return {"path": str(own.path), "warnings": self._identity_warnings(own.path, on_purpose)}
+            if self.resume_from is None:
+                return {"path": None}
+            src = self._resume_from_checkpoint(self.resume_from)
+            warnings = [f"resumed from elsewhere on purpose ({ENV_RESUME_FROM}={self.resume_from}): "
+                        f"this run's own folder {self.root} had no checkpoint yet"]
+            warnings += self._identity_warnings(src, on_purpose=True)
+            return {"path": str(src), "warnings": warnings, "resumed_from": str(self.resume_from)}
+        except CheckpointError as err:
+            return {"error": str(err)}
+
+    @staticmethod
+    def _resume_from_checkpoint(where: Path) -> Path:
+        """A step folder itself, or the newest complete checkpoint under a checkpoint root."""
+        if STEP_DIR_RE.match(where.name) or (where / COMMIT_MARKER).exists():
+            if not is_committed(where):
+                raise CheckpointError(f"{ENV_RESUME_FROM}={where} is not a committed checkpoint (no valid "
+                                      f"{COMMIT_MARKER}, or a file it lists is missing or changed size)")
+            return where
+        info = latest_complete(where)
+        if info is None:
+            raise CheckpointError(f"{ENV_RESUME_FROM}={where} holds no complete checkpoint: name a checkpoint root "
+                                  "(the folder with step-NNNNNNNN folders) or one step folder")
+        return info.path
+
+    def _identity_warnings(self, ckpt: Path, on_purpose: bool) -> list[str]:
+        """Check the marker's identity against this job's; refuse another run's checkpoint unless
+        it is taken on purpose. Format 1 markers carry no identity: nothing to check."""
+        marker = read_marker(ckpt) or {}
+        theirs_run = str(marker.get("run") or "")
+        if theirs_run and self.run and theirs_run != self.run and not on_purpose:
+            raise CheckpointError(
+                f"checkpoint {ckpt} belongs to run {theirs_run!r}, not to this run {self.run!r}: refusing to "
+                f"resume from another run's checkpoint by accident. To start {self.run!r} from it on purpose, "
+                f"pass --resume-from {ckpt} (or set {ENV_RESUME_FROM}={ckpt}); otherwise give this run a "
+                "checkpoint folder of its own")
+        warnings = []
+        if theirs_run and self.run and theirs_run != self.run:
+            warnings.append(f"written by run {theirs_run!r}, resumed by run {self.run!r} on purpose")
+        theirs_hash = str(marker.get("spec_hash") or "")
+        if theirs_hash and self.spec_hash and theirs_hash != self.spec_hash:
+            warnings.append(f"the spec changed since this checkpoint was written (spec hash {theirs_hash} -> "
+                            f"{self.spec_hash}): resuming anyway; check that model and optimizer settings still "
+                            "match what it was trained with")
+        return warnings
+
+
+def _same_place(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
