@@ -15,6 +15,14 @@ identity of the writer: ``run`` (WMCTL_RUN), ``spec_hash`` (WMCTL_SPEC_HASH) and
 (``--resume-from`` / WMCTL_RESUME_FROM), and warns when the spec changed. Markers of format 1
 (no identity) still restore.
 
+Integrity: the marker also holds ``digests`` (name -> blake2b-256 hex) of every file it lists,
+meta.json included, each computed while the file is written (the stream torch.save writes to
+is hashed on the way: no extra read). Restore verifies size and digest and loads every file
+before it touches the training objects; a checkpoint that fails any of that is reported loudly
+(stderr and a ``checkpoint_damaged`` progress event) and the next older one is tried. If every
+committed checkpoint is damaged, restore raises rather than training from scratch silently.
+Each rank's ``rank-N.done`` file carries the digest of its rank file to rank 0's commit.
+
 Commit protocol: every rank writes and fsyncs its files, all ranks
 meet at a barrier, then rank 0 writes the marker. The marker lists every file with its size, so
 a checkpoint whose files were later damaged or half-deleted is not taken for complete.
@@ -23,13 +31,14 @@ the training loop's collectives), so each rank's writer thread drops a ``rank-N.
 and rank 0's thread waits for all of them; that needs a checkpoint folder every rank can see,
 which a resumable multi-node job needs anyway.
 
-The filesystem-only part (``latest_complete``, ``list_checkpoints``, ``apply_retention``)
+The filesystem-only part (``latest_complete``, ``list_checkpoints``, ``apply_retention``, ``verify_checkpoint``)
 imports only the standard library: the orchestrator calls it from outside the job. torch is
 imported lazily by the parts that need it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -50,6 +59,8 @@ META_FILE = "meta.json"
 SHARED_FILE = "shared.pt"
 FORMAT_VERSION = 2   # 1: step, world_size, files; 2: + run, spec_hash, attempt
 MIN_KEEP = 2
+DIGEST_SIZE = 32     # blake2b-256: fast, and the marker says which (``digest``)
+DIGEST_NAME = "blake2b-256"
 
 # Test hook (ENV_TEST_SLEEP_BEFORE_COMMIT): "STEP:SECONDS" makes rank 0 sleep after the barrier
 # and before writing the commit marker of checkpoint STEP, so a test can kill the job mid-write.
@@ -97,6 +108,46 @@ def write_atomic(path: str | Path, data: bytes) -> None:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def _hasher() -> Any:
+    return hashlib.blake2b(digest_size=DIGEST_SIZE)
+
+
+def file_digest(path: str | Path) -> str:
+    """blake2b-256 of a file's content, read in 1 MiB chunks."""
+    h = _hasher()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return str(h.hexdigest())
+
+
+def verify_checkpoint(ckpt_dir: str | Path) -> str | None:
+    """Why a checkpoint with a marker is not sound, or None when it is: every file the marker
+    lists present with its size and, for format 2 markers, its digest. Reads every file."""
+    ckpt_dir = Path(ckpt_dir)
+    marker = read_marker(ckpt_dir)
+    if marker is None or not isinstance(marker.get("files"), dict):
+        return f"unreadable {COMMIT_MARKER} marker"
+    digests = marker.get("digests")
+    digests = digests if isinstance(digests, dict) else {}
+    for name, size in sorted(marker["files"].items()):
+        try:
+            actual = (ckpt_dir / name).stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if actual != size:
+            return f"{name} has {actual} bytes, the marker recorded {size}"
+    for name, want in sorted(digests.items()):
+        try:
+            got = file_digest(ckpt_dir / name)
+        except OSError as err:
+            return f"{name} cannot be read ({err})"
+        if got != want:
+            return (f"{name} content changed since it was written ({DIGEST_NAME} {got[:12]}..., "
+                    f"expected {str(want)[:12]}...)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -281,12 +332,43 @@ def _to_cpu_copy(obj: Any) -> Any:
     return obj
 
 
-def _save_fsync(obj: Any, path: Path) -> None:
+class _HashingWriter:
+    """The file object torch.save writes to: every byte is hashed on its way to the file."""
+
+    def __init__(self, fh: Any) -> None:
+        self._fh = fh
+        self.hash = _hasher()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        self.hash.update(data)
+        n = self._fh.write(data)
+        self.size += n
+        return int(n)
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+
+def _save_fsync(obj: Any, path: Path) -> dict[str, Any]:
+    """torch.save + fsync; the file's size and digest, as written."""
     torch = _torch()
     with open(path, "wb") as fh:
-        torch.save(obj, fh)
+        w = _HashingWriter(fh)
+        torch.save(obj, w)
         fh.flush()
         os.fsync(fh.fileno())
+    return {"size": w.size, "digest": w.hash.hexdigest()}
+
+
+def _write_bytes_fsync(data: bytes, path: Path) -> dict[str, Any]:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    h = _hasher()
+    h.update(data)
+    return {"size": len(data), "digest": h.hexdigest()}
 
 
 def _load(path: Path) -> Any:
@@ -508,20 +590,19 @@ class CheckpointManager:
 
     def _write_files(self, final: Path, rank_payload: dict[str, Any], shared_payload: dict[str, Any] | None,
                      meta: dict[str, Any]) -> None:
-        _save_fsync(rank_payload, final / rank_file_name(self.rank))
+        """This rank's files, then its ``rank-N.done`` with their sizes and digests (rank 0's
+        commit collects them; with async saves the done file also says this rank finished)."""
+        written = {rank_file_name(self.rank): _save_fsync(rank_payload, final / rank_file_name(self.rank))}
         if self.rank == 0:
             assert shared_payload is not None
-            _save_fsync(shared_payload, final / SHARED_FILE)
-            with open(final / META_FILE, "w", encoding="utf-8") as fh:
-                json.dump(meta, fh, sort_keys=True)
-                fh.flush()
-                os.fsync(fh.fileno())
+            written[SHARED_FILE] = _save_fsync(shared_payload, final / SHARED_FILE)
+            written[META_FILE] = _write_bytes_fsync(json.dumps(meta, sort_keys=True).encode(), final / META_FILE)
+        write_atomic(final / rank_done_name(self.rank), json.dumps(written, sort_keys=True).encode())
 
     def _write_async(self, final: Path, step: int, rank_payload: dict[str, Any],
                      shared_payload: dict[str, Any] | None, meta: dict[str, Any], started: float) -> None:
         try:
             self._write_files(final, rank_payload, shared_payload, meta)
-            write_atomic(final / rank_done_name(self.rank), b"ok\n")
             if self.rank != 0:
                 return
             deadline = time.monotonic() + self.commit_timeout_s
@@ -545,13 +626,29 @@ class CheckpointManager:
     def _commit(self, final: Path, step: int, started: float) -> None:
         _test_sleep_before_commit(step)
         fsync_dir(final)
+        # What each rank wrote, by its own account (the done files), checked against the folder.
+        written: dict[str, dict[str, Any]] = {}
+        for r in range(self.world_size):
+            try:
+                written.update(json.loads((final / rank_done_name(r)).read_text(encoding="utf-8")))
+            except (OSError, ValueError):
+                pass
         files = {e.name: e.stat().st_size for e in os.scandir(final)
-                 if e.is_file() and not e.name.startswith(".") and e.name != COMMIT_MARKER}
-        missing = [rank_file_name(r) for r in range(self.world_size) if rank_file_name(r) not in files]
+                 if e.is_file() and not e.name.startswith(".") and e.name != COMMIT_MARKER
+                 and not e.name.endswith(".done")}
+        missing = [rank_file_name(r) for r in range(self.world_size)
+                   if rank_file_name(r) not in files or rank_file_name(r) not in written]
         if missing or SHARED_FILE not in files or META_FILE not in files:
             raise CheckpointError(f"checkpoint {final} is missing {missing or [SHARED_FILE, META_FILE]}; "
                                   "is the checkpoint folder shared by every rank?")
+        unknown = sorted(set(files) - set(written))
+        changed = sorted(n for n in files if n in written and written[n]["size"] != files[n])
+        if unknown or changed:
+            raise CheckpointError(f"checkpoint {final}: {unknown or changed} are not what this save's ranks wrote "
+                                  f"({'unknown files' if unknown else 'sizes changed after writing'}); is another "
+                                  "job writing to the same checkpoint folder?")
         marker = {"format": FORMAT_VERSION, "step": step, "world_size": self.world_size, "files": files,
+                  "digest": DIGEST_NAME, "digests": {n: written[n]["digest"] for n in files},
                   "time": time.time(), "run": self.run, "spec_hash": self.spec_hash, "attempt": self.attempt}
         write_atomic(final / COMMIT_MARKER, json.dumps(marker, sort_keys=True).encode())
         fsync_dir(self.root)
@@ -563,28 +660,24 @@ class CheckpointManager:
     # ------------------------------------------------------------ restore
 
     def restore(self, path: str | Path | None = None) -> ResumeState | None:
-        """Load the newest complete checkpoint (or ``path``) into the registered objects.
+        """Load the newest sound checkpoint (or ``path``) into the registered objects.
 
         Returns None when there is nothing to resume from. The run's own root comes first; only
-        when it holds no complete checkpoint yet is ``resume_from`` (WMCTL_RESUME_FROM) used.
-        Another run's checkpoint is refused unless it was asked for (``path`` or
-        ``resume_from``). RNG state is put back last, after every other load, so nothing that
-        draws random numbers runs after it.
+        when it holds no sound checkpoint is ``resume_from`` (WMCTL_RESUME_FROM) used. Another
+        run's checkpoint is refused unless it was asked for (``path`` or ``resume_from``). A
+        damaged checkpoint (a file missing, resized, changed, or failing to load on any rank)
+        is reported and the next older one tried; an explicit ``path`` that is damaged, or a
+        root whose every committed checkpoint is, raises CheckpointError. Every file is loaded
+        before any object is touched, and RNG state is put back last, so nothing that draws
+        random numbers runs after it.
         """
-        from orchestrator.runtime import dist
-
-        decision = self._choose(path) if self.rank == 0 else None
-        # Every rank must load the same checkpoint even if its view of the folder lags, and
-        # every rank must raise the same refusal (a lone raise on rank 0 would hang the rest).
-        decision = dist.broadcast_object(decision)
-        if decision.get("error"):
-            raise CheckpointError(decision["error"])
-        if decision.get("path") is None:
+        found = self._agree_on_checkpoint(path)
+        if found is None:
             return None
-        ckpt = Path(decision["path"])
+        ckpt, decision, loaded, skipped = found
         warnings: list[str] = list(decision.get("warnings") or [])
-        meta = json.loads((ckpt / META_FILE).read_text(encoding="utf-8"))
-        shared = _load(ckpt / SHARED_FILE)
+        warnings += [f"{s} was damaged: fell back to an older checkpoint" for s in skipped]
+        meta, shared, rank_state, rank0_sampler = loaded
         for name in ("model", "optimizer", "scheduler", "scaler"):
             obj = self._objects.get(name)
             if obj is not None and name in shared:
@@ -592,18 +685,14 @@ class CheckpointManager:
 
         exact, reason = True, ""
         saved_world = int(meta.get("world_size", self.world_size))
-        rank_path = ckpt / rank_file_name(self.rank)
-        rank_state = _load(rank_path) if saved_world == self.world_size and rank_path.exists() else None
         sampler = self._objects.get("sampler")
         if rank_state is None:
             exact = False
             reason = f"world size changed from {saved_world} to {self.world_size}"
             warnings.append(f"{reason}: resuming inexactly (weights, optimizer and sample position are kept; "
                             "per-rank random state starts anew)")
-            if sampler is not None:
-                src = _load(ckpt / rank_file_name(0))["sampler"]
-                if src is not None:
-                    sampler.load_state_dict(src, world_size=saved_world)
+            if sampler is not None and rank0_sampler is not None:
+                sampler.load_state_dict(rank0_sampler, world_size=saved_world)
         else:
             if sampler is not None and rank_state["sampler"] is not None:
                 sampler.load_state_dict(rank_state["sampler"])
@@ -621,43 +710,128 @@ class CheckpointManager:
                            extra=dict(meta.get("extra") or {}), exact=exact, reason=reason,
                            warnings=warnings, resumed_from=Path(elsewhere) if elsewhere else None)
 
-    def _choose(self, path: str | Path | None) -> dict[str, Any]:
+    def _agree_on_checkpoint(self, path: str | Path | None) -> tuple[Path, dict[str, Any], Any, list[str]] | None:
+        """All ranks: the checkpoint every rank could load (rank 0 chooses, all load, all agree),
+        falling back past damaged ones; None when there is none to resume from."""
+        from orchestrator.runtime import dist
+
+        skip: list[str] = []          # rank 0: candidates found damaged so far
+        while True:
+            decision = self._choose(path, skip) if self.rank == 0 else None
+            # Every rank must load the same checkpoint even if its view of the folder lags, and
+            # every rank must raise the same refusal (a lone raise on rank 0 would hang the rest).
+            decision = dist.broadcast_object(decision)
+            if decision.get("error"):
+                raise CheckpointError(decision["error"])
+            if decision.get("path") is None:
+                return None
+            ckpt = Path(decision["path"])
+            loaded, err = self._load_files(ckpt)
+            if not dist.all_reduce_max(1 if err else 0):
+                return ckpt, decision, loaded, list(decision.get("skipped") or [])
+            reason = err or "another rank could not load its files"
+            if err:
+                print(f"wmctl: checkpoint {ckpt}: rank {self.rank} cannot load it: {err}", file=sys.stderr, flush=True)
+            if path is not None:
+                raise CheckpointError(f"checkpoint {ckpt} is damaged ({reason}); name another one, or none to "
+                                      "take the newest sound checkpoint")
+            if self.rank == 0:
+                self._report_damaged(ckpt, reason)
+                skip.append(str(ckpt))
+
+    def _load_files(self, ckpt: Path) -> tuple[tuple[dict[str, Any], dict[str, Any], Any, Any] | None, str | None]:
+        """Everything this rank needs from ``ckpt``, loaded into memory, or why it cannot be:
+        (meta, shared, own rank state or None after a world-size change, rank 0's sampler)."""
+        try:
+            meta = json.loads((ckpt / META_FILE).read_text(encoding="utf-8"))
+            shared = _load(ckpt / SHARED_FILE)
+            saved_world = int(meta.get("world_size", self.world_size))
+            rank_path = ckpt / rank_file_name(self.rank)
+            rank_state = _load(rank_path) if saved_world == self.world_size and rank_path.exists() else None
+            rank0_sampler = None
+            if rank_state is None and self._objects.get("sampler") is not None:
+                rank0_sampler = _load(ckpt / rank_file_name(0))["sampler"]
+            return (meta, shared, rank_state, rank0_sampler), None
+        except Exception as err:  # a damaged zip, a bad pickle, a missing key: any of it means damaged
+            text = str(err).splitlines()[0][:200] if str(err) else ""
+            return None, f"{type(err).__name__}: {text}"
+
+    def _report_damaged(self, ckpt: Path, reason: str) -> None:
+        """Loudly: never resume past a damaged checkpoint without a word."""
+        print(f"wmctl: checkpoint {ckpt} is damaged ({reason}): skipping it, trying the next older one",
+              file=sys.stderr, flush=True)
+        m = STEP_DIR_RE.match(ckpt.name)
+        # Not ``step``: the supervisor reads a step field as the job's progress.
+        fields = {"path": str(ckpt), "reason": reason, "damaged_step": int(m.group(1)) if m else None}
+        if self.progress is not None and hasattr(self.progress, "checkpoint_damaged"):
+            self.progress.checkpoint_damaged(**fields)
+        elif self.progress is not None and hasattr(self.progress, "emit"):
+            self.progress.emit("checkpoint_damaged", **fields)
+
+    def _newest_sound(self, root: Path, skip: list[str]) -> tuple[Path | None, bool]:
+        """Rank 0: the newest checkpoint under root whose files match its marker, reporting (and
+        adding to ``skip``) every damaged one on the way; and whether root had any committed."""
+        candidates = [c.path for c in reversed(list_checkpoints(root)) if (c.path / COMMIT_MARKER).exists()]
+        for cand in candidates:
+            if str(cand) in skip:
+                continue
+            reason = verify_checkpoint(cand)
+            if reason is None:
+                return cand, True
+            self._report_damaged(cand, reason)
+            skip.append(str(cand))
+        return None, bool(candidates)
+
+    def _choose(self, path: str | Path | None, skip: list[str]) -> dict[str, Any]:
         """Rank 0: which checkpoint to load, what to warn about, or why to refuse (plain data,
         broadcast to every rank)."""
         try:
             if path is not None:
                 if not is_committed(path):
                     raise CheckpointError(f"{path} is not a committed checkpoint (no valid {COMMIT_MARKER})")
+                bad = verify_checkpoint(path)
+                if bad is not None:
+                    raise CheckpointError(f"checkpoint {path} is damaged ({bad}); name another one, or none to "
+                                          "take the newest sound checkpoint")
                 # Named explicitly: taken on purpose, whoever wrote it.
                 return {"path": str(path), "warnings": self._identity_warnings(Path(path), on_purpose=True)}
-            own = latest_complete(self.root)
+            own, had_any = self._newest_sound(self.root, skip)
             if own is not None:
                 # WMCTL_RESUME_FROM naming this very root says its checkpoints are wanted as they are.
                 on_purpose = self.resume_from is not None and _same_place(self.resume_from, self.root)
-                return {"path": str(own.path), "warnings": self._identity_warnings(own.path, on_purpose)}
-            if self.resume_from is None:
+                return {"path": str(own), "warnings": self._identity_warnings(own, on_purpose), "skipped": list(skip)}
+            if self.resume_from is None or _same_place(self.resume_from, self.root):
+                if had_any:
+                    raise CheckpointError(
+                        f"every committed checkpoint under {self.root} is damaged ({', '.join(skip)}; see the "
+                        "lines above): refusing to train from scratch silently. Move the damaged step folders "
+                        f"aside to start fresh, or start from a good checkpoint with --resume-from / {ENV_RESUME_FROM}")
                 return {"path": None}
-            src = self._resume_from_checkpoint(self.resume_from)
+            src = self._resume_from_checkpoint(self.resume_from, skip)
             warnings = [f"resumed from elsewhere on purpose ({ENV_RESUME_FROM}={self.resume_from}): "
-                        f"this run's own folder {self.root} had no checkpoint yet"]
+                        f"this run's own folder {self.root} had no sound checkpoint"]
             warnings += self._identity_warnings(src, on_purpose=True)
-            return {"path": str(src), "warnings": warnings, "resumed_from": str(self.resume_from)}
+            return {"path": str(src), "warnings": warnings, "resumed_from": str(self.resume_from),
+                    "skipped": list(skip)}
         except CheckpointError as err:
             return {"error": str(err)}
 
-    @staticmethod
-    def _resume_from_checkpoint(where: Path) -> Path:
-        """A step folder itself, or the newest complete checkpoint under a checkpoint root."""
+    def _resume_from_checkpoint(self, where: Path, skip: list[str]) -> Path:
+        """A step folder itself, or the newest sound checkpoint under a checkpoint root."""
         if STEP_DIR_RE.match(where.name) or (where / COMMIT_MARKER).exists():
-            if not is_committed(where):
+            if not is_committed(where) or str(where) in skip:
                 raise CheckpointError(f"{ENV_RESUME_FROM}={where} is not a committed checkpoint (no valid "
-                                      f"{COMMIT_MARKER}, or a file it lists is missing or changed size)")
+                                      f"{COMMIT_MARKER}, or a file it lists is missing, changed size or fails to load)")
+            bad = verify_checkpoint(where)
+            if bad is not None:
+                raise CheckpointError(f"{ENV_RESUME_FROM}={where} is damaged ({bad}); name a sound checkpoint")
             return where
-        info = latest_complete(where)
-        if info is None:
-            raise CheckpointError(f"{ENV_RESUME_FROM}={where} holds no complete checkpoint: name a checkpoint root "
-                                  "(the folder with step-NNNNNNNN folders) or one step folder")
-        return info.path
+        found, had_any = self._newest_sound(where, skip)
+        if found is None:
+            what = "only damaged checkpoints" if had_any else "no complete checkpoint"
+            raise CheckpointError(f"{ENV_RESUME_FROM}={where} holds {what}: name a checkpoint root "
+                                  "(the folder with step-NNNNNNNN folders) or one sound step folder")
+        return found
 
     def _identity_warnings(self, ckpt: Path, on_purpose: bool) -> list[str]:
         """Check the marker's identity against this job's; refuse another run's checkpoint unless

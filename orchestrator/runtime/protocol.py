@@ -65,7 +65,8 @@ def run_checkpoint_dir(directory: str, run: str) -> str:
 
 
 def format_progress(event: str, **fields: Any) -> str:
-    """One progress line (no newline). ``event``: start, resume, step, checkpoint, preempted, exit."""
+    """One progress line (no newline). ``event``: start, resume, step, checkpoint,
+    checkpoint_damaged, preempted, exit."""
     payload = {"event": event, "time": round(time.time(), 3), **fields}
     return PROGRESS_PREFIX + json.dumps(payload, sort_keys=True, separators=(",", ":"))
 
