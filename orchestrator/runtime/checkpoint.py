@@ -54,6 +54,8 @@ from typing import Any
 from .protocol import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN, ENV_SPEC_HASH, ENV_TEST_SLEEP_BEFORE_COMMIT
 
 STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
+TMP_INFIX = ".tmp-"      # step-N.tmp-<attempt>-<ns>: a re-save of a committed step, until it commits
+LEFTOVER_RE = re.compile(r"^step-\d{8}\.(tmp|stale|deleting)-")
 COMMIT_MARKER = "COMMITTED"
 META_FILE = "meta.json"
 SHARED_FILE = "shared.pt"
@@ -238,7 +240,7 @@ def apply_retention(root: str | Path, keep: int) -> list[Path]:
         _remove_tree(path)
     # Leftovers of interrupted deletes and of replaced torn folders.
     for entry in os.scandir(root):
-        if entry.is_dir(follow_symlinks=False) and (".deleting-" in entry.name or ".stale-" in entry.name):
+        if entry.is_dir(follow_symlinks=False) and LEFTOVER_RE.match(entry.name):
             shutil.rmtree(entry.path, ignore_errors=True)
             doomed.append(Path(entry.path))
     return doomed
@@ -377,6 +379,27 @@ def _load(path: Path) -> Any:
     return _torch().load(path, map_location="cpu", weights_only=False)
 
 
+def _attempt_tag(attempt: int | None) -> str:
+    return "x" if attempt is None else str(attempt)
+
+
+def _swap_in(new: Path, final: Path) -> None:
+    """Put the committed folder ``new`` in place of the committed ``final``; the old copy is
+    deleted only once the new one is in place. A crash between the two renames leaves neither
+    under the step's name (both still on disk, under names discovery ignores): resume then
+    takes the previous checkpoint, never a half-replaced one."""
+    aside = final.with_name(f"{final.name}.stale-{time.time_ns()}")
+    try:
+        os.rename(final, aside)
+        moved = True
+    except FileNotFoundError:
+        moved = False
+    os.rename(new, final)
+    fsync_dir(final.parent)
+    if moved:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
 def _test_sleep_before_commit(step: int) -> None:
     raw = os.environ.get(ENV_TEST_SLEEP_BEFORE_COMMIT, "")
     if ":" in raw:
@@ -503,15 +526,22 @@ class CheckpointManager:
                     + (f" in {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}" if bad else " on another rank")
                     + "; the newest good checkpoint stays the resume point. Check for NaN/inf before "
                     "optimizer.step() (orchestrator.runtime.dtype_guard.agree_step_finite)")
+        target = final    # where this save writes: final itself, or beside a committed one
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
-            if final.exists():
-                # A torn (or foreign) folder of this step from an earlier attempt: move it out of
-                # the way so no stale rank file can end up in the new checkpoint.
+            if is_committed(final):
+                # A committed checkpoint of this step (an earlier attempt's): never delete it
+                # before its replacement is committed. Write beside it under a name discovery
+                # ignores, and swap it in after the commit.
+                target = final.with_name(f"{final.name}{TMP_INFIX}{_attempt_tag(self.attempt)}-{time.time_ns()}")
+            elif final.exists():
+                # A torn folder of this step from an earlier attempt: move it out of the way so
+                # no stale rank file can end up in the new checkpoint.
                 os.rename(final, final.with_name(f"{final.name}.stale-{time.time_ns()}"))
-            final.mkdir()
+            target.mkdir()
             fsync_dir(self.root)
-        dist.barrier()
+        # Also the point after which every rank sees the folder rank 0 created.
+        target = Path(dist.broadcast_object(str(target)))
 
         rank_payload = self._rank_payload()
         shared_payload = self._shared_payload() if self.rank == 0 else None
@@ -525,13 +555,13 @@ class CheckpointManager:
             shared_payload = _to_cpu_copy(shared_payload)
             self._thread = threading.Thread(
                 target=self._write_async, name=f"wmctl-ckpt-{step}",
-                args=(final, step, rank_payload, shared_payload, meta, started), daemon=True)
+                args=(target, final, step, rank_payload, shared_payload, meta, started), daemon=True)
             self._thread.start()
         else:
-            self._write_files(final, rank_payload, shared_payload, meta)
+            self._write_files(target, rank_payload, shared_payload, meta)
             dist.barrier()
             if self.rank == 0:
-                self._commit(final, step, started)
+                self._commit(target, final, step, started)
             # Nobody moves on (and maybe exits) before the checkpoint is committed.
             dist.barrier()
         self.last_saved_step = step
@@ -588,69 +618,73 @@ class CheckpointManager:
                 out[name] = (_unwrap(obj) if name == "model" else obj).state_dict()
         return out
 
-    def _write_files(self, final: Path, rank_payload: dict[str, Any], shared_payload: dict[str, Any] | None,
+    def _write_files(self, folder: Path, rank_payload: dict[str, Any], shared_payload: dict[str, Any] | None,
                      meta: dict[str, Any]) -> None:
         """This rank's files, then its ``rank-N.done`` with their sizes and digests (rank 0's
         commit collects them; with async saves the done file also says this rank finished)."""
-        written = {rank_file_name(self.rank): _save_fsync(rank_payload, final / rank_file_name(self.rank))}
+        written = {rank_file_name(self.rank): _save_fsync(rank_payload, folder / rank_file_name(self.rank))}
         if self.rank == 0:
             assert shared_payload is not None
-            written[SHARED_FILE] = _save_fsync(shared_payload, final / SHARED_FILE)
-            written[META_FILE] = _write_bytes_fsync(json.dumps(meta, sort_keys=True).encode(), final / META_FILE)
-        write_atomic(final / rank_done_name(self.rank), json.dumps(written, sort_keys=True).encode())
+            written[SHARED_FILE] = _save_fsync(shared_payload, folder / SHARED_FILE)
+            written[META_FILE] = _write_bytes_fsync(json.dumps(meta, sort_keys=True).encode(), folder / META_FILE)
+        write_atomic(folder / rank_done_name(self.rank), json.dumps(written, sort_keys=True).encode())
 
-    def _write_async(self, final: Path, step: int, rank_payload: dict[str, Any],
+    def _write_async(self, target: Path, final: Path, step: int, rank_payload: dict[str, Any],
                      shared_payload: dict[str, Any] | None, meta: dict[str, Any], started: float) -> None:
         try:
-            self._write_files(final, rank_payload, shared_payload, meta)
+            self._write_files(target, rank_payload, shared_payload, meta)
             if self.rank != 0:
                 return
             deadline = time.monotonic() + self.commit_timeout_s
-            missing = [r for r in range(self.world_size) if not (final / rank_done_name(r)).exists()]
+            missing = [r for r in range(self.world_size) if not (target / rank_done_name(r)).exists()]
             while missing:
                 if time.monotonic() > deadline:
                     # Left torn on purpose: resume falls back to the previous checkpoint. An error
                     # too, raised by the next save()/wait()/close(): a job that believes it has a
                     # checkpoint it does not have would lose that work on the next failure.
-                    msg = (f"checkpoint {final} not committed: ranks {missing} did not finish within "
+                    msg = (f"checkpoint {target} not committed: ranks {missing} did not finish within "
                            f"{self.commit_timeout_s:.0f} s (is the checkpoint folder shared by every rank?)")
                     print(f"wmctl: {msg}", file=sys.stderr, flush=True)
                     self._error = CheckpointError(msg)
                     return
                 time.sleep(0.01)
-                missing = [r for r in missing if not (final / rank_done_name(r)).exists()]
-            self._commit(final, step, started)
+                missing = [r for r in missing if not (target / rank_done_name(r)).exists()]
+            self._commit(target, final, step, started)
         except BaseException as err:  # handed to the training thread by wait(); not swallowed
             self._error = err
 
-    def _commit(self, final: Path, step: int, started: float) -> None:
+    def _commit(self, target: Path, final: Path, step: int, started: float) -> None:
+        """Rank 0: write the marker in ``target`` (the folder the ranks wrote), then, when that
+        is beside an older committed copy of the step, swap it in as ``final``."""
         _test_sleep_before_commit(step)
-        fsync_dir(final)
+        fsync_dir(target)
         # What each rank wrote, by its own account (the done files), checked against the folder.
         written: dict[str, dict[str, Any]] = {}
         for r in range(self.world_size):
             try:
-                written.update(json.loads((final / rank_done_name(r)).read_text(encoding="utf-8")))
+                written.update(json.loads((target / rank_done_name(r)).read_text(encoding="utf-8")))
             except (OSError, ValueError):
                 pass
-        files = {e.name: e.stat().st_size for e in os.scandir(final)
+        files = {e.name: e.stat().st_size for e in os.scandir(target)
                  if e.is_file() and not e.name.startswith(".") and e.name != COMMIT_MARKER
                  and not e.name.endswith(".done")}
         missing = [rank_file_name(r) for r in range(self.world_size)
                    if rank_file_name(r) not in files or rank_file_name(r) not in written]
         if missing or SHARED_FILE not in files or META_FILE not in files:
-            raise CheckpointError(f"checkpoint {final} is missing {missing or [SHARED_FILE, META_FILE]}; "
+            raise CheckpointError(f"checkpoint {target} is missing {missing or [SHARED_FILE, META_FILE]}; "
                                   "is the checkpoint folder shared by every rank?")
         unknown = sorted(set(files) - set(written))
         changed = sorted(n for n in files if n in written and written[n]["size"] != files[n])
         if unknown or changed:
-            raise CheckpointError(f"checkpoint {final}: {unknown or changed} are not what this save's ranks wrote "
+            raise CheckpointError(f"checkpoint {target}: {unknown or changed} are not what this save's ranks wrote "
                                   f"({'unknown files' if unknown else 'sizes changed after writing'}); is another "
                                   "job writing to the same checkpoint folder?")
         marker = {"format": FORMAT_VERSION, "step": step, "world_size": self.world_size, "files": files,
                   "digest": DIGEST_NAME, "digests": {n: written[n]["digest"] for n in files},
                   "time": time.time(), "run": self.run, "spec_hash": self.spec_hash, "attempt": self.attempt}
-        write_atomic(final / COMMIT_MARKER, json.dumps(marker, sort_keys=True).encode())
+        write_atomic(target / COMMIT_MARKER, json.dumps(marker, sort_keys=True).encode())
+        if target != final:
+            _swap_in(target, final)
         fsync_dir(self.root)
         seconds = time.perf_counter() - started
         apply_retention(self.root, self.keep)

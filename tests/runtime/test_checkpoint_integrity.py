@@ -194,3 +194,61 @@ def test_a_load_failure_on_one_rank_makes_every_rank_fall_back(tmp_path: Path) -
     assert sorted((r["rank"], r["step"], r["weight"]) for r in results) == [(0, 2, 2.0), (1, 2, 2.0)]
     assert "rank 1 cannot load it" in errs[1]
     assert "step-00000004 is damaged (another rank could not load its files)" in errs[0]
+
+
+# ---- re-saving a committed step
+
+
+def test_a_failed_resave_of_a_committed_step_leaves_the_old_one_intact(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from orchestrator.runtime.checkpoint import latest_complete, list_checkpoints
+
+    toy = Toy()
+    mgr = toy.manager(tmp_path)
+    for _ in range(3):
+        toy.step()
+    mgr.save(3)
+    at_three = toy.fingerprint()
+    good = (tmp_path / step_dir_name(3) / "shared.pt").read_bytes()
+
+    # A later attempt resumed from elsewhere reaches step 3 again and dies while writing it.
+    again = Toy(seed=4)
+    real = torch.save
+
+    def dying(obj, f, *a, **kw):
+        real(obj, f, *a, **kw)
+        raise OSError("node lost mid-write")
+    monkeypatch.setattr(torch, "save", dying)
+    with pytest.raises(OSError, match="node lost"):
+        again.manager(tmp_path).save(3)
+    monkeypatch.setattr(torch, "save", real)
+
+    assert latest_complete(tmp_path).step == 3
+    assert (tmp_path / step_dir_name(3) / "shared.pt").read_bytes() == good
+    assert verify_checkpoint(tmp_path / step_dir_name(3)) is None
+    assert [c.step for c in list_checkpoints(tmp_path)] == [3]      # the half-written copy is no checkpoint
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("step-00000003.tmp-")]) == 1
+    fresh = Toy(seed=9)
+    assert fresh.manager(tmp_path).restore().step == 3
+    assert same(fresh.fingerprint(), at_three)
+
+
+def test_a_successful_resave_swaps_in_the_new_one_and_cleans_up(tmp_path: Path) -> None:
+    import torch
+
+    from orchestrator.runtime.checkpoint import latest_complete
+
+    first = Toy()
+    first.step()
+    first.manager(tmp_path).save(1)
+    second = Toy(seed=5)
+    second.step()
+    mgr = second.manager(tmp_path)
+    (tmp_path / "step-00000001.tmp-0-123").mkdir()     # a dead attempt's unfinished re-save
+    mgr.save(1)
+    assert latest_complete(tmp_path).step == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000001"]
+    saved = torch.load(tmp_path / "step-00000001" / "shared.pt", weights_only=False)["model"]
+    assert all(torch.equal(saved[k], v) for k, v in second.model.state_dict().items())
