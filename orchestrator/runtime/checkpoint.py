@@ -1,7 +1,8 @@
 """Exact, atomic checkpoints for torchrun jobs, and their discovery from outside the job.
 
-Layout under the checkpoint root::
+Layout under the checkpoint root (one run's: the launcher scopes it to ``<checkpoint.dir>/<run>``)::
 
+    ATTEMPT                   the newest attempt started on this root; older ones may not commit
     step-00000120/            a checkpoint is complete only when COMMITTED exists in it
         shared.pt             model / optimizer / scheduler / scaler, written once by rank 0
         rank-00000.pt         per-rank RNG, private generators, sampler position
@@ -23,17 +24,24 @@ before it touches the training objects; a checkpoint that fails any of that is r
 committed checkpoint is damaged, restore raises rather than training from scratch silently.
 Each rank's ``rank-N.done`` file carries the digest of its rank file to rank 0's commit.
 
-Commit protocol: every rank writes and fsyncs its files, all ranks
-meet at a barrier, then rank 0 writes the marker. The marker lists every file with its size, so
-a checkpoint whose files were later damaged or half-deleted is not taken for complete.
+Re-saving a step that is already committed (a later attempt that resumed from an older one)
+writes ``step-N.tmp-<attempt>-<ns>`` beside it and swaps it in only once committed.
+
+Commit protocol: every rank writes and fsyncs its files, all ranks meet at a barrier, then
+rank 0 writes the marker (a commit rank 0 cannot make fails every rank). The marker lists every
+file with its size, so a checkpoint whose files were later half-deleted is not taken for complete.
 Async saves cannot use a barrier (a collective from a background thread would interleave with
 the training loop's collectives), so each rank's writer thread drops a ``rank-N.done`` file
 and rank 0's thread waits for all of them; that needs a checkpoint folder every rank can see,
 which a resumable multi-node job needs anyway.
 
-The filesystem-only part (``latest_complete``, ``list_checkpoints``, ``apply_retention``, ``verify_checkpoint``)
-imports only the standard library: the orchestrator calls it from outside the job. torch is
-imported lazily by the parts that need it.
+Fencing: rank 0 records its attempt (WMCTL_ATTEMPT) in ``ATTEMPT`` when the manager starts and
+refuses to commit once a newer attempt has recorded itself there, so an attempt the supervisor
+gave up on but that is still running cannot commit over its successor's checkpoints.
+
+The filesystem-only part (``latest_complete``, ``list_checkpoints``, ``apply_retention``,
+``verify_checkpoint``, ``read_marker``, ``read_attempt``) imports only the standard library:
+the orchestrator calls it from outside the job. torch is imported lazily by the parts that need it.
 """
 
 from __future__ import annotations
@@ -51,6 +59,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no advisory locks
+    fcntl = None  # type: ignore[assignment]
+
 from .protocol import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN, ENV_SPEC_HASH, ENV_TEST_SLEEP_BEFORE_COMMIT
 
 STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
@@ -59,6 +72,7 @@ LEFTOVER_RE = re.compile(r"^step-\d{8}\.(tmp|stale|deleting)-")
 COMMIT_MARKER = "COMMITTED"
 META_FILE = "meta.json"
 SHARED_FILE = "shared.pt"
+ATTEMPT_FILE = "ATTEMPT"   # in the root: the newest attempt started on it (fencing)
 FORMAT_VERSION = 2   # 1: step, world_size, files; 2: + run, spec_hash, attempt
 MIN_KEEP = 2
 DIGEST_SIZE = 32     # blake2b-256: fast, and the marker says which (``digest``)
@@ -150,6 +164,36 @@ def verify_checkpoint(ckpt_dir: str | Path) -> str | None:
             return (f"{name} content changed since it was written ({DIGEST_NAME} {got[:12]}..., "
                     f"expected {str(want)[:12]}...)")
     return None
+
+
+def read_attempt(root: str | Path) -> int | None:
+    """The newest attempt recorded as started on this checkpoint root (``ATTEMPT``), if any."""
+    try:
+        text = (Path(root) / ATTEMPT_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def record_attempt(root: str | Path, attempt: int) -> int:
+    """Record that ``attempt`` started on root and return what the file holds afterwards.
+
+    Within one submission of a run the number only moves forward (max of the file and
+    ``attempt``). Attempt 0 always claims it: every ``wmctl submit`` of a run name starts again
+    at attempt 0 and resumes from the same checkpoints, and it must not be fenced off by the
+    previous submission's last attempt. (The price: an attempt 0 that reaches this point only
+    after its successor did takes the fence back; the successor's commit is then refused with
+    a clear error and the next attempt claims it again.) Serialised by a lock on
+    ``.attempt.lock`` so two attempts starting at once cannot lose the newer number."""
+    root = Path(root)
+    with open(root / ".attempt.lock", "a+b") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        current = read_attempt(root)
+        if attempt > 0 and current is not None and current >= attempt:
+            return current
+        write_atomic(root / ATTEMPT_FILE, f"{attempt}\n".encode())
+        return attempt
 
 
 @dataclass(frozen=True)
@@ -482,6 +526,10 @@ class CheckpointManager:
         self._error: BaseException | None = None
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
+            if self.attempt is not None:
+                # Fencing: the root remembers the newest attempt that started on it, so an
+                # older attempt still running somewhere can no longer commit (_check_fence).
+                record_attempt(self.root, self.attempt)
 
     def register(self, model: Any = None, optimizer: Any = None, scheduler: Any = None,
                  scaler: Any = None, sampler: Any = None, generators: dict[str, Any] | None = None) -> None:
@@ -526,22 +574,18 @@ class CheckpointManager:
                     + (f" in {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}" if bad else " on another rank")
                     + "; the newest good checkpoint stays the resume point. Check for NaN/inf before "
                     "optimizer.step() (orchestrator.runtime.dtype_guard.agree_step_finite)")
-        target = final    # where this save writes: final itself, or beside a committed one
+        prepared: dict[str, Any] | None = None
         if self.rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
-            if is_committed(final):
-                # A committed checkpoint of this step (an earlier attempt's): never delete it
-                # before its replacement is committed. Write beside it under a name discovery
-                # ignores, and swap it in after the commit.
-                target = final.with_name(f"{final.name}{TMP_INFIX}{_attempt_tag(self.attempt)}-{time.time_ns()}")
-            elif final.exists():
-                # A torn folder of this step from an earlier attempt: move it out of the way so
-                # no stale rank file can end up in the new checkpoint.
-                os.rename(final, final.with_name(f"{final.name}.stale-{time.time_ns()}"))
-            target.mkdir()
-            fsync_dir(self.root)
-        # Also the point after which every rank sees the folder rank 0 created.
-        target = Path(dist.broadcast_object(str(target)))
+            try:
+                prepared = {"target": str(self._prepare_folder(final, step))}
+            except CheckpointError as err:
+                prepared = {"error": str(err)}
+        # Every rank writes where rank 0 prepared (also the point after which every rank sees
+        # that folder), or every rank raises rank 0's refusal.
+        prepared = dist.broadcast_object(prepared)
+        if prepared.get("error"):
+            raise CheckpointError(prepared["error"])
+        target = Path(prepared["target"])
 
         rank_payload = self._rank_payload()
         shared_payload = self._shared_payload() if self.rank == 0 else None
@@ -560,13 +604,50 @@ class CheckpointManager:
         else:
             self._write_files(target, rank_payload, shared_payload, meta)
             dist.barrier()
+            failure: BaseException | None = None
             if self.rank == 0:
-                self._commit(target, final, step, started)
-            # Nobody moves on (and maybe exits) before the checkpoint is committed.
-            dist.barrier()
+                try:
+                    self._commit(target, final, step, started)
+                except Exception as err:  # re-raised below, after every rank has heard of it
+                    failure = err
+            # Nobody moves on (and maybe exits) before the checkpoint is committed, and a commit
+            # rank 0 could not make (refused, disk full) fails every rank, not only rank 0.
+            if dist.all_reduce_max(1 if failure else 0):
+                if failure is not None:
+                    raise failure
+                raise CheckpointError(f"checkpoint {final} not committed: rank 0 failed to commit it (see its error)")
         self.last_saved_step = step
         self.last_blocking_s = time.perf_counter() - started
         return final
+
+    def _prepare_folder(self, final: Path, step: int) -> Path:
+        """Rank 0: the folder this save writes (``final``, or beside a committed ``final``)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._check_fence(step)
+        target = final
+        if is_committed(final):
+            # A committed checkpoint of this step (an earlier attempt's): never delete it before
+            # its replacement is committed. Write beside it under a name discovery ignores, and
+            # swap it in after the commit.
+            target = final.with_name(f"{final.name}{TMP_INFIX}{_attempt_tag(self.attempt)}-{time.time_ns()}")
+        elif final.exists():
+            # A torn folder of this step from an earlier attempt: move it out of the way so no
+            # stale rank file can end up in the new checkpoint.
+            os.rename(final, final.with_name(f"{final.name}.stale-{time.time_ns()}"))
+        target.mkdir()
+        fsync_dir(self.root)
+        return target
+
+    def _check_fence(self, step: int) -> None:
+        """Refuse to write once a newer attempt of the run has started on this root: the
+        supervisor gave up on this attempt (a partition, a hung node) and its successor owns the
+        checkpoints; a late commit from here would compete with that attempt's own."""
+        newest = read_attempt(self.root)
+        if self.attempt is not None and newest is not None and newest > self.attempt:
+            raise CheckpointError(
+                f"refusing to commit checkpoint {step}: this is attempt {self.attempt}, but attempt {newest} "
+                f"has started on {self.root} (its {ATTEMPT_FILE} file). This attempt is stale; the newer one "
+                "owns the checkpoints now, so stop this one (wmctl cancel, or let the supervisor finish it)")
 
     def wait(self) -> None:
         """Block until this rank's in-flight async save is done (on rank 0: committed); raise
@@ -682,6 +763,8 @@ class CheckpointManager:
         marker = {"format": FORMAT_VERSION, "step": step, "world_size": self.world_size, "files": files,
                   "digest": DIGEST_NAME, "digests": {n: written[n]["digest"] for n in files},
                   "time": time.time(), "run": self.run, "spec_hash": self.spec_hash, "attempt": self.attempt}
+        # Last look before the marker makes it count: a newer attempt may have started meanwhile.
+        self._check_fence(step)
         write_atomic(target / COMMIT_MARKER, json.dumps(marker, sort_keys=True).encode())
         if target != final:
             _swap_in(target, final)

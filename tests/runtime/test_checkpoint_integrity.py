@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -18,9 +14,8 @@ from orchestrator.runtime.checkpoint import (COMMIT_MARKER, CheckpointError, fil
                                              step_dir_name, verify_checkpoint)
 from orchestrator.runtime.progress import Progress
 from orchestrator.runtime.protocol import parse_progress
+from tests.runtime.conftest import run_gloo_ranks
 from tests.runtime.test_checkpoint import Toy, same
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def two_checkpoints(root: Path) -> tuple[Toy, dict]:
@@ -172,25 +167,10 @@ RANKS = textwrap.dedent("""
 
 @pytest.mark.timeout(180)
 def test_a_load_failure_on_one_rank_makes_every_rank_fall_back(tmp_path: Path) -> None:
-    script = tmp_path / "ranks.py"
-    script.write_text(RANKS)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WMCTL_TORCH_MODULE": "cpu"}
-        for key in ("WMCTL_BOUND_CPUS", "WMCTL_RUN", "WMCTL_ATTEMPT", "WMCTL_SPEC_HASH", "WMCTL_RESUME_FROM"):
-            env.pop(key, None)
-        procs.append(subprocess.Popen([sys.executable, str(script), str(tmp_path / "ckpt")], env=env, cwd=REPO,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results, errs = [], []
-    for proc in procs:
-        out, err = proc.communicate(timeout=150)
-        assert proc.returncode == 0, err[-3000:]
-        results.append(json.loads(out.splitlines()[-1]))
-        errs.append(err)
+    done = run_gloo_ranks(RANKS, tmp_path, str(tmp_path / "ckpt"))
+    assert all(p.returncode == 0 for p in done), [p.stderr[-3000:] for p in done]
+    results = [json.loads(p.stdout.splitlines()[-1]) for p in done]
+    errs = [p.stderr for p in done]
     assert sorted((r["rank"], r["step"], r["weight"]) for r in results) == [(0, 2, 2.0), (1, 2, 2.0)]
     assert "rank 1 cannot load it" in errs[1]
     assert "step-00000004 is damaged (another rank could not load its files)" in errs[0]
