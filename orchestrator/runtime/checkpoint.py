@@ -52,6 +52,7 @@ import os
 import random
 import re
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -423,6 +424,77 @@ def _load(path: Path) -> Any:
     return _torch().load(path, map_location="cpu", weights_only=False)
 
 
+LOCK_FILE = ".lock"
+
+
+class _RootLock:
+    """An exclusive flock on ``<root>/.lock``, naming its holder (pid@host, run, attempt) in the
+    file. Shared by the managers of one process (tests, a job that rebuilds its manager): one
+    job is one writer; only another process is refused."""
+
+    _held: dict[str, list[Any]] = {}     # resolved root -> [lock, number of managers holding it]
+    _guard = threading.Lock()
+
+    def __init__(self, key: str, fd: int) -> None:
+        self.key, self.fd = key, fd
+
+    @classmethod
+    def acquire(cls, root: Path, run: str, attempt: int | None) -> _RootLock | None:
+        if fcntl is None:
+            return None
+        key = str(root.resolve())
+        with cls._guard:
+            if key in cls._held:
+                cls._held[key][1] += 1
+                return cls._held[key][0]
+            fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                theirs = holder.get("attempt")
+                if (attempt is not None and isinstance(theirs, int) and theirs < attempt
+                        and holder.get("run", run) == run):
+                    # An older attempt of this run, still alive: the supervisor replaced it, and
+                    # the fence (ATTEMPT) keeps it from committing. Go on without the lock.
+                    print(f"wmctl: checkpoint folder {root} is still locked by attempt {theirs} "
+                          f"({holder.get('pid')}@{holder.get('host')}); attempt {attempt} takes over and "
+                          "that attempt can no longer commit", file=sys.stderr, flush=True)
+                    return None
+                who = f"{holder.get('pid', '?')}@{holder.get('host', '?')}"
+                what = f" (run {holder.get('run')!r}, attempt {theirs})" if holder else ""
+                raise CheckpointError(
+                    f"checkpoint folder {root} is in use by another job: process {who}{what} holds "
+                    f"{root / LOCK_FILE}. Two jobs writing one checkpoint folder would overwrite and prune "
+                    "each other's checkpoints: stop that job, or give this one its own checkpoint folder") from None
+            payload = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "run": run,
+                                  "attempt": attempt}).encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, payload, 0)
+            lock = cls(key, fd)
+            cls._held[key] = [lock, 1]
+            return lock
+
+    def release(self) -> None:
+        with self._guard:
+            entry = self._held.get(self.key)
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._held[self.key]
+                os.close(self.fd)     # closing the descriptor drops the flock
+
+
+def _read_holder(fd: int) -> dict[str, Any]:
+    try:
+        data = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _attempt_tag(attempt: int | None) -> str:
     return "x" if attempt is None else str(attempt)
 
@@ -524,12 +596,23 @@ class CheckpointManager:
         self._generators: dict[str, Any] = {}
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._lock: _RootLock | None = None
+        refusal = None
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
-            if self.attempt is not None:
+            try:
+                # One writer per root: rank 0 holds <root>/.lock for the manager's life.
+                self._lock = _RootLock.acquire(self.root, self.run, self.attempt)
+            except CheckpointError as err:
+                refusal = str(err)
+            if refusal is None and self.attempt is not None:
                 # Fencing: the root remembers the newest attempt that started on it, so an
                 # older attempt still running somewhere can no longer commit (_check_fence).
                 record_attempt(self.root, self.attempt)
+        # Every rank fails with rank 0's refusal (alone, rank 0 would leave the rest waiting).
+        refusal = dist.broadcast_object(refusal)
+        if refusal:
+            raise CheckpointError(refusal)
 
     def register(self, model: Any = None, optimizer: Any = None, scheduler: Any = None,
                  scaler: Any = None, sampler: Any = None, generators: dict[str, Any] | None = None) -> None:
@@ -661,9 +744,15 @@ class CheckpointManager:
             raise CheckpointError(f"async checkpoint failed: {err}") from err
 
     def close(self) -> None:
-        """Finish: wait() for an async save and raise its error. Local, no collective: call a
-        barrier after it before a rank exits if every rank must know the last save committed."""
-        self.wait()
+        """Finish: wait() for an async save and raise its error, then let go of the root's lock.
+        Local, no collective: call a barrier after it before a rank exits if every rank must
+        know the last save committed."""
+        try:
+            self.wait()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
     def _nonfinite_parameters(self) -> list[str]:
         model = self._objects.get("model")
