@@ -930,6 +930,9 @@ class CheckpointManager:
             if decision.get("error"):
                 raise CheckpointError(decision["error"])
             if decision.get("path") is None:
+                if self.rank == 0:
+                    for w in decision.get("warnings") or []:
+                        print(f"wmctl: checkpoint folder {self.root}: {w}", file=sys.stderr, flush=True)
                 return None
             ckpt = Path(decision["path"])
             loaded, err = self._load_files(ckpt)
@@ -1012,7 +1015,7 @@ class CheckpointManager:
                         f"every committed checkpoint under {self.root} is damaged ({', '.join(skip)}; see the "
                         "lines above): refusing to train from scratch silently. Move the damaged step folders "
                         f"aside to start fresh, or start from a good checkpoint with --resume-from / {ENV_RESUME_FROM}")
-                return {"path": None}
+                return {"path": None, "warnings": self._unscoped_warnings()}
             src = self._resume_from_checkpoint(self.resume_from, skip)
             warnings = [f"resumed from elsewhere on purpose ({ENV_RESUME_FROM}={self.resume_from}): "
                         f"this run's own folder {self.root} had no sound checkpoint"]
@@ -1021,6 +1024,18 @@ class CheckpointManager:
                     "skipped": list(skip)}
         except CheckpointError as err:
             return {"error": str(err)}
+
+    def _unscoped_warnings(self) -> list[str]:
+        """Checkpoints written before they were scoped per run sit right in the configured
+        folder, the parent of this run's root: starting fresh beside them deserves a word."""
+        if not self.run or self.root.name != self.run:
+            return []
+        old = latest_complete(self.root.parent)
+        if old is None:
+            return []
+        return [f"no checkpoint of run {self.run!r} here, but {old.path} is one in the folder above, where "
+                "checkpoints were kept before each run got its own subfolder: starting from scratch. To "
+                f"continue from it, pass --resume-from {self.root.parent} (or set {ENV_RESUME_FROM})"]
 
     def _resume_from_checkpoint(self, where: Path, skip: list[str]) -> Path:
         """A step folder itself, or the newest sound checkpoint under a checkpoint root."""

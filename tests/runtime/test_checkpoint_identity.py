@@ -148,3 +148,15 @@ def test_local_plan_notes_and_creates_the_folder_the_job_is_handed(tmp_path: Pat
     assert f"checkpoints in {handed}" in plan.notes
     assert str(plan.request.checkpoint_dir) == handed   # what the engine creates before the start
 
+
+
+def test_checkpoints_from_before_per_run_folders_are_pointed_at(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    _, expected = saved(tmp_path, step=3)             # written into the configured folder itself
+    assert Toy(seed=1).manager(tmp_path / "wm", run="wm").restore() is None
+    err = capsys.readouterr().err
+    assert "step-00000003 is one in the folder above" in err and f"--resume-from {tmp_path}" in err
+    other = Toy(seed=1)
+    state = other.manager(tmp_path / "wm", run="wm", resume_from=tmp_path).restore()
+    assert state is not None and state.step == 3 and state.resumed_from == tmp_path
+    assert same(other.fingerprint(), expected)
