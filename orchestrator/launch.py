@@ -103,6 +103,8 @@ def job_env(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, *,
     env.update({
         p.ENV_RUN: spec.name,
         p.ENV_ATTEMPT: str(ctx.attempt),
+        # The checkpoint marker records it: a resume under a changed spec is warned about.
+        p.ENV_SPEC_HASH: spec.spec_hash(),
         p.ENV_VENDOR: profile.name,
         # The runtime part of the profile itself: the job needs no copy of images/ (and no YAML
         # parser) to know its vendor, so a vendor unknown to the image's wmctl still works.
@@ -116,7 +118,11 @@ def job_env(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, *,
         "PYTHONUNBUFFERED": "1",
     })
     if checkpoint_dir:
-        env[p.ENV_CHECKPOINT_DIR] = checkpoint_dir
+        # Each run checkpoints into its own subfolder of the configured one, so two runs given
+        # the same checkpoint.dir never resume from (or prune) each other's checkpoints.
+        env[p.ENV_CHECKPOINT_DIR] = p.run_checkpoint_dir(checkpoint_dir, spec.name)
+    if ctx.resume_from:
+        env[p.ENV_RESUME_FROM] = ctx.resume_from
     # The in-job preflight checks each node sees the cards the spec asked for, not merely one
     # per local rank: a node that lost a card but still has enough for its ranks is caught.
     devices = accelerators_per_node(spec, profile)

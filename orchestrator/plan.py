@@ -26,6 +26,9 @@ class AttemptContext:
     excluded_nodes: tuple[str, ...] = ()
     resume: bool = False           # resume from the latest complete checkpoint if one exists
     parent: int | None = None      # the attempt this one replaces
+    # A checkpoint root or step folder (as the job sees it) to start from when the run has no
+    # checkpoint of its own yet: another run's checkpoints, taken on purpose (WMCTL_RESUME_FROM).
+    resume_from: str | None = None
 
 
 @dataclass(frozen=True)

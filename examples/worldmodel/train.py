@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None, preempt: PreemptionHandler | None = None
         if guard_state:
             guard.load_state_dict(guard_state)
         progress.resume(step=step, path=str(resumed.path), epoch=sampler.epoch, samples=samples,
-                        exact=resumed.exact, reason=resumed.reason)
+                        exact=resumed.exact, reason=resumed.reason, warnings=resumed.warnings)
 
     record = open(f"{args.record_samples}.rank-{rank}", "a", encoding="utf-8") if args.record_samples else None
     pause_at = tuple(int(x) for x in args.pause_at.split(":")) if args.pause_at else None

@@ -1,7 +1,8 @@
 """Exact, atomic checkpoints for torchrun jobs, and their discovery from outside the job.
 
-Layout under the checkpoint root::
+Layout under the checkpoint root (one run's: the launcher scopes it to ``<checkpoint.dir>/<run>``)::
 
+    ATTEMPT                   the newest attempt started on this root; older ones may not commit
     step-00000120/            a checkpoint is complete only when COMMITTED exists in it
         shared.pt             model / optimizer / scheduler / scaler, written once by rank 0
         rank-00000.pt         per-rank RNG, private generators, sampler position
@@ -9,26 +10,49 @@ Layout under the checkpoint root::
         meta.json             step, epoch, samples, world size, caller's extra (JSON)
         COMMITTED             written last: temp file + fsync + rename, then fsync of the folder
 
-Commit protocol: every rank writes and fsyncs its files, all ranks
-meet at a barrier, then rank 0 writes the marker. The marker lists every file with its size, so
-a checkpoint whose files were later damaged or half-deleted is not taken for complete.
+The marker (format 2) is JSON: ``step``, ``world_size``, ``files`` (name -> size), and the
+identity of the writer: ``run`` (WMCTL_RUN), ``spec_hash`` (WMCTL_SPEC_HASH) and ``attempt``
+(WMCTL_ATTEMPT). Restore refuses another run's checkpoint unless it was asked for on purpose
+(``--resume-from`` / WMCTL_RESUME_FROM), and warns when the spec changed. Markers of format 1
+(no identity) still restore.
+
+Integrity: the marker also holds ``digests`` (name -> blake2b-256 hex) of every file it lists,
+meta.json included, each computed while the file is written (the stream torch.save writes to
+is hashed on the way: no extra read). Restore verifies size and digest and loads every file
+before it touches the training objects; a checkpoint that fails any of that is reported loudly
+(stderr and a ``checkpoint_damaged`` progress event) and the next older one is tried. If every
+committed checkpoint is damaged, restore raises rather than training from scratch silently.
+Each rank's ``rank-N.done`` file carries the digest of its rank file to rank 0's commit.
+
+Re-saving a step that is already committed (a later attempt that resumed from an older one)
+writes ``step-N.tmp-<attempt>-<ns>`` beside it and swaps it in only once committed.
+
+Commit protocol: every rank writes and fsyncs its files, all ranks meet at a barrier, then
+rank 0 writes the marker (a commit rank 0 cannot make fails every rank). The marker lists every
+file with its size, so a checkpoint whose files were later half-deleted is not taken for complete.
 Async saves cannot use a barrier (a collective from a background thread would interleave with
 the training loop's collectives), so each rank's writer thread drops a ``rank-N.done`` file
 and rank 0's thread waits for all of them; that needs a checkpoint folder every rank can see,
 which a resumable multi-node job needs anyway.
 
-The filesystem-only part (``latest_complete``, ``list_checkpoints``, ``apply_retention``)
-imports only the standard library: the orchestrator calls it from outside the job. torch is
-imported lazily by the parts that need it.
+Fencing: rank 0 records its attempt (WMCTL_ATTEMPT) in ``ATTEMPT`` when the manager starts and
+refuses to commit once a newer attempt has recorded itself there, so an attempt the supervisor
+gave up on but that is still running cannot commit over its successor's checkpoints.
+
+The filesystem-only part (``latest_complete``, ``list_checkpoints``, ``apply_retention``,
+``verify_checkpoint``, ``read_marker``, ``read_attempt``) imports only the standard library:
+the orchestrator calls it from outside the job. torch is imported lazily by the parts that need it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import re
 import shutil
+import socket
 import sys
 import threading
 import time
@@ -36,14 +60,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .protocol import ENV_TEST_SLEEP_BEFORE_COMMIT
+try:
+    import fcntl
+except ImportError:  # not POSIX: no advisory locks
+    fcntl = None  # type: ignore[assignment]
+
+from .protocol import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN, ENV_SPEC_HASH, ENV_TEST_SLEEP_BEFORE_COMMIT
 
 STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
+TMP_INFIX = ".tmp-"      # step-N.tmp-<attempt>-<ns>: a re-save of a committed step, until it commits
+LEFTOVER_RE = re.compile(r"^step-\d{8}\.(tmp|stale|deleting)-")
 COMMIT_MARKER = "COMMITTED"
 META_FILE = "meta.json"
 SHARED_FILE = "shared.pt"
-FORMAT_VERSION = 1
+ATTEMPT_FILE = "ATTEMPT"   # in the root: the newest attempt started on it (fencing)
+FORMAT_VERSION = 2   # 1: step, world_size, files; 2: + run, spec_hash, attempt
 MIN_KEEP = 2
+DIGEST_SIZE = 32     # blake2b-256: fast, and the marker says which (``digest``)
+DIGEST_NAME = "blake2b-256"
 
 # Test hook (ENV_TEST_SLEEP_BEFORE_COMMIT): "STEP:SECONDS" makes rank 0 sleep after the barrier
 # and before writing the commit marker of checkpoint STEP, so a test can kill the job mid-write.
@@ -91,6 +125,76 @@ def write_atomic(path: str | Path, data: bytes) -> None:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def _hasher() -> Any:
+    return hashlib.blake2b(digest_size=DIGEST_SIZE)
+
+
+def file_digest(path: str | Path) -> str:
+    """blake2b-256 of a file's content, read in 1 MiB chunks."""
+    h = _hasher()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return str(h.hexdigest())
+
+
+def verify_checkpoint(ckpt_dir: str | Path) -> str | None:
+    """Why a checkpoint with a marker is not sound, or None when it is: every file the marker
+    lists present with its size and, for format 2 markers, its digest. Reads every file."""
+    ckpt_dir = Path(ckpt_dir)
+    marker = read_marker(ckpt_dir)
+    if marker is None or not isinstance(marker.get("files"), dict):
+        return f"unreadable {COMMIT_MARKER} marker"
+    digests = marker.get("digests")
+    digests = digests if isinstance(digests, dict) else {}
+    for name, size in sorted(marker["files"].items()):
+        try:
+            actual = (ckpt_dir / name).stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if actual != size:
+            return f"{name} has {actual} bytes, the marker recorded {size}"
+    for name, want in sorted(digests.items()):
+        try:
+            got = file_digest(ckpt_dir / name)
+        except OSError as err:
+            return f"{name} cannot be read ({err})"
+        if got != want:
+            return (f"{name} content changed since it was written ({DIGEST_NAME} {got[:12]}..., "
+                    f"expected {str(want)[:12]}...)")
+    return None
+
+
+def read_attempt(root: str | Path) -> int | None:
+    """The newest attempt recorded as started on this checkpoint root (``ATTEMPT``), if any."""
+    try:
+        text = (Path(root) / ATTEMPT_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def record_attempt(root: str | Path, attempt: int) -> int:
+    """Record that ``attempt`` started on root and return what the file holds afterwards.
+
+    Within one submission of a run the number only moves forward (max of the file and
+    ``attempt``). Attempt 0 always claims it: every ``wmctl submit`` of a run name starts again
+    at attempt 0 and resumes from the same checkpoints, and it must not be fenced off by the
+    previous submission's last attempt. (The price: an attempt 0 that reaches this point only
+    after its successor did takes the fence back; the successor's commit is then refused with
+    a clear error and the next attempt claims it again.) Serialised by a lock on
+    ``.attempt.lock`` so two attempts starting at once cannot lose the newer number."""
+    root = Path(root)
+    with open(root / ".attempt.lock", "a+b") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        current = read_attempt(root)
+        if attempt > 0 and current is not None and current >= attempt:
+            return current
+        write_atomic(root / ATTEMPT_FILE, f"{attempt}\n".encode())
+        return attempt
 
 
 @dataclass(frozen=True)
@@ -181,7 +285,7 @@ def apply_retention(root: str | Path, keep: int) -> list[Path]:
         _remove_tree(path)
     # Leftovers of interrupted deletes and of replaced torn folders.
     for entry in os.scandir(root):
-        if entry.is_dir(follow_symlinks=False) and (".deleting-" in entry.name or ".stale-" in entry.name):
+        if entry.is_dir(follow_symlinks=False) and LEFTOVER_RE.match(entry.name):
             shutil.rmtree(entry.path, ignore_errors=True)
             doomed.append(Path(entry.path))
     return doomed
@@ -275,18 +379,141 @@ def _to_cpu_copy(obj: Any) -> Any:
     return obj
 
 
-def _save_fsync(obj: Any, path: Path) -> None:
+class _HashingWriter:
+    """The file object torch.save writes to: every byte is hashed on its way to the file."""
+
+    def __init__(self, fh: Any) -> None:
+        self._fh = fh
+        self.hash = _hasher()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        self.hash.update(data)
+        n = self._fh.write(data)
+        self.size += n
+        return int(n)
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+
+def _save_fsync(obj: Any, path: Path) -> dict[str, Any]:
+    """torch.save + fsync; the file's size and digest, as written."""
     torch = _torch()
     with open(path, "wb") as fh:
-        torch.save(obj, fh)
+        w = _HashingWriter(fh)
+        torch.save(obj, w)
         fh.flush()
         os.fsync(fh.fileno())
+    return {"size": w.size, "digest": w.hash.hexdigest()}
+
+
+def _write_bytes_fsync(data: bytes, path: Path) -> dict[str, Any]:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    h = _hasher()
+    h.update(data)
+    return {"size": len(data), "digest": h.hexdigest()}
 
 
 def _load(path: Path) -> Any:
     # weights_only=False: these files hold RNG tuples and numpy state, and the job wrote them
     # itself into its own checkpoint folder.
     return _torch().load(path, map_location="cpu", weights_only=False)
+
+
+LOCK_FILE = ".lock"
+
+
+class _RootLock:
+    """An exclusive flock on ``<root>/.lock``, naming its holder (pid@host, run, attempt) in the
+    file. Shared by the managers of one process (tests, a job that rebuilds its manager): one
+    job is one writer; only another process is refused."""
+
+    _held: dict[str, list[Any]] = {}     # resolved root -> [lock, number of managers holding it]
+    _guard = threading.Lock()
+
+    def __init__(self, key: str, fd: int) -> None:
+        self.key, self.fd = key, fd
+
+    @classmethod
+    def acquire(cls, root: Path, run: str, attempt: int | None) -> _RootLock | None:
+        if fcntl is None:
+            return None
+        key = str(root.resolve())
+        with cls._guard:
+            if key in cls._held:
+                cls._held[key][1] += 1
+                return cls._held[key][0]
+            fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                theirs = holder.get("attempt")
+                if (attempt is not None and isinstance(theirs, int) and theirs < attempt
+                        and holder.get("run", run) == run):
+                    # An older attempt of this run, still alive: the supervisor replaced it, and
+                    # the fence (ATTEMPT) keeps it from committing. Go on without the lock.
+                    print(f"wmctl: checkpoint folder {root} is still locked by attempt {theirs} "
+                          f"({holder.get('pid')}@{holder.get('host')}); attempt {attempt} takes over and "
+                          "that attempt can no longer commit", file=sys.stderr, flush=True)
+                    return None
+                who = f"{holder.get('pid', '?')}@{holder.get('host', '?')}"
+                what = f" (run {holder.get('run')!r}, attempt {theirs})" if holder else ""
+                raise CheckpointError(
+                    f"checkpoint folder {root} is in use by another job: process {who}{what} holds "
+                    f"{root / LOCK_FILE}. Two jobs writing one checkpoint folder would overwrite and prune "
+                    "each other's checkpoints: stop that job, or give this one its own checkpoint folder") from None
+            payload = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "run": run,
+                                  "attempt": attempt}).encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, payload, 0)
+            lock = cls(key, fd)
+            cls._held[key] = [lock, 1]
+            return lock
+
+    def release(self) -> None:
+        with self._guard:
+            entry = self._held.get(self.key)
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._held[self.key]
+                os.close(self.fd)     # closing the descriptor drops the flock
+
+
+def _read_holder(fd: int) -> dict[str, Any]:
+    try:
+        data = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _attempt_tag(attempt: int | None) -> str:
+    return "x" if attempt is None else str(attempt)
+
+
+def _swap_in(new: Path, final: Path) -> None:
+    """Put the committed folder ``new`` in place of the committed ``final``; the old copy is
+    deleted only once the new one is in place. A crash between the two renames leaves neither
+    under the step's name (both still on disk, under names discovery ignores): resume then
+    takes the previous checkpoint, never a half-replaced one."""
+    aside = final.with_name(f"{final.name}.stale-{time.time_ns()}")
+    try:
+        os.rename(final, aside)
+        moved = True
+    except FileNotFoundError:
+        moved = False
+    os.rename(new, final)
+    fsync_dir(final.parent)
+    if moved:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def _test_sleep_before_commit(step: int) -> None:
@@ -305,7 +532,11 @@ class ResumeState:
     path: Path
     extra: dict[str, Any] = field(default_factory=dict)
     exact: bool = True
-    reason: str = ""
+    reason: str = ""                  # why the resume is not exact ("" when it is)
+    # Everything worth a look that did not stop the resume: a changed spec, a checkpoint taken
+    # from elsewhere on purpose, a world-size change. Printed to stderr by rank 0 as well.
+    warnings: list[str] = field(default_factory=list)
+    resumed_from: Path | None = None  # the other root it came from (WMCTL_RESUME_FROM); None: own root
 
 
 class CheckpointError(RuntimeError):
@@ -330,10 +561,25 @@ class CheckpointManager:
         progress: Any | None = None,
         commit_timeout_s: float = 600.0,
         check_finite: bool = True,
+        run: str | None = None,
+        spec_hash: str | None = None,
+        attempt: int | None = None,
+        resume_from: str | Path | None = None,
     ) -> None:
         from orchestrator.runtime import dist
 
         self.root = Path(directory)
+        # Who writes: recorded in every marker, checked on restore. Defaults: what the launcher
+        # set for the job (empty / None outside wmctl: nothing to check against).
+        self.run = os.environ.get(ENV_RUN, "") if run is None else run
+        self.spec_hash = os.environ.get(ENV_SPEC_HASH, "") if spec_hash is None else spec_hash
+        if attempt is None:
+            raw = os.environ.get(ENV_ATTEMPT, "").strip()
+            attempt = int(raw) if raw.isdigit() else None
+        self.attempt = attempt
+        if resume_from is None:
+            resume_from = os.environ.get(ENV_RESUME_FROM) or None
+        self.resume_from = Path(resume_from) if resume_from else None
         self.keep = max(int(keep), MIN_KEEP)
         self.every_steps = int(every_steps)
         self.async_save = async_save
@@ -350,8 +596,23 @@ class CheckpointManager:
         self._generators: dict[str, Any] = {}
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._lock: _RootLock | None = None
+        refusal = None
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
+            try:
+                # One writer per root: rank 0 holds <root>/.lock for the manager's life.
+                self._lock = _RootLock.acquire(self.root, self.run, self.attempt)
+            except CheckpointError as err:
+                refusal = str(err)
+            if refusal is None and self.attempt is not None:
+                # Fencing: the root remembers the newest attempt that started on it, so an
+                # older attempt still running somewhere can no longer commit (_check_fence).
+                record_attempt(self.root, self.attempt)
+        # Every rank fails with rank 0's refusal (alone, rank 0 would leave the rest waiting).
+        refusal = dist.broadcast_object(refusal)
+        if refusal:
+            raise CheckpointError(refusal)
 
     def register(self, model: Any = None, optimizer: Any = None, scheduler: Any = None,
                  scaler: Any = None, sampler: Any = None, generators: dict[str, Any] | None = None) -> None:
@@ -396,15 +657,18 @@ class CheckpointManager:
                     + (f" in {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}" if bad else " on another rank")
                     + "; the newest good checkpoint stays the resume point. Check for NaN/inf before "
                     "optimizer.step() (orchestrator.runtime.dtype_guard.agree_step_finite)")
+        prepared: dict[str, Any] | None = None
         if self.rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
-            if final.exists():
-                # A torn (or foreign) folder of this step from an earlier attempt: move it out of
-                # the way so no stale rank file can end up in the new checkpoint.
-                os.rename(final, final.with_name(f"{final.name}.stale-{time.time_ns()}"))
-            final.mkdir()
-            fsync_dir(self.root)
-        dist.barrier()
+            try:
+                prepared = {"target": str(self._prepare_folder(final, step))}
+            except CheckpointError as err:
+                prepared = {"error": str(err)}
+        # Every rank writes where rank 0 prepared (also the point after which every rank sees
+        # that folder), or every rank raises rank 0's refusal.
+        prepared = dist.broadcast_object(prepared)
+        if prepared.get("error"):
+            raise CheckpointError(prepared["error"])
+        target = Path(prepared["target"])
 
         rank_payload = self._rank_payload()
         shared_payload = self._shared_payload() if self.rank == 0 else None
@@ -418,18 +682,55 @@ class CheckpointManager:
             shared_payload = _to_cpu_copy(shared_payload)
             self._thread = threading.Thread(
                 target=self._write_async, name=f"wmctl-ckpt-{step}",
-                args=(final, step, rank_payload, shared_payload, meta, started), daemon=True)
+                args=(target, final, step, rank_payload, shared_payload, meta, started), daemon=True)
             self._thread.start()
         else:
-            self._write_files(final, rank_payload, shared_payload, meta)
+            self._write_files(target, rank_payload, shared_payload, meta)
             dist.barrier()
+            failure: BaseException | None = None
             if self.rank == 0:
-                self._commit(final, step, started)
-            # Nobody moves on (and maybe exits) before the checkpoint is committed.
-            dist.barrier()
+                try:
+                    self._commit(target, final, step, started)
+                except Exception as err:  # re-raised below, after every rank has heard of it
+                    failure = err
+            # Nobody moves on (and maybe exits) before the checkpoint is committed, and a commit
+            # rank 0 could not make (refused, disk full) fails every rank, not only rank 0.
+            if dist.all_reduce_max(1 if failure else 0):
+                if failure is not None:
+                    raise failure
+                raise CheckpointError(f"checkpoint {final} not committed: rank 0 failed to commit it (see its error)")
         self.last_saved_step = step
         self.last_blocking_s = time.perf_counter() - started
         return final
+
+    def _prepare_folder(self, final: Path, step: int) -> Path:
+        """Rank 0: the folder this save writes (``final``, or beside a committed ``final``)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._check_fence(step)
+        target = final
+        if is_committed(final):
+            # A committed checkpoint of this step (an earlier attempt's): never delete it before
+            # its replacement is committed. Write beside it under a name discovery ignores, and
+            # swap it in after the commit.
+            target = final.with_name(f"{final.name}{TMP_INFIX}{_attempt_tag(self.attempt)}-{time.time_ns()}")
+        elif final.exists():
+            # A torn folder of this step from an earlier attempt: move it out of the way so no
+            # stale rank file can end up in the new checkpoint.
+            os.rename(final, final.with_name(f"{final.name}.stale-{time.time_ns()}"))
+        target.mkdir()
+        fsync_dir(self.root)
+        return target
+
+    def _check_fence(self, step: int) -> None:
+        """Refuse to write once a newer attempt of the run has started on this root: the
+        supervisor gave up on this attempt (a partition, a hung node) and its successor owns the
+        checkpoints; a late commit from here would compete with that attempt's own."""
+        newest = read_attempt(self.root)
+        if self.attempt is not None and newest is not None and newest > self.attempt:
+            raise CheckpointError(
+                f"refusing to commit checkpoint {step}: this is attempt {self.attempt}, but attempt {newest} "
+                f"has started on {self.root} (its {ATTEMPT_FILE} file). This attempt is stale; the newer one "
+                "owns the checkpoints now, so stop this one (wmctl cancel, or let the supervisor finish it)")
 
     def wait(self) -> None:
         """Block until this rank's in-flight async save is done (on rank 0: committed); raise
@@ -443,9 +744,15 @@ class CheckpointManager:
             raise CheckpointError(f"async checkpoint failed: {err}") from err
 
     def close(self) -> None:
-        """Finish: wait() for an async save and raise its error. Local, no collective: call a
-        barrier after it before a rank exits if every rank must know the last save committed."""
-        self.wait()
+        """Finish: wait() for an async save and raise its error, then let go of the root's lock.
+        Local, no collective: call a barrier after it before a rank exits if every rank must
+        know the last save committed."""
+        try:
+            self.wait()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
     def _nonfinite_parameters(self) -> list[str]:
         model = self._objects.get("model")
@@ -481,53 +788,75 @@ class CheckpointManager:
                 out[name] = (_unwrap(obj) if name == "model" else obj).state_dict()
         return out
 
-    def _write_files(self, final: Path, rank_payload: dict[str, Any], shared_payload: dict[str, Any] | None,
+    def _write_files(self, folder: Path, rank_payload: dict[str, Any], shared_payload: dict[str, Any] | None,
                      meta: dict[str, Any]) -> None:
-        _save_fsync(rank_payload, final / rank_file_name(self.rank))
+        """This rank's files, then its ``rank-N.done`` with their sizes and digests (rank 0's
+        commit collects them; with async saves the done file also says this rank finished)."""
+        written = {rank_file_name(self.rank): _save_fsync(rank_payload, folder / rank_file_name(self.rank))}
         if self.rank == 0:
             assert shared_payload is not None
-            _save_fsync(shared_payload, final / SHARED_FILE)
-            with open(final / META_FILE, "w", encoding="utf-8") as fh:
-                json.dump(meta, fh, sort_keys=True)
-                fh.flush()
-                os.fsync(fh.fileno())
+            written[SHARED_FILE] = _save_fsync(shared_payload, folder / SHARED_FILE)
+            written[META_FILE] = _write_bytes_fsync(json.dumps(meta, sort_keys=True).encode(), folder / META_FILE)
+        write_atomic(folder / rank_done_name(self.rank), json.dumps(written, sort_keys=True).encode())
 
-    def _write_async(self, final: Path, step: int, rank_payload: dict[str, Any],
+    def _write_async(self, target: Path, final: Path, step: int, rank_payload: dict[str, Any],
                      shared_payload: dict[str, Any] | None, meta: dict[str, Any], started: float) -> None:
         try:
-            self._write_files(final, rank_payload, shared_payload, meta)
-            write_atomic(final / rank_done_name(self.rank), b"ok\n")
+            self._write_files(target, rank_payload, shared_payload, meta)
             if self.rank != 0:
                 return
             deadline = time.monotonic() + self.commit_timeout_s
-            missing = [r for r in range(self.world_size) if not (final / rank_done_name(r)).exists()]
+            missing = [r for r in range(self.world_size) if not (target / rank_done_name(r)).exists()]
             while missing:
                 if time.monotonic() > deadline:
                     # Left torn on purpose: resume falls back to the previous checkpoint. An error
                     # too, raised by the next save()/wait()/close(): a job that believes it has a
                     # checkpoint it does not have would lose that work on the next failure.
-                    msg = (f"checkpoint {final} not committed: ranks {missing} did not finish within "
+                    msg = (f"checkpoint {target} not committed: ranks {missing} did not finish within "
                            f"{self.commit_timeout_s:.0f} s (is the checkpoint folder shared by every rank?)")
                     print(f"wmctl: {msg}", file=sys.stderr, flush=True)
                     self._error = CheckpointError(msg)
                     return
                 time.sleep(0.01)
-                missing = [r for r in missing if not (final / rank_done_name(r)).exists()]
-            self._commit(final, step, started)
+                missing = [r for r in missing if not (target / rank_done_name(r)).exists()]
+            self._commit(target, final, step, started)
         except BaseException as err:  # handed to the training thread by wait(); not swallowed
             self._error = err
 
-    def _commit(self, final: Path, step: int, started: float) -> None:
+    def _commit(self, target: Path, final: Path, step: int, started: float) -> None:
+        """Rank 0: write the marker in ``target`` (the folder the ranks wrote), then, when that
+        is beside an older committed copy of the step, swap it in as ``final``."""
         _test_sleep_before_commit(step)
-        fsync_dir(final)
-        files = {e.name: e.stat().st_size for e in os.scandir(final)
-                 if e.is_file() and not e.name.startswith(".") and e.name != COMMIT_MARKER}
-        missing = [rank_file_name(r) for r in range(self.world_size) if rank_file_name(r) not in files]
+        fsync_dir(target)
+        # What each rank wrote, by its own account (the done files), checked against the folder.
+        written: dict[str, dict[str, Any]] = {}
+        for r in range(self.world_size):
+            try:
+                written.update(json.loads((target / rank_done_name(r)).read_text(encoding="utf-8")))
+            except (OSError, ValueError):
+                pass
+        files = {e.name: e.stat().st_size for e in os.scandir(target)
+                 if e.is_file() and not e.name.startswith(".") and e.name != COMMIT_MARKER
+                 and not e.name.endswith(".done")}
+        missing = [rank_file_name(r) for r in range(self.world_size)
+                   if rank_file_name(r) not in files or rank_file_name(r) not in written]
         if missing or SHARED_FILE not in files or META_FILE not in files:
-            raise CheckpointError(f"checkpoint {final} is missing {missing or [SHARED_FILE, META_FILE]}; "
+            raise CheckpointError(f"checkpoint {target} is missing {missing or [SHARED_FILE, META_FILE]}; "
                                   "is the checkpoint folder shared by every rank?")
-        marker = {"step": step, "world_size": self.world_size, "files": files, "time": time.time()}
-        write_atomic(final / COMMIT_MARKER, json.dumps(marker, sort_keys=True).encode())
+        unknown = sorted(set(files) - set(written))
+        changed = sorted(n for n in files if n in written and written[n]["size"] != files[n])
+        if unknown or changed:
+            raise CheckpointError(f"checkpoint {target}: {unknown or changed} are not what this save's ranks wrote "
+                                  f"({'unknown files' if unknown else 'sizes changed after writing'}); is another "
+                                  "job writing to the same checkpoint folder?")
+        marker = {"format": FORMAT_VERSION, "step": step, "world_size": self.world_size, "files": files,
+                  "digest": DIGEST_NAME, "digests": {n: written[n]["digest"] for n in files},
+                  "time": time.time(), "run": self.run, "spec_hash": self.spec_hash, "attempt": self.attempt}
+        # Last look before the marker makes it count: a newer attempt may have started meanwhile.
+        self._check_fence(step)
+        write_atomic(target / COMMIT_MARKER, json.dumps(marker, sort_keys=True).encode())
+        if target != final:
+            _swap_in(target, final)
         fsync_dir(self.root)
         seconds = time.perf_counter() - started
         apply_retention(self.root, self.keep)
@@ -537,29 +866,24 @@ class CheckpointManager:
     # ------------------------------------------------------------ restore
 
     def restore(self, path: str | Path | None = None) -> ResumeState | None:
-        """Load the newest complete checkpoint (or ``path``) into the registered objects.
+        """Load the newest sound checkpoint (or ``path``) into the registered objects.
 
-        Returns None when there is nothing to resume from. RNG state is put back last, after
-        every other load, so nothing that draws random numbers runs after it.
+        Returns None when there is nothing to resume from. The run's own root comes first; only
+        when it holds no sound checkpoint is ``resume_from`` (WMCTL_RESUME_FROM) used. Another
+        run's checkpoint is refused unless it was asked for (``path`` or ``resume_from``). A
+        damaged checkpoint (a file missing, resized, changed, or failing to load on any rank)
+        is reported and the next older one tried; an explicit ``path`` that is damaged, or a
+        root whose every committed checkpoint is, raises CheckpointError. Every file is loaded
+        before any object is touched, and RNG state is put back last, so nothing that draws
+        random numbers runs after it.
         """
-        from orchestrator.runtime import dist
-
-        chosen = None
-        if self.rank == 0:
-            if path is not None:
-                chosen = str(path) if is_committed(path) else None
-                if chosen is None:
-                    raise CheckpointError(f"{path} is not a committed checkpoint (no valid {COMMIT_MARKER})")
-            else:
-                info = latest_complete(self.root)
-                chosen = str(info.path) if info else None
-        # Every rank must load the same checkpoint even if its view of the folder lags.
-        chosen = dist.broadcast_object(chosen)
-        if chosen is None:
+        found = self._agree_on_checkpoint(path)
+        if found is None:
             return None
-        ckpt = Path(chosen)
-        meta = json.loads((ckpt / META_FILE).read_text(encoding="utf-8"))
-        shared = _load(ckpt / SHARED_FILE)
+        ckpt, decision, loaded, skipped = found
+        warnings: list[str] = list(decision.get("warnings") or [])
+        warnings += [f"{s} was damaged: fell back to an older checkpoint" for s in skipped]
+        meta, shared, rank_state, rank0_sampler = loaded
         for name in ("model", "optimizer", "scheduler", "scaler"):
             obj = self._objects.get(name)
             if obj is not None and name in shared:
@@ -567,16 +891,14 @@ class CheckpointManager:
 
         exact, reason = True, ""
         saved_world = int(meta.get("world_size", self.world_size))
-        rank_path = ckpt / rank_file_name(self.rank)
-        rank_state = _load(rank_path) if saved_world == self.world_size and rank_path.exists() else None
         sampler = self._objects.get("sampler")
         if rank_state is None:
             exact = False
             reason = f"world size changed from {saved_world} to {self.world_size}"
-            if sampler is not None:
-                src = _load(ckpt / rank_file_name(0))["sampler"]
-                if src is not None:
-                    sampler.load_state_dict(src, world_size=saved_world)
+            warnings.append(f"{reason}: resuming inexactly (weights, optimizer and sample position are kept; "
+                            "per-rank random state starts anew)")
+            if sampler is not None and rank0_sampler is not None:
+                sampler.load_state_dict(rank0_sampler, world_size=saved_world)
         else:
             if sampler is not None and rank_state["sampler"] is not None:
                 sampler.load_state_dict(rank_state["sampler"])
@@ -584,7 +906,178 @@ class CheckpointManager:
                 if name in rank_state["generators"]:
                     gen.set_state(rank_state["generators"][name])
             restore_rng(rank_state["rng"])   # last: see the docstring
+        if self.rank == 0:
+            for w in warnings:
+                print(f"wmctl: checkpoint {ckpt}: {w}", file=sys.stderr, flush=True)
         self.last_saved_step = int(meta["step"])
+        elsewhere = decision.get("resumed_from")
         return ResumeState(step=int(meta["step"]), epoch=int(meta.get("epoch", 0)),
                            samples=int(meta.get("samples", 0)), path=ckpt,
-                           extra=dict(meta.get("extra") or {}), exact=exact, reason=reason)
+                           extra=dict(meta.get("extra") or {}), exact=exact, reason=reason,
+                           warnings=warnings, resumed_from=Path(elsewhere) if elsewhere else None)
+
+    def _agree_on_checkpoint(self, path: str | Path | None) -> tuple[Path, dict[str, Any], Any, list[str]] | None:
+        """All ranks: the checkpoint every rank could load (rank 0 chooses, all load, all agree),
+        falling back past damaged ones; None when there is none to resume from."""
+        from orchestrator.runtime import dist
+
+        skip: list[str] = []          # rank 0: candidates found damaged so far
+        while True:
+            decision = self._choose(path, skip) if self.rank == 0 else None
+            # Every rank must load the same checkpoint even if its view of the folder lags, and
+            # every rank must raise the same refusal (a lone raise on rank 0 would hang the rest).
+            decision = dist.broadcast_object(decision)
+            if decision.get("error"):
+                raise CheckpointError(decision["error"])
+            if decision.get("path") is None:
+                if self.rank == 0:
+                    for w in decision.get("warnings") or []:
+                        print(f"wmctl: checkpoint folder {self.root}: {w}", file=sys.stderr, flush=True)
+                return None
+            ckpt = Path(decision["path"])
+            loaded, err = self._load_files(ckpt)
+            if not dist.all_reduce_max(1 if err else 0):
+                return ckpt, decision, loaded, list(decision.get("skipped") or [])
+            reason = err or "another rank could not load its files"
+            if err:
+                print(f"wmctl: checkpoint {ckpt}: rank {self.rank} cannot load it: {err}", file=sys.stderr, flush=True)
+            if path is not None:
+                raise CheckpointError(f"checkpoint {ckpt} is damaged ({reason}); name another one, or none to "
+                                      "take the newest sound checkpoint")
+            if self.rank == 0:
+                self._report_damaged(ckpt, reason)
+                skip.append(str(ckpt))
+
+    def _load_files(self, ckpt: Path) -> tuple[tuple[dict[str, Any], dict[str, Any], Any, Any] | None, str | None]:
+        """Everything this rank needs from ``ckpt``, loaded into memory, or why it cannot be:
+        (meta, shared, own rank state or None after a world-size change, rank 0's sampler)."""
+        try:
+            meta = json.loads((ckpt / META_FILE).read_text(encoding="utf-8"))
+            shared = _load(ckpt / SHARED_FILE)
+            saved_world = int(meta.get("world_size", self.world_size))
+            rank_path = ckpt / rank_file_name(self.rank)
+            rank_state = _load(rank_path) if saved_world == self.world_size and rank_path.exists() else None
+            rank0_sampler = None
+            if rank_state is None and self._objects.get("sampler") is not None:
+                rank0_sampler = _load(ckpt / rank_file_name(0))["sampler"]
+            return (meta, shared, rank_state, rank0_sampler), None
+        except Exception as err:  # a damaged zip, a bad pickle, a missing key: any of it means damaged
+            text = str(err).splitlines()[0][:200] if str(err) else ""
+            return None, f"{type(err).__name__}: {text}"
+
+    def _report_damaged(self, ckpt: Path, reason: str) -> None:
+        """Loudly: never resume past a damaged checkpoint without a word."""
+        print(f"wmctl: checkpoint {ckpt} is damaged ({reason}): skipping it, trying the next older one",
+              file=sys.stderr, flush=True)
+        m = STEP_DIR_RE.match(ckpt.name)
+        # Not ``step``: the supervisor reads a step field as the job's progress.
+        fields = {"path": str(ckpt), "reason": reason, "damaged_step": int(m.group(1)) if m else None}
+        if self.progress is not None and hasattr(self.progress, "checkpoint_damaged"):
+            self.progress.checkpoint_damaged(**fields)
+        elif self.progress is not None and hasattr(self.progress, "emit"):
+            self.progress.emit("checkpoint_damaged", **fields)
+
+    def _newest_sound(self, root: Path, skip: list[str]) -> tuple[Path | None, bool]:
+        """Rank 0: the newest checkpoint under root whose files match its marker, reporting (and
+        adding to ``skip``) every damaged one on the way; and whether root had any committed."""
+        candidates = [c.path for c in reversed(list_checkpoints(root)) if (c.path / COMMIT_MARKER).exists()]
+        for cand in candidates:
+            if str(cand) in skip:
+                continue
+            reason = verify_checkpoint(cand)
+            if reason is None:
+                return cand, True
+            self._report_damaged(cand, reason)
+            skip.append(str(cand))
+        return None, bool(candidates)
+
+    def _choose(self, path: str | Path | None, skip: list[str]) -> dict[str, Any]:
+        """Rank 0: which checkpoint to load, what to warn about, or why to refuse (plain data,
+        broadcast to every rank)."""
+        try:
+            if path is not None:
+                if not is_committed(path):
+                    raise CheckpointError(f"{path} is not a committed checkpoint (no valid {COMMIT_MARKER})")
+                bad = verify_checkpoint(path)
+                if bad is not None:
+                    raise CheckpointError(f"checkpoint {path} is damaged ({bad}); name another one, or none to "
+                                          "take the newest sound checkpoint")
+                # Named explicitly: taken on purpose, whoever wrote it.
+                return {"path": str(path), "warnings": self._identity_warnings(Path(path), on_purpose=True)}
+            own, had_any = self._newest_sound(self.root, skip)
+            if own is not None:
+                # WMCTL_RESUME_FROM naming this very root says its checkpoints are wanted as they are.
+                on_purpose = self.resume_from is not None and _same_place(self.resume_from, self.root)
+                return {"path": str(own), "warnings": self._identity_warnings(own, on_purpose), "skipped": list(skip)}
+            if self.resume_from is None or _same_place(self.resume_from, self.root):
+                if had_any:
+                    raise CheckpointError(
+                        f"every committed checkpoint under {self.root} is damaged ({', '.join(skip)}; see the "
+                        "lines above): refusing to train from scratch silently. Move the damaged step folders "
+                        f"aside to start fresh, or start from a good checkpoint with --resume-from / {ENV_RESUME_FROM}")
+                return {"path": None, "warnings": self._unscoped_warnings()}
+            src = self._resume_from_checkpoint(self.resume_from, skip)
+            warnings = [f"resumed from elsewhere on purpose ({ENV_RESUME_FROM}={self.resume_from}): "
+                        f"this run's own folder {self.root} had no sound checkpoint"]
+            warnings += self._identity_warnings(src, on_purpose=True)
+            return {"path": str(src), "warnings": warnings, "resumed_from": str(self.resume_from),
+                    "skipped": list(skip)}
+        except CheckpointError as err:
+            return {"error": str(err)}
+
+    def _unscoped_warnings(self) -> list[str]:
+        """Checkpoints written before they were scoped per run sit right in the configured
+        folder, the parent of this run's root: starting fresh beside them deserves a word."""
+        if not self.run or self.root.name != self.run:
+            return []
+        old = latest_complete(self.root.parent)
+        if old is None:
+            return []
+        return [f"no checkpoint of run {self.run!r} here, but {old.path} is one in the folder above, where "
+                "checkpoints were kept before each run got its own subfolder: starting from scratch. To "
+                f"continue from it, pass --resume-from {self.root.parent} (or set {ENV_RESUME_FROM})"]
+
+    def _resume_from_checkpoint(self, where: Path, skip: list[str]) -> Path:
+        """A step folder itself, or the newest sound checkpoint under a checkpoint root."""
+        if STEP_DIR_RE.match(where.name) or (where / COMMIT_MARKER).exists():
+            if not is_committed(where) or str(where) in skip:
+                raise CheckpointError(f"{ENV_RESUME_FROM}={where} is not a committed checkpoint (no valid "
+                                      f"{COMMIT_MARKER}, or a file it lists is missing, changed size or fails to load)")
+            bad = verify_checkpoint(where)
+            if bad is not None:
+                raise CheckpointError(f"{ENV_RESUME_FROM}={where} is damaged ({bad}); name a sound checkpoint")
+            return where
+        found, had_any = self._newest_sound(where, skip)
+        if found is None:
+            what = "only damaged checkpoints" if had_any else "no complete checkpoint"
+            raise CheckpointError(f"{ENV_RESUME_FROM}={where} holds {what}: name a checkpoint root "
+                                  "(the folder with step-NNNNNNNN folders) or one sound step folder")
+        return found
+
+    def _identity_warnings(self, ckpt: Path, on_purpose: bool) -> list[str]:
+        """Check the marker's identity against this job's; refuse another run's checkpoint unless
+        it is taken on purpose. Format 1 markers carry no identity: nothing to check."""
+        marker = read_marker(ckpt) or {}
+        theirs_run = str(marker.get("run") or "")
+        if theirs_run and self.run and theirs_run != self.run and not on_purpose:
+            raise CheckpointError(
+                f"checkpoint {ckpt} belongs to run {theirs_run!r}, not to this run {self.run!r}: refusing to "
+                f"resume from another run's checkpoint by accident. To start {self.run!r} from it on purpose, "
+                f"pass --resume-from {ckpt} (or set {ENV_RESUME_FROM}={ckpt}); otherwise give this run a "
+                "checkpoint folder of its own")
+        warnings = []
+        if theirs_run and self.run and theirs_run != self.run:
+            warnings.append(f"written by run {theirs_run!r}, resumed by run {self.run!r} on purpose")
+        theirs_hash = str(marker.get("spec_hash") or "")
+        if theirs_hash and self.spec_hash and theirs_hash != self.spec_hash:
+            warnings.append(f"the spec changed since this checkpoint was written (spec hash {theirs_hash} -> "
+                            f"{self.spec_hash}): resuming anyway; check that model and optimizer settings still "
+                            "match what it was trained with")
+        return warnings
+
+
+def _same_place(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False

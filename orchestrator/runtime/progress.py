@@ -65,6 +65,12 @@ class Progress:
     def checkpoint(self, step: int, path: str, seconds: float, **fields: Any) -> str | None:
         return self.emit("checkpoint", step=step, path=path, seconds=round(seconds, 4), **fields)
 
+    def checkpoint_damaged(self, path: str, reason: str, damaged_step: int | None = None,
+                           **fields: Any) -> str | None:
+        """A checkpoint restore skipped as damaged. ``damaged_step``, not ``step``: a step field
+        reads as the job's progress, and the damaged one may be ahead of where it resumes."""
+        return self.emit("checkpoint_damaged", path=path, reason=reason, damaged_step=damaged_step, **fields)
+
     def preempted(self, step: int, **fields: Any) -> str | None:
         return self.emit("preempted", step=step, exit_code=protocol.PREEMPTED_EXIT_CODE, **fields)
 

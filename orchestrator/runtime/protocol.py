@@ -6,6 +6,7 @@ Standard library only: both sides import this module.
 from __future__ import annotations
 
 import json
+import posixpath
 import time
 from typing import Any, TextIO
 
@@ -20,14 +21,16 @@ PROGRESS_PREFIX = "WMCTL-PROGRESS "
 # Environment the orchestrator sets for the job (every backend sets the same names).
 ENV_RUN = "WMCTL_RUN"                      # run name
 ENV_ATTEMPT = "WMCTL_ATTEMPT"              # attempt number, 0-based
+ENV_SPEC_HASH = "WMCTL_SPEC_HASH"          # JobSpec.spec_hash() of the spec this attempt runs
 ENV_VENDOR = "WMCTL_VENDOR"                # vendor profile name (cuda, musa, ..., cpu)
 ENV_VENDOR_PROFILE = "WMCTL_VENDOR_PROFILE"  # the runtime part of that profile, as JSON (runtime.vendor)
 ENV_TORCH_MODULE = "WMCTL_TORCH_MODULE"    # torch device module (the profile's torch_module)
 ENV_DIST_BACKEND = "WMCTL_DIST_BACKEND"    # the collective library (the profile's dist_backend)
-ENV_CHECKPOINT_DIR = "WMCTL_CHECKPOINT_DIR"
+ENV_CHECKPOINT_DIR = "WMCTL_CHECKPOINT_DIR"  # this run's own checkpoint root (run_checkpoint_dir)
 ENV_CHECKPOINT_EVERY = "WMCTL_CHECKPOINT_EVERY"
 ENV_CHECKPOINT_KEEP = "WMCTL_CHECKPOINT_KEEP"
 ENV_RESUME = "WMCTL_RESUME"                # "1": resume from the latest complete checkpoint if any
+ENV_RESUME_FROM = "WMCTL_RESUME_FROM"      # another checkpoint root or step folder to start from on purpose
 ENV_AFFINITY = "WMCTL_AFFINITY"            # none | numa | exclusive | JSON {local_rank: "cpulist"}
 ENV_HEARTBEAT_EVERY = "WMCTL_HEARTBEAT_EVERY"  # emit a step progress line every N steps
 ENV_PROGRESS_FILE = "WMCTL_PROGRESS_FILE"  # optional: also append progress lines to this file
@@ -51,8 +54,20 @@ ENV_TEST_SLEEP_BEFORE_COMMIT = "WMCTL_TEST_SLEEP_BEFORE_COMMIT"  # tests: widen 
 ENV_TEST_PAUSE_AT = "WMCTL_TEST_PAUSE_AT"  # tests: the watcher holds this phase open (supervisor.pause_point)
 
 
+def run_checkpoint_dir(directory: str, run: str) -> str:
+    """A run's own checkpoint root under the configured checkpoint folder: ``<directory>/<run>``.
+
+    The one place that scopes checkpoints per run: the launcher hands the job this folder
+    (WMCTL_CHECKPOINT_DIR) and everything outside the job that looks for the run's checkpoints
+    asks here, so both sides agree. Two runs configured with the same folder never restore (or
+    prune) each other's checkpoints. POSIX joining: the folder is often a path inside a container.
+    """
+    return posixpath.join(directory, run) if run else directory
+
+
 def format_progress(event: str, **fields: Any) -> str:
-    """One progress line (no newline). ``event``: start, resume, step, checkpoint, preempted, exit."""
+    """One progress line (no newline). ``event``: start, resume, step, checkpoint,
+    checkpoint_damaged, preempted, exit."""
     payload = {"event": event, "time": round(time.time(), 3), **fields}
     return PROGRESS_PREFIX + json.dumps(payload, sort_keys=True, separators=(",", ":"))
 

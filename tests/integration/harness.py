@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator.backends.local.engine import tagged_pids
-from orchestrator.runtime.protocol import parse_progress
+from orchestrator.runtime.protocol import parse_progress, run_checkpoint_dir
 
 JOBS = Path(__file__).parent / "jobs"
 REPO = Path(__file__).resolve().parents[2]
@@ -134,8 +134,13 @@ def record(home: Path, run: str) -> dict:
 
 
 def final_state(spec: Path) -> str:
-    ckpt = Path(yaml.safe_load(spec.read_text())["checkpoint"]["dir"])
-    return (ckpt / "final.txt").read_text()
+    return (run_checkpoints(spec) / "final.txt").read_text()
+
+
+def run_checkpoints(spec: Path) -> Path:
+    """The run's own checkpoint root: its subfolder of checkpoint.dir, as the launcher scopes it."""
+    data = yaml.safe_load(spec.read_text())
+    return Path(run_checkpoint_dir(data["checkpoint"]["dir"], data["name"]))
 
 
 def leftover_processes(run: str) -> list[int]:

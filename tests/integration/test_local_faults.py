@@ -86,7 +86,7 @@ def test_kill_during_checkpoint_write_resumes_from_previous(home, reference):
     w = h.Watch(spec, home)
     h.wait_checkpoint(home, run, 0, 10)
     # The next save (step 20) sleeps between the rank files and COMMITTED: kill inside it.
-    h.wait_until(lambda: (spec.parent / f"ckpt-{run}" / "step-00000020").exists(), 60, "step 20 write")
+    h.wait_until(lambda: (h.run_checkpoints(spec) / "step-00000020").exists(), 60, "step 20 write")
     h.kill_node(run, 0, 0)
     assert w.wait() == 0, w.output
     rec = h.record(home, run)

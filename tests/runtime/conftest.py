@@ -194,3 +194,28 @@ def baseline(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Cal
         return cache[num_workers]
 
     return get
+
+
+def run_gloo_ranks(script: str, tmp_path: Path, *args: str, world: int = 2,
+                   env: dict[str, str] | None = None) -> list[subprocess.CompletedProcess]:
+    """Run ``script`` as ``world`` plain processes forming one gloo group (no torchrun), each
+    with RANK/WORLD_SIZE set; the finished processes, rank order. No WMCTL_* identity leaks in."""
+    import socket
+
+    path = tmp_path / "ranks.py"
+    path.write_text(script)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(world):
+        e = {k: v for k, v in os.environ.items() if not k.startswith("WMCTL_")}
+        e.update({"PYTHONPATH": str(REPO), "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WMCTL_TORCH_MODULE": "cpu", **(env or {})})
+        procs.append(subprocess.Popen([sys.executable, str(path), *args], env=e, cwd=REPO,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=150)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done

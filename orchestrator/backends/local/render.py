@@ -16,7 +16,7 @@ from typing import Any
 from ... import layout
 from ...launch import device_ids_per_node, job_env, split_evenly, torchrun_args
 from ...plan import AttemptContext, HostFacts, Plan, Request
-from ...runtime.protocol import ENV_NODE_NAME
+from ...runtime.protocol import ENV_NODE_NAME, run_checkpoint_dir
 from ...runtime.topology import format_cpulist
 from ...spec import JobSpec
 from ...vendors import VendorProfile
@@ -34,7 +34,8 @@ class LocalRequest(Request):
 
 
 def local_checkpoint_dir(spec: JobSpec, home: Path | None = None) -> Path:
-    """Where checkpoints go on this machine.
+    """The configured checkpoint folder on this machine (the run's own root is
+    ``run_checkpoint_dir`` of it, as ``job_env`` hands it to the job).
 
     A checkpoint dir under a host_path volume maps to that host path, so one spec serves
     containers and local runs alike; a relative dir is relative to the spec file; no dir
@@ -58,7 +59,8 @@ def render_local(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, hos
     run_dir = layout.run_dir(spec.name, host.home)
     attempt_dir = layout.attempt_dir(spec.name, ctx.attempt, host.home)
     ckpt = local_checkpoint_dir(spec, host.home)
-    notes = [f"run folder {run_dir}", f"checkpoints in {ckpt}"]
+    run_ckpt = Path(run_checkpoint_dir(str(ckpt), spec.name))
+    notes = [f"run folder {run_dir}", f"checkpoints in {run_ckpt}"]
     # The user's `python` is this interpreter, so the job sees the same torch and wmctl.
     command = [python if spec.command[0] in PYTHON_NAMES else spec.command[0], *spec.command[1:]]
     launcher = [python, "-m", "orchestrator.runtime.affinity"]
@@ -88,6 +90,6 @@ def render_local(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, hos
             "cwd": str(spec.context_dir), "cpus": cpu_sets[node],
             "log": str(layout.node_log(spec.name, ctx.attempt, node, host.home)),
         })
-    request = LocalRequest(run_dir=run_dir, attempt_dir=attempt_dir, checkpoint_dir=ckpt, port=port)
+    request = LocalRequest(run_dir=run_dir, attempt_dir=attempt_dir, checkpoint_dir=run_ckpt, port=port)
     return Plan(backend="local", run=spec.name, attempt=ctx.attempt, spec_hash=spec.spec_hash(),
                 request=request, resources=agents, notes=notes, context=ctx)
