@@ -100,6 +100,27 @@ def pin_image(spec_path: Path, spec: JobSpec) -> str | None:
 
 # ---- planning and submitting -----------------------------------------------------------------
 
+def _resume_source(engine: Backend[Any], value: str, run: str) -> tuple[str | None, str | None]:
+    """``--resume-from RUN|PATH`` as the job will see it: a run recorded here resolves to its own
+    checkpoint folder; anything else is a path. Returns (path, problem)."""
+    if value == run:
+        return None, "a run resumes from its own checkpoints already; name another run or a folder"
+    store = open_store(value)
+    if store.exists():
+        other, _ = job_of(store.load())
+        path, here = engine.checkpoint_root(other.spec)
+    else:
+        path, here = (str(Path(value).resolve()), True) if value.startswith((".", "/", "~")) or "/" in value \
+            else (value, False)
+        if not here:
+            known = ", ".join(list_runs()) or "none"
+            return None, (f"no run named {value!r} here (known runs: {known}) and not a path; give a run name "
+                          "or a checkpoint folder (./ckpt/other-run, /ckpt/other-run)")
+    if here and not Path(path).is_dir():
+        return None, f"{path} is not a folder on this machine; give a run name or an existing checkpoint folder"
+    return path, None
+
+
 @dataclass
 class SubmitRequest:
     """What ``schedule`` will do: the job, the backend, and attempt 0's plan."""
@@ -119,17 +140,23 @@ def backend_for(name: str, job: Job | None = None, *, context: str | None = None
 
 
 def dryrun(job: Job, backend: str, *, auto_resume: bool = False, context: str | None = None,
-           attempt: int = 0, exclude: tuple[str, ...] = ()) -> SubmitRequest:
-    """Check the job for ``backend`` and plan one attempt of it, exactly as submitting would."""
+           attempt: int = 0, exclude: tuple[str, ...] = (), resume_from: str | None = None) -> SubmitRequest:
+    """Check the job for ``backend`` and plan one attempt of it, exactly as submitting would.
+    ``resume_from``: another run's name, or a checkpoint folder, to start from on purpose."""
     auto_resume = auto_resume or job.spec.restart.auto_resume
     engine, options = backend_for(backend, job, context=context)
     backends.check(type(engine), job.spec, auto_resume=auto_resume)
     problems = engine.check_host(job.spec)     # a missing read-only host folder, on this machine
+    source = None
+    if resume_from is not None:
+        source, problem = _resume_source(engine, resume_from, job.spec.name)
+        if problem:
+            problems.append(("--resume-from", problem))
     if problems:
         engine.close()
         raise SpecError(problems)
-    ctx = AttemptContext(attempt=attempt, excluded_nodes=tuple(exclude), resume=auto_resume or attempt > 0,
-                         parent=attempt - 1 if attempt > 0 else None)
+    ctx = AttemptContext(attempt=attempt, excluded_nodes=tuple(exclude), resume=auto_resume or attempt > 0
+                         or source is not None, parent=attempt - 1 if attempt > 0 else None, resume_from=source)
     return SubmitRequest(job, engine, engine.plan(job.spec, job.profile, ctx), auto_resume, options)
 
 
@@ -154,7 +181,8 @@ def schedule(request: SubmitRequest, *, watch: bool, echo: Echo,
                            spec_path=str(job.spec_path.resolve()) if job.spec_path else "",
                            overrides=overrides, spec_hash=spec.spec_hash(), auto_resume=request.auto_resume,
                            kube_context=request.options.context, namespace=engine.namespace_of(spec),
-                           spec=spec.to_dict(), source_dir=str(spec.source_dir), run_id=secrets.token_hex(8))
+                           spec=spec.to_dict(), source_dir=str(spec.source_dir), run_id=secrets.token_hex(8),
+                           resume_from=request.plan.context.resume_from)
         store.save(record)
     except BaseException:
         store.release_watcher()

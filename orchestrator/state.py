@@ -73,6 +73,9 @@ class RunRecord:
     # Random per run: what the run's processes are tagged with, so teardown signals only them,
     # never another run of the same name (another WMCTL_HOME, another user). "" before run ids.
     run_id: str = ""
+    # `--resume-from`: another run's checkpoint folder (as the job sees it), used until this run
+    # has a checkpoint of its own.
+    resume_from: str | None = None
     version: int = RECORD_VERSION
 
     @classmethod

@@ -348,8 +348,9 @@ class Supervisor:
         if existing is None:
             self.record.attempts.append(rec)
             self.store.save(self.record)      # recorded before submitting: a restart adopts, never duplicates
-        ctx = AttemptContext(attempt=attempt, excluded_nodes=tuple(excluded), resume=attempt > 0 or self.auto_resume,
-                             parent=parent.attempt if parent else None)
+        ctx = AttemptContext(attempt=attempt, excluded_nodes=tuple(excluded),
+                             resume=attempt > 0 or self.auto_resume or self.record.resume_from is not None,
+                             parent=parent.attempt if parent else None, resume_from=self.record.resume_from)
         pause_point(self.spec.name, SUBMITTING)
         if self._cancelled() is not None:
             self.echo(f"attempt {attempt} not submitted: the run was cancelled")

@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Generic, Iterator
 
 from ..layout import attempt_name
+from ..runtime.protocol import run_checkpoint_dir
 from ..plan import AttemptContext, HostFacts, Plan, R
 from ..serialize import dump
 
@@ -163,6 +164,12 @@ class Backend(ABC, Generic[R]):
     def document(cls, plan: Plan[R], output: str) -> str:
         """What ``render`` and ``submit --dry-run`` print for a plan."""
         return dump(plan.to_dict(), output)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def checkpoint_root(self, spec: Any) -> tuple[str, bool]:
+        """Where the run of ``spec`` keeps its checkpoints, as its job sees them, and whether that
+        path is on this machine (so it can be checked here). Default: inside the nodes."""
+        return run_checkpoint_dir(spec.checkpoint.dir or "", spec.name), False
 
     # -- the host: what this machine must hold before the first attempt ----------------------
     def check_host(self, spec: Any) -> list[tuple[str, str]]:

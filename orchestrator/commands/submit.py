@@ -17,14 +17,17 @@ from ._common import backend_option, display_for, load, overrides_from, plan_doc
               help="Supervise the run after submitting (default: on with --auto-resume).")
 @click.option("--auto-resume", is_flag=True, help="On node failure, resubmit from the latest checkpoint.")
 @click.option("--context", "kube_context", default=None, help="Kubernetes context (kubeconfig).")
+@click.option("--resume-from", "resume_from", default=None, metavar="RUN|PATH",
+              help="Start from another run's newest checkpoint (or a checkpoint folder), on purpose: fine-tuning, "
+                   "a changed world size. Used until this run has a checkpoint of its own.")
 @click.option("--replace", is_flag=True, help="Replace an ended run of the same name (its checkpoints are kept).")
 @click.option("--detach", is_flag=True, help="Return after submitting. With --auto-resume a detached watcher "
                                              "supervises the run (`wmctl logs RUN --watcher`).")
 def command(spec_path, set_flags, nodes, image_tag, vendor, namespace, backend, dry_run, output, watch,
-            auto_resume, kube_context, replace, detach):
+            auto_resume, kube_context, resume_from, replace, detach):
 
     job = load(spec_path, overrides_from(set_flags, nodes, image_tag, vendor, namespace))
-    request = api.dryrun(job, backend, auto_resume=auto_resume, context=kube_context)
+    request = api.dryrun(job, backend, auto_resume=auto_resume, context=kube_context, resume_from=resume_from)
     if dry_run:
         request.backend.close()
         click.echo(plan_document(request.plan, output), nl=False)

@@ -379,3 +379,46 @@ def test_watch_runs_the_spec_as_submitted_whatever_became_of_the_file(home, edit
     if edit == "renamed":
         assert "changed since submission; running the spec as submitted" in watch.stdout
     assert submitted_attempts(home, run) == [0]
+
+
+def _tiny_spec(home, run, ckpt_dir, steps=20):
+    import yaml
+    spec = h.write_spec(home, run, nodes=2, steps=steps, every=5, job="tiny.py")
+    data = yaml.safe_load(spec.read_text())
+    data["checkpoint"]["dir"] = str(ckpt_dir)
+    spec.write_text(yaml.safe_dump(data))
+    return spec
+
+
+def test_two_runs_sharing_a_checkpoint_folder_keep_to_their_own(home):
+    shared = home / "shared-ckpt"
+    watchers = [h.Watch(_tiny_spec(home, run, shared), home) for run in ("sweep-a", "sweep-b")]
+    for w in watchers:
+        assert w.wait(timeout=240) == 0, w.output
+    for run in ("sweep-a", "sweep-b"):
+        final = json.loads((shared / run / "final.json").read_text())
+        assert final["run"] == run and final["steps"] == 20
+        marker = json.loads((shared / run / "step-00000020" / "COMMITTED").read_text())
+        assert marker.get("run") == run or marker.get("identity", {}).get("run") == run, marker
+        assert not any(p["event"] == "resume" for p in h.progress(home, run, 0))
+    # a third run on the same folder starts fresh: it never takes another run's checkpoints
+    w = h.Watch(_tiny_spec(home, "sweep-c", shared, steps=5), home)
+    assert w.wait(timeout=240) == 0, w.output
+    assert not any(p["event"] == "resume" for p in h.progress(home, "sweep-c", 0))
+
+
+def test_resume_from_another_run_on_purpose(home):
+    shared = home / "ft-ckpt"
+    base = h.Watch(_tiny_spec(home, "base", shared, steps=10), home)
+    assert base.wait(timeout=240) == 0, base.output
+    before = sorted(p.name for p in (shared / "base").iterdir())
+    ft = wmctl(home, "submit", str(_tiny_spec(home, "finetune", shared, steps=20)), "--resume-from", "base",
+               "--auto-resume", timeout=240)
+    assert ft.returncode == 0, ft.stdout + ft.stderr
+    resumed = [p for p in h.progress(home, "finetune", 0) if p["event"] == "resume"]
+    assert resumed and resumed[0]["step"] == 10, resumed
+    assert json.loads((shared / "finetune" / "final.json").read_text())["steps"] == 20
+    assert sorted(p.name for p in (shared / "base").iterdir()) == before, "the source run's checkpoints changed"
+    bad = wmctl(home, "submit", str(_tiny_spec(home, "orphan", shared)), "--resume-from", "nosuchrun")
+    assert bad.returncode == 2 and "--resume-from" in bad.stderr and "Traceback" not in bad.stderr
+    assert not h.run_folder(home, "orphan").exists()

@@ -21,7 +21,7 @@ from typing import Iterator
 from ... import layout
 from ...errors import BackendError, RunNotFound, SpecError, WmctlError
 from ...plan import AttemptContext, HostFacts, Plan
-from ...runtime.protocol import ENV_LOCAL_TAG, parse_progress
+from ...runtime.protocol import ENV_LOCAL_TAG, parse_progress, run_checkpoint_dir
 from ...state import open_store
 from .. import base as b
 from .classify import NodeView, node_events
@@ -144,6 +144,9 @@ class LocalBackend(b.Backend[LocalRequest]):
             raise SpecError([("checkpoint.dir", f"the checkpoint folder {ckpt} cannot be created: {why}; "
                                                 "point it at a folder you can write")]) from None
         return [f"created the missing checkpoint folder {ckpt} (checkpoint.dir {spec.checkpoint.dir})"]
+
+    def checkpoint_root(self, spec) -> tuple[str, bool]:
+        return run_checkpoint_dir(str(local_checkpoint_dir(spec)), spec.name), True
 
     # -- submit --------------------------------------------------------------------------------
     def submit(self, plan: Plan[LocalRequest]) -> b.AttemptRef:
