@@ -17,7 +17,7 @@ import os
 import sys
 from dataclasses import dataclass, field, replace
 
-from .protocol import ENV_AFFINITY, ENV_KEEP_OMP, ENV_SYSFS_ROOT, ENV_VENDOR
+from .protocol import ENV_AFFINITY, ENV_CHECKPOINT_DIR, ENV_KEEP_OMP, ENV_SYSFS_ROOT, ENV_VENDOR
 from .protocol import ENV_BOUND_CPUS as ENV_BOUND
 from .topology import Topology, TopologyError, format_cpulist, parse_cpulist, read_topology
 from .vendor import from_env
@@ -411,6 +411,20 @@ def verify_binding(env=None, *, reapply: bool = True, log=None) -> dict:
 USAGE = "usage: wmctl-bind [--] COMMAND [ARGS...]   (run by torchrun --no-python per worker)"
 
 
+def _ensure_checkpoint_dir(env: "os._Environ[str] | dict[str, str]") -> None:
+    """The run's own checkpoint folder (``<checkpoint.dir>/<run>``, WMCTL_CHECKPOINT_DIR) exists
+    before the job starts, on every backend: a script that never imports the runtime writes
+    into it as it would into the folder it configured."""
+    folder = env.get(ENV_CHECKPOINT_DIR)
+    if not folder:
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        print(f"wmctl-bind: warning: cannot create the checkpoint folder {folder}: {exc}", file=sys.stderr,
+              flush=True)
+
+
 def launcher_main(argv: list[str] | None = None) -> None:
     """Entry point of ``wmctl-bind`` and ``python -m orchestrator.runtime.affinity``."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -435,6 +449,7 @@ def launcher_main(argv: list[str] | None = None) -> None:
         env[ENV_BOUND] = format_cpulist(rank.cpus)
         _set_threads_env(env, rank.threads)
     print(_describe(plan, rank), file=sys.stderr, flush=True)
+    _ensure_checkpoint_dir(env)
     try:
         os.execvp(args[0], args)
     except FileNotFoundError:

@@ -294,6 +294,8 @@ def test_docker_stop_and_graceful_cancel_give_the_job_its_sigterm(backend, docke
 
     backend.cancel(ref, graceful=True, timeout=30)
     assert containers_of(docker_client, "dkb-stop") == []
-    out = docker_client.containers.run(base_image, ["sh", "-c", "cat /v/dkb-stop-a0-0.term /v/dkb-stop-a0-1.term"],
+    # the run's own checkpoint folder on the volume: <checkpoint.dir>/<run>
+    out = docker_client.containers.run(base_image, ["sh", "-c", "cat /v/dkb-stop/dkb-stop-a0-0.term "
+                                                    "/v/dkb-stop/dkb-stop-a0-1.term"],
                                        volumes={VOLUME: {"bind": "/v", "mode": "ro"}}, remove=True)
     assert out.decode().split() == ["checkpointed", "checkpointed"]   # both nodes stopped on SIGTERM

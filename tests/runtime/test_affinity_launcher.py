@@ -170,3 +170,15 @@ def test_under_real_torchrun_workers_get_disjoint_sets():
     # torchrun forces OMP_NUM_THREADS=1 for nproc > 1; the launcher sets it to the set's size.
     assert [r["omp"] for r in reports] == [str(half), str(len(REAL_CPUS) - half)]
     assert "wmctl-bind: local_rank=0" in proc.stderr and "wmctl-bind: local_rank=1" in proc.stderr
+
+
+def test_the_launcher_creates_the_runs_checkpoint_folder_for_any_job(tmp_path):
+    """A job that never imports the runtime writes straight into WMCTL_CHECKPOINT_DIR, now the
+    run's own subfolder: the launcher creates it before the job starts, on every backend."""
+    folder = tmp_path / "ckpt" / "myrun"
+    env = base_env(LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, WMCTL_AFFINITY="none", WMCTL_VENDOR="cpu",
+                   WMCTL_CHECKPOINT_DIR=str(folder))
+    probe = "import os, sys; open(os.path.join(os.environ['WMCTL_CHECKPOINT_DIR'], 'x'), 'w').write('ok')"
+    proc = run(LAUNCHERS["module"] + [sys.executable, "-c", probe], env)
+    assert proc.returncode == 0, proc.stderr
+    assert (folder / "x").read_text() == "ok"

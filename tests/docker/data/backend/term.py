@@ -10,6 +10,7 @@ from orchestrator.runtime.protocol import PREEMPTED_EXIT_CODE, format_progress
 
 
 def on_term(signum, frame):
+    os.makedirs(os.environ["WMCTL_CHECKPOINT_DIR"], exist_ok=True)   # started without the launcher here
     with open(os.path.join(os.environ["WMCTL_CHECKPOINT_DIR"], os.environ["WMCTL_NODE_NAME"] + ".term"), "w") as fh:
         fh.write("checkpointed\n")
     sys.exit(PREEMPTED_EXIT_CODE)
