@@ -22,7 +22,8 @@ from .build.record import RECORD_FILE, pinned_ref
 from .errors import (EngineUnavailable, OptionError, RunCancelled, RunExists, RunFailed, RunNotFound, SpecError,
                      WmctlError)
 from .plan import AttemptContext, Plan
-from .spec import JobSpec, from_dict, load_spec
+from .spec import JobSpec, from_dict, load_spec, profile_problems
+from .spec import warnings as spec_warnings
 from .state import Lease, RunRecord, RunStore, list_runs, open_store
 from .supervisor import Supervisor
 from .vendors import VendorProfile, load_profile
@@ -47,8 +48,12 @@ def load_job(spec_path: Path, overrides: dict[str, Any] | None = None) -> Job:
     record holds for its tag (see ``pin_image``), and load its vendor profile."""
     overrides = dict(overrides or {})
     spec = load_spec(spec_path, overrides)
+    profile = load_profile(spec.image.vendor)
+    problems = profile_problems(spec, profile)
+    if problems:
+        raise SpecError(problems)
     note = pin_image(spec_path, spec)
-    return Job(spec, load_profile(spec.image.vendor), Path(spec_path), overrides, [note] if note else [])
+    return Job(spec, profile, Path(spec_path), overrides, [*spec_warnings(spec), *([note] if note else [])])
 
 
 def job_of(record: RunRecord) -> tuple[Job, list[str]]:

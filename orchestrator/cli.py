@@ -101,6 +101,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    except OSError as exc:
+        # A file or folder the machine refused (a full disk, a read-only folder, a name too long)
+        # that no command foresaw: said in one line, as the unexpected failure it is (1).
+        if debug:
+            raise
+        where = f" ({str(exc.filename)[:200]})" if exc.filename else ""
+        click.echo(f"error: {exc.strerror or exc}{where}", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -26,11 +26,25 @@ class SpecError(WmctlError):
 
     exit_code = 2
 
+    SHOWN_CHARS = 1500      # hostile input (a 300 KiB value, thousands of bad keys) stays a short message
+
     def __init__(self, problems: list[tuple[str, str]]):
         # problems: (field path, what is wrong and how to fix it)
         self.problems = problems
-        lines = [f"  {path}: {msg}" for path, msg in problems]
+        lines: list[str] = []
+        for path, msg in problems:
+            line = f"  {_cut(path, 80)}: {_cut(msg, 400)}"
+            if lines and sum(map(len, lines)) + len(line) > self.SHOWN_CHARS:
+                lines.append(f"  ... and {len(problems) - len(lines)} more problem(s): fix these first")
+                break
+            lines.append(line)
         super().__init__("invalid job spec:\n" + "\n".join(lines))
+
+
+def _cut(text: str, limit: int) -> str:
+    """A short, marked excerpt: the start of ``text`` and how much was left out."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... [{len(text) - limit} more characters]"
 
 
 class OptionError(WmctlError):

@@ -47,7 +47,15 @@ def local_host(node: int) -> str:
 # ---- the run folder ------------------------------------------------------------------------
 
 def wmctl_home() -> Path:
-    return Path(os.environ.get(ENV_HOME) or Path.home() / ".wmctl")
+    """$WMCTL_HOME (default ~/.wmctl). A path that exists and is not a folder is refused here,
+    once, instead of failing later in whichever command first writes under it."""
+    home = Path(os.environ.get(ENV_HOME) or Path.home() / ".wmctl")
+    if os.path.lexists(home) and not os.path.isdir(home):
+        from .errors import OptionError
+
+        raise OptionError(f"{ENV_HOME}={home} is not a folder: wmctl keeps its runs in a folder there",
+                          hint=f"point {ENV_HOME} at a folder (it is created if missing), or unset it for ~/.wmctl")
+    return home
 
 
 def runs_root(home: Path | None = None) -> Path:

@@ -19,6 +19,7 @@ from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Union
 
+from . import imageref
 from .errors import SpecError
 from .validate import INT32_MAX, Invalid, Problems, build, join, parse_duration, parse_quantity
 
@@ -40,6 +41,15 @@ MAX_PROCS_PER_NODE = 4096
 MAX_CPUS = 4096
 MIN_CPU = 0.001                    # 1m: the smallest CPU amount Kubernetes and Docker express
 TOLERATION_OPERATORS = ("Exists", "Equal")
+# apimachinery/pkg/api/validation/objectmeta.go: TotalAnnotationSizeLimitB, keys and values summed.
+ANNOTATIONS_MAX_BYTES = 256 * 1024
+ANNOTATIONS_WMCTL_RESERVE = 8 * 1024   # what wmctl adds itself (spec hash, cancel intent, ...)
+# An NFS server is a host name or an address: a comma would add Docker mount options (rw,exec,suid).
+NFS_SERVER = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
+                        r"[A-Za-z0-9])?)*|\[?[0-9A-Fa-f:.]+\]?)$")
+# Env names that usually hold credentials: plain values there end up in manifests and `docker inspect`.
+SECRET_ENV = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)($|_)|"
+                        r"_KEY$", re.IGNORECASE)
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
@@ -265,16 +275,13 @@ def load_spec(path: str | Path, overrides: dict[str, Any] | None = None,
 
 def parse_spec(text: str, overrides: dict[str, Any] | None = None, *, source_dir: Path = Path("."),
                profile_names: list[str] | None = None, origin: str = "<spec>") -> JobSpec:
-    import yaml  # light (~10 ms) but only needed here
+    from .yamlsafe import YamlProblem, load
 
     try:
-        # libyaml's loader where PyYAML has it: the same YAML 1.1 rules, parsed several times faster.
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError([("(file)", f"{origin} is not valid YAML{where}: {problem}")]) from None
+        data = load(text)
+    except YamlProblem as exc:
+        where = f" at {exc.where}" if exc.where else ""
+        raise SpecError([("(file)", f"{origin} is not a valid job spec{where}: {exc.problem}")]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -323,7 +330,7 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
 
 def parse_set_flags(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
     """``--set key.path=value`` flags -> overrides; values are YAML scalars/lists (``--set nodes=4``)."""
-    import yaml
+    from .yamlsafe import YamlProblem, load
 
     out: dict[str, Any] = {}
     for item in items:
@@ -332,13 +339,57 @@ def parse_set_flags(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
         if not sep or not key or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*", key):
             raise SpecError([("--set", f"{item!r} is not KEY=VALUE with a dotted key, e.g. --set resources.shm=32Gi")])
         try:
-            out[key] = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
+            out[key] = load(raw) if raw.strip() else ""
+        except YamlProblem:
             out[key] = raw
     return out
 
 
+# ---- the host -------------------------------------------------------------------------------------
+
+def folder_problem(path: Path) -> str | None:
+    """Why ``path`` is not a folder this process can use, or None. Never raises: a name too long
+    or a permission error is an answer too."""
+    import stat
+
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return f"{path} does not exist"
+    except OSError as exc:
+        return f"{str(path)[:120]} cannot be read: {exc.strerror or exc}"
+    return None if stat.S_ISDIR(mode) else f"{path} is a file, not a folder"
+
+
+def context_problems(spec: JobSpec) -> Problems:
+    """The local backend runs the job in image.context, and build-image sends it to the engine."""
+    why = folder_problem(spec.context_dir)
+    if why is None:
+        return []
+    return [("image.context", f"{why}; set image.context to the folder with your training code "
+             "(relative to the spec file)")]
+
+
 # ---- cross-field checks ------------------------------------------------------------------------
+
+def profile_problems(spec: JobSpec, profile: Any) -> Problems:
+    """What the spec asks that its vendor's profile cannot give."""
+    if not profile.accelerator and spec.accelerators_per_node:
+        return [("accelerators_per_node", f"the {profile.name} vendor has no accelerators to give "
+                 f"({spec.accelerators_per_node} asked); drop accelerators_per_node, or set image.vendor to the "
+                 "accelerator's vendor (cuda, rocm, musa, ascend, ...)")]
+    return []
+
+
+def warnings(spec: JobSpec) -> list[str]:
+    """Legal but probably unwise: said once, on stderr, at load."""
+    secret = sorted(k for k, v in spec.env.items() if v and SECRET_ENV.search(str(k)))
+    if not secret:
+        return []
+    return [f"env {', '.join(secret)} look like credentials: plain env values are visible in the rendered "
+            "plan, `docker inspect` and the pod spec; on Kubernetes keep them in a Secret (a `secret` volume, "
+            "or an env reference once the spec supports it) and read them from there"]
+
 
 def check(spec: JobSpec, problems: Problems, profile_names: list[str] | None = None) -> None:
     """Catch real mistakes before anything is submitted."""
@@ -348,6 +399,7 @@ def check(spec: JobSpec, problems: Problems, profile_names: list[str] | None = N
     _check_resources(spec, problems)
     _check_volumes(spec, problems)
     _check_env(spec, problems)
+    _check_workdir(spec, problems)
     _check_affinity(spec, problems)
     _check_lifecycle(spec, problems)
     _check_kubernetes(spec, problems)
@@ -365,9 +417,9 @@ def _check_image(spec: JobSpec, problems: Problems, profile_names: list[str] | N
                          f" (available: {', '.join(sorted(profile_names))})"))
     for fname in ("tag", "base"):
         value = getattr(spec.image, fname)
-        if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._\-/:@]*", value):
-            problems.append((f"image.{fname}", f"{value!r} is not a valid image reference "
-                             "(letters, digits, . _ - / : @ only), e.g. registry.example.com/team/wm:v3"))
+        why = imageref.problem(value) if value is not None else None
+        if why:
+            problems.append((f"image.{fname}", why))
     for i, pkg in enumerate(spec.image.system_packages):
         if not re.fullmatch(r"[a-z0-9][a-z0-9+.\-]*(=[A-Za-z0-9.+~:\-]+)?", pkg):
             problems.append((f"image.system_packages[{i}]", f"{pkg!r} is not a Debian package name"))
@@ -389,9 +441,17 @@ def _check_command(spec: JobSpec, problems: Problems) -> None:
         _check_int(spec.nproc_per_node, "nproc_per_node", 1, MAX_PROCS_PER_NODE, problems)
     if not spec.command:
         problems.append(("command", "must list the program and its arguments, e.g. [python, train.py]"))
+    elif not (spec.command[0] or "").strip():
+        problems.append(("command[0]", "the program to run is empty; e.g. command: [python, train.py]"))
     for i, arg in enumerate(spec.command):
         if "\x00" in arg:
             problems.append((f"command[{i}]", "contains a NUL byte"))
+
+
+def _check_workdir(spec: JobSpec, problems: Problems) -> None:
+    _check_plain_text(spec.workdir, "workdir", problems)
+    if spec.workdir is not None and not spec.workdir.startswith("/"):
+        problems.append(("workdir", f"{spec.workdir!r} must be an absolute path in the container, e.g. /workspace"))
 
 
 def _check_env(spec: JobSpec, problems: Problems) -> None:
@@ -411,8 +471,13 @@ def _check_lifecycle(spec: JobSpec, problems: Problems) -> None:
     _check_int(spec.checkpoint.keep, "checkpoint.keep", 1, INT32_MAX, problems,
                "wmctl always keeps 2 so a torn save has a fallback")
     _check_int(spec.restart.max_attempts, "restart.max_attempts", 1, 10_000, problems, "1 = no retries")
-    for fname in ("backoff", "node_loss_timeout", "heartbeat_timeout"):
+    for fname in ("backoff", "node_loss_timeout"):
         _check_duration(spec.restart, fname, f"restart.{fname}", problems)
+    heartbeat = _check_duration(spec.restart, "heartbeat_timeout", "restart.heartbeat_timeout", problems)
+    if heartbeat is not None and heartbeat < 1:
+        problems.append(("restart.heartbeat_timeout", "must be at least 1s: with less, every attempt is a hang "
+                         "before its first step; give the longest a healthy step (or a checkpoint save) may "
+                         "take, e.g. 10m"))
     _check_duration(spec.rendezvous, "join_timeout", "rendezvous.join_timeout", problems)
     grace = _check_duration(spec.kubernetes, "termination_grace_period", "kubernetes.termination_grace_period",
                             problems)
@@ -507,34 +572,78 @@ def _check_volumes(spec: JobSpec, problems: Problems) -> None:
             problems.append((join(path, "name"), f"duplicate volume name {vol.name!r} "
                              f"(also volumes[{names[vol.name]}])"))
         names.setdefault(vol.name, i)
-        mount = vol.mount or ""
-        if not mount.startswith("/"):
-            problems.append((join(path, "mount"), f"{mount!r} must be an absolute path in the container"))
-        if ".." in mount.split("/"):
-            problems.append((join(path, "mount"), f"{mount!r} contains '..'; write the path it means, "
-                             "e.g. /workspace/data"))
-        normalized = normalize_mount(mount) if mount else mount
-        if mount and vol.mount != normalized:
-            vol.mount = normalized   # rendered as written here, so /data/ and /data are one mount
-        if normalized == "/dev/shm":
-            problems.append((join(path, "mount"), "/dev/shm is managed by wmctl; set resources.shm instead"))
+        normalized = _check_mount(vol, path, problems)
         if normalized in mounts:
-            problems.append((join(path, "mount"), f"two volumes on one mount path {mount!r} "
+            problems.append((join(path, "mount"), f"two volumes on one mount path {vol.mount!r} "
                              f"(also volumes[{mounts[normalized]}]); give each volume its own mount"))
         mounts.setdefault(normalized, i)
-        set_ = [s for s in Volume.SOURCES if getattr(vol, s) is not None]
-        if len(set_) != 1:
-            problems.append((path, f"give exactly one source ({', '.join(Volume.SOURCES)}); got "
-                             f"{', '.join(set_) if set_ else 'none'}"))
-        if vol.host_path is not None and not vol.host_path:
-            problems.append((join(path, "host_path"), "must not be empty"))
-        if vol.nfs is not None and not vol.nfs.path.startswith("/"):
-            problems.append((join(path, "nfs.path"), "must be an absolute export path"))
-        if vol.empty_dir is not None and vol.empty_dir.size_limit is not None:
-            try:
-                parse_quantity(vol.empty_dir.size_limit)
-            except Invalid as exc:
-                problems.append((join(path, "empty_dir.size_limit"), str(exc)))
+        _check_volume_source(vol, path, problems)
+
+
+def _check_mount(vol: Volume, path: str, problems: Problems) -> str:
+    """The mount path's problems; returns it normalised (and sets it so: /data/ and /data are one)."""
+    mount = vol.mount or ""
+    _check_plain_text(vol.mount, join(path, "mount"), problems)
+    if any(c in mount for c in ",:"):
+        problems.append((join(path, "mount"), f"{mount!r} contains ',' or ':', which Docker's volume syntax "
+                         "reads as separators; use another path"))
+    if not mount.startswith("/"):
+        problems.append((join(path, "mount"), f"{mount!r} must be an absolute path in the container"))
+    if ".." in mount.split("/"):
+        problems.append((join(path, "mount"), f"{mount!r} contains '..'; write the path it means, "
+                         "e.g. /workspace/data"))
+    normalized = normalize_mount(mount) if mount else mount
+    if mount and vol.mount != normalized:
+        vol.mount = normalized
+    if normalized == "/dev/shm":
+        problems.append((join(path, "mount"), "/dev/shm is managed by wmctl; set resources.shm instead"))
+    return normalized
+
+
+def _check_volume_source(vol: Volume, path: str, problems: Problems) -> None:
+    set_ = [s for s in Volume.SOURCES if getattr(vol, s) is not None]
+    if len(set_) != 1:
+        problems.append((path, f"give exactly one source ({', '.join(Volume.SOURCES)}); got "
+                         f"{', '.join(set_) if set_ else 'none'}"))
+    if vol.host_path is not None and not vol.host_path:
+        problems.append((join(path, "host_path"), "must not be empty"))
+    _check_plain_text(vol.host_path, join(path, "host_path"), problems)
+    if vol.nfs is not None:
+        _check_nfs(vol.nfs, join(path, "nfs"), problems)
+    for fname in ("pvc", "secret", "config_map"):
+        value = getattr(vol, fname)
+        if value is not None and not _is_dns_subdomain(value):
+            problems.append((join(path, fname), f"{value!r} is not a Kubernetes object name: lowercase "
+                             "letters, digits, '-' and '.', at most 253 characters, e.g. wm-ckpt"))
+    if vol.empty_dir is not None and vol.empty_dir.size_limit is not None:
+        try:
+            parse_quantity(vol.empty_dir.size_limit)
+        except Invalid as exc:
+            problems.append((join(path, "empty_dir.size_limit"), str(exc)))
+
+
+def _check_plain_text(value: str | None, path: str, problems: Problems) -> None:
+    """A path or name is one line of printable text: a newline or a NUL would end it early in a
+    mount option, a printed command or a manifest."""
+    if value is not None and any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        problems.append((path, f"{value[:60]!r} contains a control character (a newline, tab or NUL); "
+                         "write it on one line"))
+
+
+def _check_nfs(nfs: NfsSource, path: str, problems: Problems) -> None:
+    if not NFS_SERVER.fullmatch(nfs.server or ""):
+        problems.append((join(path, "server"), f"{nfs.server[:60]!r} is not a host name or IP address; give only "
+                         "the server (e.g. nfs.example.com or 10.0.0.5): mount options are not accepted here"))
+    _check_plain_text(nfs.path, join(path, "path"), problems)
+    if not nfs.path.startswith("/"):
+        problems.append((join(path, "path"), "must be an absolute export path"))
+    elif "," in nfs.path:
+        problems.append((join(path, "path"), f"{nfs.path!r} contains ',', which Docker reads as a mount option "
+                         "separator"))
+
+
+def _is_dns_subdomain(value: str) -> bool:
+    return len(value) <= 253 and bool(DNS_SUBDOMAIN.fullmatch(value))
 
 
 def normalize_mount(mount: str) -> str:
@@ -572,6 +681,15 @@ def _check_kubernetes(spec: JobSpec, problems: Problems) -> None:
     for key in k.annotations:
         if not label_key.fullmatch(key):
             problems.append((f"kubernetes.annotations.{key}", "not a valid annotation key"))
+    size = sum(len(key.encode()) + len((value or "").encode()) for key, value in k.annotations.items())
+    if size > ANNOTATIONS_MAX_BYTES - ANNOTATIONS_WMCTL_RESERVE:
+        problems.append(("kubernetes.annotations", f"{size:,} bytes in all; the API server refuses more than "
+                         f"{ANNOTATIONS_MAX_BYTES:,} per object and wmctl adds up to "
+                         f"{ANNOTATIONS_WMCTL_RESERVE:,}: keep large data in a ConfigMap"))
+    for i, secret in enumerate(k.image_pull_secrets):
+        if not _is_dns_subdomain(secret or ""):
+            problems.append((f"kubernetes.image_pull_secrets[{i}]", f"{secret!r} is not a Secret name: lowercase "
+                             "letters, digits, '-' and '.', e.g. regcred"))
     for fname in ("queue", "scheduler", "service_account", "priority_class"):
         value = getattr(k, fname)
         if value is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", value):

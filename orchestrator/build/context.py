@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..errors import BuildError
+from ..spec import folder_problem
 from .ignore import IgnorePattern, is_ignored, parse_dockerignore
 
 
@@ -69,9 +70,10 @@ def load_ignore(root: Path) -> tuple[list[IgnorePattern], str]:
 def scan_context(root: Path, extra_excluded: Iterable[str] = ()) -> ContextScan:
     """Walk ``root`` the way ``docker build`` would send it: .dockerignore applied, no links followed."""
     root = Path(root)
-    if not root.is_dir():
-        raise BuildError(f"image.context: {root} is not a directory; set image.context to the folder "
-                         "with your training code (relative to the spec file)")
+    why = folder_problem(root)
+    if why is not None:
+        raise BuildError(f"image.context: {why}; set image.context to the folder with your training code "
+                         "(relative to the spec file)")
     patterns, source = load_ignore(root)
     forced = list(extra_excluded)
     has_exclusions = any(p.exclusion for p in patterns)
@@ -135,7 +137,8 @@ def _git(root: Path, *args: str) -> str | None:
 
 def strip_userinfo(url: str) -> str:
     """https://user:token@host/x -> https://host/x: credentials never go into a label."""
-    return re.sub(r"^([a-z][a-z0-9+.\-]*://)[^/@]*@", r"\1", url)
+    # Any scheme case (HTTPS://), and the last '@' before the path: a password may hold an '@'.
+    return re.sub(r"^([a-z][a-z0-9+.\-]*://)[^/]*@", r"\1", url, flags=re.IGNORECASE)
 
 
 def source_metadata(root: Path) -> dict[str, str]:

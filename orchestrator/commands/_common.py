@@ -10,7 +10,7 @@ import click
 
 from ..backends import DEFAULT as DEFAULT_BACKEND
 from ..backends import names as backend_names
-from ..errors import SpecError
+from ..errors import OptionError, SpecError
 from ..serialize import dump
 
 
@@ -90,16 +90,20 @@ def echo_line(line: str) -> None:
 
 
 def write_out_dir(plan: Any, out_dir: Path, output: str) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     ext = "json" if output == "json" else "yaml"
-    for i, res in enumerate(plan.resources):
-        kind = str(res.get("kind", "resource")).lower()
-        name = ((res.get("metadata") or {}).get("name") or res.get("name")
-                or (res.get("create") or {}).get("name") or str(i))
-        path = out_dir / f"{i:02d}-{kind}-{name}.{ext}"
-        path.write_text(dump(res, output), encoding="utf-8")
-        written.append(path)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for i, res in enumerate(plan.resources):
+            kind = str(res.get("kind", "resource")).lower()
+            name = ((res.get("metadata") or {}).get("name") or res.get("name")
+                    or (res.get("create") or {}).get("name") or str(i))
+            path = out_dir / f"{i:02d}-{kind}-{name}.{ext}"
+            path.write_text(dump(res, output), encoding="utf-8")
+            written.append(path)
+    except OSError as exc:
+        raise OptionError(f"--out: cannot write the plan into {str(out_dir)[:200]}: {exc.strerror or exc}",
+                          hint="give a folder you can write, e.g. --out ./manifests") from None
     return written
 
 

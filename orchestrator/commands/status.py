@@ -10,6 +10,7 @@ import click
 
 from .. import api
 from ..supervisor import steps_redone, summary
+from ..serialize import dump
 
 
 @click.command("status", help="Show a run's attempts, failures, last step and checkpoint.")
@@ -29,8 +30,7 @@ def command(run, output):
     if output == "json":
         click.echo(json.dumps(data, indent=2))
     else:
-        import yaml
-        click.echo(yaml.safe_dump(data, sort_keys=False))
+        click.echo(dump(data, "yaml"), nl=False)
 
 
 def watcher_data(view: api.RunView) -> dict:

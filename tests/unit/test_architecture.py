@@ -56,6 +56,8 @@ LAYERS: list[tuple[str, int]] = [
     # the ground floor: spec types, names and paths, vendor profiles, run state
     ("orchestrator.spec", 2),
     ("orchestrator.validate", 2),
+    ("orchestrator.yamlsafe", 2),        # the strict, bounded loader of what users write
+    ("orchestrator.imageref", 2),        # image references: distribution/reference's grammar
     ("orchestrator.vendors", 2),
     ("orchestrator.plan", 2),
     ("orchestrator.state", 2),

@@ -80,6 +80,12 @@ def container_as_started(container: dict) -> tuple[list[str], dict[str, str]]:
     return [kubelet_expand(a, lookup) for a in container["command"]], env
 
 
+def path_safe(value: str) -> str:
+    """Paths are one line without Docker's volume separators (a newline, ',' or ':' in a mount or
+    host path is refused: tests/unit/test_hostile_input.py); every other character must survive."""
+    return "".join("_" if ord(c) < 0x20 or c in ",:\x7f\x85" else c for c in value)
+
+
 def hostile_spec(value: str):
     return spec_from({
         "name": "inj",
@@ -87,8 +93,7 @@ def hostile_spec(value: str):
         "nodes": 2,
         "command": ["python", "train.py", value, f"--arg={value}"],
         "env": {"HOSTILE": value},
-        "volumes": [{"name": "data", "mount": "/data/" + value.replace("\n", "_").replace("\x85", "_"),
-                     "host_path": "/mnt/" + value}],
+        "volumes": [{"name": "data", "mount": "/data/" + path_safe(value), "host_path": "/mnt/" + path_safe(value)}],
     })
 
 
@@ -109,7 +114,7 @@ def test_kubernetes_render_round_trips_hostile_values(value):
     assert command[-2:] == [value, f"--arg={value}"]
     assert env["HOSTILE"] == value
     host = {v["name"]: v for v in docs[1]["spec"]["template"]["spec"]["volumes"]}["data"]["hostPath"]["path"]
-    assert host == "/mnt/" + value
+    assert host == "/mnt/" + path_safe(value)
 
 
 @pytest.mark.parametrize("value", HOSTILE)

@@ -68,8 +68,15 @@ def test_bad_quantity_and_duration_name_their_field():
     ("0", 0.0),
 ])
 def test_durations_accept_go_forms_and_todays(text, seconds):
-    spec = spec_from({**BASE, "restart": {"backoff": text, "heartbeat_timeout": text}})
-    assert spec.restart.backoff_s == seconds and spec.restart.heartbeat_timeout_s == seconds
+    spec = spec_from({**BASE, "restart": {"backoff": text, "node_loss_timeout": text}})
+    assert spec.restart.backoff_s == seconds and spec.restart.node_loss_timeout_s == seconds
+
+
+@pytest.mark.parametrize("text", ["0s", "0", "500ms", 0.9])
+def test_a_heartbeat_timeout_under_a_second_is_refused(text):
+    # Every attempt would be a hang before its first step (it was accepted, and retried to the end).
+    p = problems_of({"restart": {"heartbeat_timeout": text}})
+    assert "at least 1s" in p["restart.heartbeat_timeout"]
 
 
 @pytest.mark.parametrize("text,says", [

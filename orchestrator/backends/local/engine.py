@@ -22,6 +22,7 @@ from ... import layout
 from ...errors import BackendError, RunNotFound, SpecError, WmctlError
 from ...plan import AttemptContext, HostFacts, Plan
 from ...runtime.protocol import ENV_LOCAL_TAG, parse_progress, run_checkpoint_dir
+from ...spec import context_problems
 from ...state import open_store
 from .. import base as b
 from .classify import NodeView, node_events
@@ -127,6 +128,11 @@ class LocalBackend(b.Backend[LocalRequest]):
         """This machine, and a rendezvous port free on it now (the dry run and the submit
         choose it the same way)."""
         return HostFacts.of_this_machine(port=free_port(spec.local.master_port or spec.rendezvous.port))
+
+    def check_host(self, spec) -> list[tuple[str, str]]:
+        """The job runs in image.context (its working directory): a folder that is not there
+        fails every node at start, so it is refused before anything is submitted."""
+        return context_problems(spec)
 
     def prepare_host(self, spec) -> list[str]:
         """The checkpoint folder the spec names (checkpoint.dir, or its host_path volume) is made
