@@ -46,6 +46,7 @@ the orchestrator calls it from outside the job. torch is imported lazily by the 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -386,10 +387,15 @@ class _HashingWriter:
         self._fh = fh
         self.hash = _hasher()
         self.size = 0
+        self.error: OSError | None = None   # torch.save hides it behind "[enforce fail ...] unexpected pos"
 
     def write(self, data: Any) -> int:
         self.hash.update(data)
-        n = self._fh.write(data)
+        try:
+            n = self._fh.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
         self.size += n
         return int(n)
 
@@ -402,10 +408,31 @@ def _save_fsync(obj: Any, path: Path) -> dict[str, Any]:
     torch = _torch()
     with open(path, "wb") as fh:
         w = _HashingWriter(fh)
-        torch.save(obj, w)
+        try:
+            torch.save(obj, w)
+        except RuntimeError as exc:
+            if w.error is not None:      # the file's own error (ENOSPC, EIO), not torch's rewording
+                raise w.error from exc
+            raise
         fh.flush()
         os.fsync(fh.fileno())
     return {"size": w.size, "digest": w.hash.hexdigest()}
+
+
+def _payload_bytes(obj: Any) -> int:
+    """About how many bytes ``obj`` takes on disk: its tensors' storage (the rest is small)."""
+    torch = _torch()
+    if isinstance(obj, torch.Tensor):
+        return int(obj.nelement() * obj.element_size())
+    if isinstance(obj, dict):
+        return sum(_payload_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_payload_bytes(v) for v in obj)
+    return 0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
 
 
 def _write_bytes_fsync(data: bytes, path: Path) -> dict[str, Any]:
@@ -792,12 +819,43 @@ class CheckpointManager:
                      meta: dict[str, Any]) -> None:
         """This rank's files, then its ``rank-N.done`` with their sizes and digests (rank 0's
         commit collects them; with async saves the done file also says this rank finished)."""
-        written = {rank_file_name(self.rank): _save_fsync(rank_payload, folder / rank_file_name(self.rank))}
+        try:
+            written = {rank_file_name(self.rank): _save_fsync(rank_payload, folder / rank_file_name(self.rank))}
+            if self.rank == 0:
+                assert shared_payload is not None
+                written[SHARED_FILE] = _save_fsync(shared_payload, folder / SHARED_FILE)
+                written[META_FILE] = _write_bytes_fsync(json.dumps(meta, sort_keys=True).encode(),
+                                                        folder / META_FILE)
+            write_atomic(folder / rank_done_name(self.rank), json.dumps(written, sort_keys=True).encode())
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            raise self._disk_full(folder, exc, _payload_bytes(rank_payload) + _payload_bytes(shared_payload)) from exc
+
+    def _disk_full(self, folder: Path, exc: OSError, needed: int) -> CheckpointError:
+        """ENOSPC while writing: remove what this rank wrote into the torn folder (a half-written
+        checkpoint is never resumed, but it would hold the space and fail every later save too),
+        and say where, how much this rank needed and how much is free."""
+        for name in (rank_file_name(self.rank), rank_done_name(self.rank),
+                     *((SHARED_FILE, META_FILE) if self.rank == 0 else ())):
+            try:
+                (folder / name).unlink()
+            except FileNotFoundError:
+                pass
+        try:
+            free = _mib(shutil.disk_usage(folder).free)
+        except OSError:
+            free = "unknown"
         if self.rank == 0:
-            assert shared_payload is not None
-            written[SHARED_FILE] = _save_fsync(shared_payload, folder / SHARED_FILE)
-            written[META_FILE] = _write_bytes_fsync(json.dumps(meta, sort_keys=True).encode(), folder / META_FILE)
-        write_atomic(folder / rank_done_name(self.rank), json.dumps(written, sort_keys=True).encode())
+            try:
+                folder.rmdir()            # empty once every rank has cleaned up; otherwise the next save's
+            except OSError:               # retention removes it with the other torn folders
+                pass
+        return CheckpointError(
+            f"checkpoint not saved: [Errno 28] No space left on device: {exc.filename or folder} "
+            f"(rank {self.rank} needed about {_mib(needed)}, {free} free there); the partial files were "
+            "removed and the newest committed checkpoint stays the resume point. Free space (older "
+            "checkpoints, a lower checkpoint.keep) or point checkpoint.dir at a larger volume")
 
     def _write_async(self, target: Path, final: Path, step: int, rank_payload: dict[str, Any],
                      shared_payload: dict[str, Any] | None, meta: dict[str, Any], started: float) -> None:

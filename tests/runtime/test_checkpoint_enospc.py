@@ -1,0 +1,71 @@
+"""A full disk while checkpointing, on a real (tiny) tmpfs: the error says where, how much was
+needed and how much is free, the half-written files are removed so the next save is not doomed
+too, the newest committed checkpoint stays the resume point, and the supervisor reads the
+rank's error as storage_full (stop, with the path), not as a bug in train.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.failures import JobError, storage_full
+from orchestrator.runtime.checkpoint import CheckpointError, latest_complete, list_checkpoints, step_dir_name
+from tests.runtime.test_checkpoint import Toy, same
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 1 MiB tmpfs of our own (CI runs as root; a non-root run fails here instead of skipping)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(disk: Path, leave: int) -> Path:
+    """Take all but ``leave`` bytes of the disk."""
+    filler = disk / "filler"
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    with open(filler, "wb") as fh:
+        fh.write(b"\0" * max(free - leave, 0))
+    return filler
+
+
+def test_a_full_disk_is_explained_cleaned_up_and_survivable(small_disk: Path) -> None:
+    root = small_disk / "ckpt"
+    toy = Toy()
+    mgr = toy.manager(root)
+    toy.step()
+    mgr.save(1)
+    at_one = toy.fingerprint()
+    Toy().manager(root).restore()          # fingerprint() drew random numbers; back to step 1's state
+    size = sum(p.stat().st_size for p in (root / step_dir_name(1)).iterdir())
+    filler = fill(small_disk, leave=size // 3)
+
+    toy.step()
+    with pytest.raises(CheckpointError) as err:
+        mgr.save(2)
+    message = str(err.value)
+    assert "No space left on device" in message and str(root / step_dir_name(2)) in message
+    assert "needed about" in message and "free there" in message
+    # Nothing half-written is left to hold the space (the folder itself is gone too).
+    assert not (root / step_dir_name(2)).exists()
+    assert [c.step for c in list_checkpoints(root)] == [1] and latest_complete(root).step == 1
+
+    # The supervisor's reading of that error, as the rank prints it.
+    job_error = JobError(summary=f"CheckpointError: {message}", lines=(f"CheckpointError: {message}",))
+    verdict = storage_full(job_error)
+    assert verdict is not None and str(root / step_dir_name(2)) in verdict
+
+    # Space freed: the very next save works, and a resume still finds step 1 until it commits.
+    fresh = Toy(seed=3)
+    assert fresh.manager(root).restore().step == 1 and same(fresh.fingerprint(), at_one)
+    filler.unlink()
+    mgr.save(2)
+    assert latest_complete(root).step == 2
