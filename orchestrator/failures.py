@@ -234,7 +234,9 @@ def _launcher_only(body: list[str]) -> bool:
 
 
 _ENOSPC = re.compile(r"No space left on device|ENOSPC|\[Errno 28\]", re.I)
-_ENOSPC_PATH = re.compile(r"""(?:No space left on device|\[Errno 28\][^:]*)[:,]?\s*['"]?(/[^'"\s,)]+)""", re.I)
+# Python's OSError text names the file right after the strerror: "[Errno 28] No space left on
+# device: '/ckpt/x'". A path anywhere else on the line (a traceback's File "...") is not it.
+_ENOSPC_PATH = re.compile(r"""No space left on device['"]?:\s*['"]?(/[^'"\s,)]+)""", re.I)
 
 
 def storage_full(error: JobError) -> str | None:

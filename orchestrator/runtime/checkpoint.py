@@ -435,6 +435,19 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
+def _no_space_message(path: Path, where: Path, needed: int | None, who: str, done: str = "") -> str:
+    """ENOSPC in the words the supervisor's storage_full reads: the path right after the errno
+    text, then how much was needed and how much is free, and the fix."""
+    try:
+        free = _mib(shutil.disk_usage(where).free)
+    except OSError:
+        free = "unknown"
+    need = f"{who}needed about {_mib(needed)}, " if needed is not None else ""
+    return (f"checkpoint not saved: [Errno 28] No space left on device: {path} ({need}{free} free there); "
+            f"{done}Free space (older checkpoints, a lower checkpoint.keep) or point checkpoint.dir at a "
+            "larger volume")
+
+
 def _write_bytes_fsync(data: bytes, path: Path) -> dict[str, Any]:
     with open(path, "wb") as fh:
         fh.write(data)
@@ -630,12 +643,16 @@ class CheckpointManager:
             try:
                 # One writer per root: rank 0 holds <root>/.lock for the manager's life.
                 self._lock = _RootLock.acquire(self.root, self.run, self.attempt)
+                if self.attempt is not None:
+                    # Fencing: the root remembers the newest attempt that started on it, so an
+                    # older attempt still running somewhere can no longer commit (_check_fence).
+                    record_attempt(self.root, self.attempt)
             except CheckpointError as err:
                 refusal = str(err)
-            if refusal is None and self.attempt is not None:
-                # Fencing: the root remembers the newest attempt that started on it, so an
-                # older attempt still running somewhere can no longer commit (_check_fence).
-                record_attempt(self.root, self.attempt)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                refusal = _no_space_message(Path(exc.filename or self.root), self.root, None, "")
         # Every rank fails with rank 0's refusal (alone, rank 0 would leave the rest waiting).
         refusal = dist.broadcast_object(refusal)
         if refusal:
@@ -842,20 +859,15 @@ class CheckpointManager:
                 (folder / name).unlink()
             except FileNotFoundError:
                 pass
-        try:
-            free = _mib(shutil.disk_usage(folder).free)
-        except OSError:
-            free = "unknown"
         if self.rank == 0:
             try:
                 folder.rmdir()            # empty once every rank has cleaned up; otherwise the next save's
             except OSError:               # retention removes it with the other torn folders
                 pass
-        return CheckpointError(
-            f"checkpoint not saved: [Errno 28] No space left on device: {exc.filename or folder} "
-            f"(rank {self.rank} needed about {_mib(needed)}, {free} free there); the partial files were "
-            "removed and the newest committed checkpoint stays the resume point. Free space (older "
-            "checkpoints, a lower checkpoint.keep) or point checkpoint.dir at a larger volume")
+        return CheckpointError(_no_space_message(Path(exc.filename or folder), folder, needed,
+                                                 f"rank {self.rank} ",
+                                                 "the partial files were removed and the newest committed "
+                                                 "checkpoint stays the resume point. "))
 
     def _write_async(self, target: Path, final: Path, step: int, rank_payload: dict[str, Any],
                      shared_payload: dict[str, Any] | None, meta: dict[str, Any], started: float) -> None:

@@ -158,3 +158,14 @@ def test_a_full_disk_in_the_ranks_words_is_storage_full_and_stops():
     assert F.DEFAULT_DECISIONS[F.STORAGE_FULL] == F.STOP
     assert F.storage_full(job_error(["[rank0]: Traceback (most recent call last):",
                                      "[rank0]: ValueError: nope", *report()])) is None
+
+
+def test_a_full_disk_without_a_path_names_no_frame_of_the_traceback_as_the_path():
+    # The error of a write with no file name: the path after "device" is not there, and the
+    # traceback's own frames ("/work/.../checkpoint.py") must not be taken for it.
+    lines = ["[rank0]: Traceback (most recent call last):",
+             '[rank0]:   File "/work/orchestrator/runtime/checkpoint.py", line 501, in acquire',
+             "[rank0]:     os.pwrite(fd, payload, 0)",
+             "[rank0]: OSError: [Errno 28] No space left on device", *report(rank=0)]
+    why = F.storage_full(job_error(lines))
+    assert why is not None and "checkpoint.py" not in why and "writing" not in why

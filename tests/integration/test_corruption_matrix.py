@@ -1,0 +1,169 @@
+"""The corruption matrix under real torchrun: a 2-node run of tests/integration/jobs/tiny.py (DDP
+over gloo, CheckpointManager) commits steps 5 and 10; each case damages a copy of those
+checkpoints the way disks, people and stale nodes do, then `wmctl submit --auto-resume` runs the
+same run again to step 12. Each case ends on the newest intact checkpoint, with weights equal to
+an undamaged resume (the job is deterministic), or on a clear stop (exit 7) naming why. Never a
+silent resume from a damaged checkpoint, never a silent start from scratch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.runtime.checkpoint import ATTEMPT_FILE, COMMIT_MARKER, META_FILE, SHARED_FILE, rank_file_name
+
+from . import harness as h
+
+pytestmark = pytest.mark.slow
+RUN = "matrix"
+
+
+def spec_for(tmp: Path, ckpt_dir: Path, steps: int, sleep: float = 0.05) -> Path:
+    spec = h.write_spec(tmp, RUN, nodes=2, steps=steps, every=5, sleep=sleep, job="tiny.py")
+    data = yaml.safe_load(spec.read_text())
+    data["checkpoint"]["dir"] = str(ckpt_dir)
+    spec.write_text(yaml.safe_dump(data))
+    return spec
+
+
+def run(tmp: Path, ckpt_dir: Path, steps: int) -> tuple[int, str, Path]:
+    """`wmctl submit --auto-resume` in a home of its own (the run name is reused per case)."""
+    home = tmp / "home"
+    w = h.Watch(spec_for(tmp, ckpt_dir, steps), home)
+    code = w.wait(timeout=240)
+    return code, w.output, home
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> dict:
+    """Steps 5 and 10 committed by a real run, and the weights a resume from step 10 and from
+    step 5 reach at step 12."""
+    base = tmp_path_factory.mktemp("pristine")
+    code, out, _ = run(base, base / "ckpt", steps=10)
+    assert code == 0, out
+    root = base / "ckpt" / RUN
+    assert (root / "step-00000005" / COMMIT_MARKER).exists() and (root / "step-00000010" / COMMIT_MARKER).exists()
+    weights = {}
+    for step in (5, 10):
+        tmp = tmp_path_factory.mktemp(f"from{step}")
+        copy = tmp / "ckpt" / RUN
+        shutil.copytree(root, copy)
+        if step == 5:
+            shutil.rmtree(copy / "step-00000010")
+        code, out, _ = run(tmp, tmp / "ckpt", steps=12)
+        assert code == 0, out
+        weights[step] = json.loads((copy / "final.json").read_text())["weights"]
+    return {"root": root, "weights": weights}
+
+
+def flip_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x04
+    path.write_bytes(bytes(data))
+
+
+def edit_meta(ckpt: Path) -> None:
+    meta = json.loads((ckpt / META_FILE).read_text())
+    meta["step"] = 11
+    (ckpt / META_FILE).write_text(json.dumps(meta))
+
+
+def other_runs_marker(ckpt: Path) -> None:
+    marker = json.loads((ckpt / COMMIT_MARKER).read_text())
+    marker["run"] = "someone-else"
+    (ckpt / COMMIT_MARKER).write_text(json.dumps(marker))
+
+
+NEWEST = "step-00000010"
+# case -> (damage to the copied root, the step the run resumes from)
+FALLBACK = {
+    "bit-flip-in-shared-weights": (lambda root: flip_bit(root / NEWEST / SHARED_FILE), 5),
+    "bit-flip-in-a-rank-file": (lambda root: flip_bit(root / NEWEST / rank_file_name(1)), 5),
+    "edited-meta-step": (lambda root: edit_meta(root / NEWEST), 5),
+    "missing-commit-marker": (lambda root: (root / NEWEST / COMMIT_MARKER).unlink(), 5),
+    "garbage-commit-marker": (lambda root: (root / NEWEST / COMMIT_MARKER).write_text("{not json"), 5),
+    "truncated-rank-file": (lambda root: (root / NEWEST / rank_file_name(0)).write_bytes(b"PK\x03\x04"), 5),
+    "damaged-older-checkpoint-only": (lambda root: flip_bit(root / "step-00000005" / SHARED_FILE), 10),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FALLBACK))
+def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(case, pristine, tmp_path):
+    damage, expected = FALLBACK[case]
+    root = tmp_path / "ckpt" / RUN
+    shutil.copytree(pristine["root"], root)
+    (root / "final.json").unlink()
+    damage(root)
+    code, out, home = run(tmp_path, tmp_path / "ckpt", steps=12)
+    assert code == 0, out
+    events = h.progress(home, RUN, 0)
+    resumed = [e for e in events if e["event"] == "resume"]
+    assert resumed and resumed[0]["step"] == expected, (resumed, out)
+    damaged = [e for e in events if e["event"] == "checkpoint_damaged"]
+    if case != "missing-commit-marker" and expected == 5:
+        assert damaged, f"a damaged checkpoint must be reported loudly: {events}"
+    final = json.loads((root / "final.json").read_text())
+    assert final["steps"] == 12 and final["weights"] == pristine["weights"][expected]
+
+
+STOPS = {
+    # case -> (damage, what the final report must say)
+    "every-checkpoint-damaged": (lambda root: [flip_bit(root / s / SHARED_FILE) for s in ("step-00000005", NEWEST)],
+                                 "damaged"),
+    "newest-marker-names-another-run": (lambda root: other_runs_marker(root / NEWEST), "someone-else"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STOPS))
+def test_what_cannot_be_resumed_safely_stops_and_says_why(case, pristine, tmp_path):
+    damage, says = STOPS[case]
+    root = tmp_path / "ckpt" / RUN
+    shutil.copytree(pristine["root"], root)
+    (root / "final.json").unlink()
+    damage(root)
+    code, out, home = run(tmp_path, tmp_path / "ckpt", steps=12)
+    assert code == 7, out
+    assert says in out, out
+    assert not (root / "final.json").exists(), "the job must not have trained from scratch"
+    assert "Traceback (most recent call last)" not in out.split("run matrix")[-1]
+
+
+def test_a_commit_from_an_attempt_a_newer_one_replaced_is_refused(pristine, tmp_path):
+    """A node cut off from the supervisor keeps training: once a newer attempt has started on the
+    root (its ATTEMPT file, written here while this attempt runs), this one may not commit."""
+    root = tmp_path / "ckpt" / RUN
+    shutil.copytree(pristine["root"], root)
+    home = tmp_path / "home"
+    w = h.Watch(spec_for(tmp_path, tmp_path / "ckpt", steps=16, sleep=0.5), home)
+    h.wait_until(lambda: any(e["event"] == "resume" for e in h.progress(home, RUN, 0)), 120, "the resume")
+    (root / ATTEMPT_FILE).write_text("7\n")     # what attempt 7 starting elsewhere leaves on the root
+    code = w.wait(timeout=240)
+    assert code == 7, w.output
+    assert "refusing to commit checkpoint 15" in w.output and "attempt 7" in w.output, w.output
+    assert not (root / "step-00000015").joinpath(COMMIT_MARKER).exists()
+    assert not (root / "final.json").read_text().count('"steps": 16')
+
+
+def test_a_full_checkpoint_disk_stops_as_storage_full_with_the_path(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], check=True)
+    try:
+        (disk / RUN).mkdir()
+        with open(disk / "filler", "wb") as fh:     # leave a few KiB: the first save cannot fit
+            try:
+                fh.write(b"\0" * (64 * 1024))
+            except OSError:
+                pass
+        code, out, home = run(tmp_path, disk, steps=12)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+    assert code == 7, out
+    assert "storage_full" in out and str(disk / RUN) in out, out
+    rec = h.record(home, RUN)
+    assert len(rec["attempts"]) == 1, "a full disk is not retried"
