@@ -205,3 +205,16 @@ def test_a_script_that_never_imports_the_runtime_is_not_killed_as_a_hang(home):
     rec = h.record(home, run)
     assert rec["status"] == "succeeded" and len(rec["attempts"]) == 1, w.output
     assert "| my own log: step" in w.output
+
+
+def test_a_silent_script_is_a_hang(home):
+    """The same script silent for 20 s (its first line comes after --sleep): with a 4 s heartbeat
+    timeout that is a hang, torn down and (max_attempts 1) not retried."""
+    run = "silent"
+    spec = h.write_spec(home, run, nodes=1, steps=2, sleep=20.0, job="plain.py",
+                        restart={"heartbeat_timeout": "4s", "max_attempts": 1})
+    w = h.Watch(spec, home)
+    assert w.wait(timeout=120) == 7, w.output
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["hang"], rec["final_report"]
+    assert not h.leftover_processes(run)
