@@ -33,7 +33,8 @@ TAG = "wmctl-test/faults:counter"
 def image(docker_client, base_image, tmp_path_factory) -> str:
     """The counter job's image, built by `wmctl build-image` FROM the offline base image."""
     ctx = tmp_path_factory.mktemp("faults-image")
-    shutil.copy(h.JOBS / "counter.py", ctx / "counter.py")
+    for job in ("counter.py", "tiny.py", "plain.py"):     # tests/docker/test_docker_lifecycle.py runs all three
+        shutil.copy(h.JOBS / job, ctx / job)
     spec = ctx / "job.yaml"
     spec.write_text(yaml.safe_dump({"name": "faults", "image": {"vendor": "cpu", "base": base_image, "tag": TAG},
                                     "command": ["python", "counter.py"]}))
@@ -87,8 +88,13 @@ def watch(spec: Path, home: Path) -> h.Watch:
     return h.Watch(spec, home, "--backend", "docker")
 
 
+def run_root(home: Path, run: str) -> Path:
+    """The run's own checkpoint folder on the host: <host_path>/<run>, as the launcher scopes it."""
+    return home / f"ckpt-{run}" / run
+
+
 def final_state(home: Path, run: str) -> str:
-    return (home / f"ckpt-{run}" / "final.txt").read_text()
+    return (run_root(home, run) / "final.txt").read_text()
 
 
 def container(client, run: str, attempt: int, node: int):
@@ -174,7 +180,7 @@ def test_docker_kill_during_checkpoint_write_resumes_from_the_previous_one(docke
     w = watch(write_spec(home, run, image, every=10, job_args=["--slow-commit", "4"]), home)
     wait_progress(docker_client, run, 0, "checkpoint", 10)
     # Step 20's save sleeps between the rank files and COMMITTED: kill rank 0's node inside it.
-    h.wait_until(lambda: (home / f"ckpt-{run}" / "step-00000020").exists(), 90, "step 20 write")
+    h.wait_until(lambda: (run_root(home, run) / "step-00000020").exists(), 90, "step 20 write")
     container(docker_client, run, 0, 0).kill()
     assert w.wait(300) == 0, w.output
     rec = h.record(home, run)
@@ -216,7 +222,7 @@ def test_docker_resubmitting_a_finished_run_runs_it_again(docker_client, image, 
     run = "dkf-again"
     spec = write_spec(home, run, image, steps=6, every=3)
     assert watch(spec, home).wait(300) == 0
-    assert (home / f"ckpt-{run}" / "final.txt").exists()
+    assert (run_root(home, run) / "final.txt").exists()
     first = h.record(home, run)["created_at"]
     refused = run_wmctl("submit", str(spec), "--backend", "docker", cwd=home, env={"WMCTL_HOME": str(home)})
     assert refused.returncode == 4 and "--replace" in refused.stderr, refused.stderr
@@ -225,7 +231,7 @@ def test_docker_resubmitting_a_finished_run_runs_it_again(docker_client, image, 
     (home / f"ckpt-{run}").mkdir()
     again = h.Watch(spec, home, "--backend", "docker", "--replace")
     assert again.wait(300) == 0, again.output
-    assert (home / f"ckpt-{run}" / "final.txt").exists(), again.output
+    assert (run_root(home, run) / "final.txt").exists(), again.output
     rec = h.record(home, run)
     assert rec["created_at"] != first and [a["outcome"] for a in rec["attempts"]] == ["succeeded"]
     assert not (home / "runs" / ".archive").exists()
