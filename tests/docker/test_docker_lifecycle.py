@@ -190,3 +190,67 @@ def test_docker_a_program_missing_from_the_image_is_caught_before_submit(docker_
     assert not containers(docker_client, run), "an attempt was half-submitted"
     rec = h.record(home, run)
     assert rec["status"] == "failed" and rec["attempts"][0]["outcome"] == "not_submitted"
+
+
+def job_spec(home, run, image, job, *, steps, sleep, restart=None, ckpt=None):
+    """write_spec's run with another job of the image (plain.py: no runtime; tiny.py: the
+    runtime's CheckpointManager), optionally on a shared host checkpoint folder."""
+    spec = write_spec(home, run, image, steps=steps, sleep=sleep, restart=restart)
+    data = yaml.safe_load(spec.read_text())
+    data["command"][1] = job
+    if ckpt is not None:
+        ckpt.mkdir(exist_ok=True)
+        data["volumes"][0]["host_path"] = str(ckpt)
+    spec.write_text(yaml.safe_dump(data))
+    return spec
+
+
+def test_docker_a_script_without_the_runtime_lives_on_its_own_lines(docker_client, image, home):
+    """plain.py prints a line a second for 9 s, never a progress line; heartbeat_timeout is 4 s:
+    its own output is its heartbeat, and its lines reach the watch output."""
+    run = "dkl-plain"
+    spec = job_spec(home, run, image, "plain.py", steps=9, sleep=1.0, restart={"heartbeat_timeout": "4s"})
+    w = docker_watch(spec, home)
+    assert w.wait(timeout=240) == 0, w.output
+    assert attempts(home, run) == [0] and h.record(home, run)["status"] == "succeeded"
+    assert "| my own log: step" in w.output
+
+
+def test_docker_a_silent_script_is_a_hang(docker_client, image, home):
+    """The same script silent for 20 s (its first line comes after --sleep): a hang at 4 s."""
+    run = "dkl-silent"
+    spec = job_spec(home, run, image, "plain.py", steps=2, sleep=20.0,
+                    restart={"heartbeat_timeout": "4s", "max_attempts": 1})
+    w = docker_watch(spec, home)
+    assert w.wait(timeout=240) == 7, w.output
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["hang"], rec["final_report"]
+    assert not leftovers(docker_client, run)
+
+
+def test_docker_two_runs_sharing_a_checkpoint_volume_keep_to_their_own(docker_client, image, home):
+    shared = home / "dkl-shared-ckpt"
+    runs = ("dkl-sweep-a", "dkl-sweep-b")
+    watchers = [docker_watch(job_spec(home, run, image, "tiny.py", steps=10, sleep=0.05, ckpt=shared), home)
+                for run in runs]
+    for w in watchers:
+        assert w.wait(timeout=300) == 0, w.output
+    for run in runs:
+        final = json.loads((shared / run / "final.json").read_text())
+        assert final["run"] == run and final["steps"] == 10
+        assert json.loads((shared / run / "step-00000010" / "COMMITTED").read_text())["run"] == run
+        assert attempts(home, run) == [0]
+    assert sorted(p.name for p in shared.iterdir() if p.is_dir()) == sorted(runs)
+
+
+def test_docker_resume_from_another_run_on_purpose(docker_client, image, home):
+    shared = home / "dkl-ft-ckpt"
+    base = docker_watch(job_spec(home, "dkl-base", image, "tiny.py", steps=10, sleep=0.05, ckpt=shared), home)
+    assert base.wait(timeout=300) == 0, base.output
+    before = {p.name: p.stat().st_mtime_ns for p in (shared / "dkl-base").iterdir()}
+    spec = job_spec(home, "dkl-finetune", image, "tiny.py", steps=15, sleep=0.05, ckpt=shared)
+    ft = wmctl(home, "submit", str(spec), "--backend", "docker", "--resume-from", "dkl-base", "--auto-resume")
+    assert ft.returncode == 0, ft.stdout + ft.stderr
+    assert "resumed from step 10" in ft.stdout, ft.stdout
+    assert json.loads((shared / "dkl-finetune" / "final.json").read_text())["steps"] == 15
+    assert {p.name: p.stat().st_mtime_ns for p in (shared / "dkl-base").iterdir()} == before
