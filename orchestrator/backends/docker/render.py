@@ -22,7 +22,6 @@ from ...plan import AttemptContext, HostFacts, Plan, Request
 from ...runtime.protocol import ENV_NODE_NAME
 from ...runtime.topology import format_cpulist
 from ...spec import JobSpec
-from ...validate import format_quantity
 from ...vendors import VendorProfile
 from ..host_paths import host_path_source
 
@@ -185,15 +184,24 @@ def _mount_flag(m: dict[str, Any]) -> list[str]:
     return ["-v", f"{m['Source']}:{m['Target']}" + (":ro" if m.get("ReadOnly") else "")]
 
 
+def docker_bytes(n: int) -> str:
+    """A size the docker CLI reads (go-units RAMInBytes: binary b/k/m/g, case-insensitive): 1g,
+    512m or plain bytes. A Kubernetes quantity (1Gi) is refused by `docker run`."""
+    for unit, factor in (("g", 2**30), ("m", 2**20), ("k", 2**10)):
+        if n % factor == 0:
+            return f"{n // factor}{unit}"
+    return str(n)
+
+
 def docker_run_line(create: dict[str, Any], aliases: list[str]) -> str:
     """The equivalent ``docker run`` command, every value shell-quoted."""
     argv = ["docker", "run", "-d", "--name", create["name"], "--hostname", create["hostname"],
             "--network", create["network"]]
     for a in aliases:
         argv += ["--network-alias", a]
-    argv += ["--shm-size", format_quantity(create["shm_size"])]
+    argv += ["--shm-size", docker_bytes(create["shm_size"])]
     if "mem_limit" in create:
-        argv += ["--memory", format_quantity(create["mem_limit"])]
+        argv += ["--memory", docker_bytes(create["mem_limit"])]
     if "cpuset_cpus" in create:
         argv += ["--cpuset-cpus", create["cpuset_cpus"]]
     if "nano_cpus" in create:
