@@ -49,11 +49,13 @@ def _no_alias_dumper() -> Any:
     return PlanDumper
 
 
-def dump(data: Any, output: str) -> str:
+def dump(data: Any, output: str, *, stream: bool = True) -> str:
+    """``data`` as JSON or YAML; a list is a YAML stream of documents (manifests) unless
+    ``stream`` is False (a list that is one value, like `wmctl list -o yaml`'s rows)."""
     if output == "json":
         return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
     import yaml
 
-    if isinstance(data, list):
+    if isinstance(data, list) and stream:
         return yaml.dump_all(data, Dumper=_no_alias_dumper(), sort_keys=False, allow_unicode=False, width=1000)
     return yaml.dump(data, Dumper=_no_alias_dumper(), sort_keys=False, allow_unicode=False, width=1000)

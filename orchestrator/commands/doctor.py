@@ -26,7 +26,7 @@ from ..errors import MachineUnfit, OptionError
 @click.option("--batch-size", "batch_bytes", default="0", metavar="SIZE", show_default=True,
               help="Bytes of one batch (e.g. 64m), to size /dev/shm for workers x prefetch x batch.")
 @click.option("--shm-path", default="/dev/shm", show_default=True, hidden=True)
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def command(vendor: str | None, expect_devices: int | None, shm_min: str | None,
             num_workers: int, prefetch_factor: int, batch_bytes: str, shm_path: str, output: str) -> None:
     """Check devices, shared memory, dtype support and the vendor runtime."""

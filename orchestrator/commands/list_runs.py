@@ -1,26 +1,47 @@
-"""`wmctl list`: the runs this machine knows, reconciled with where they run."""
+"""`wmctl list`: the runs this machine knows, reconciled with where they run.
+
+``-o json`` and ``-o yaml`` print a list of rows with a fixed schema (README, "wmctl list -o
+json"): run, backend, status, attempts, step, watcher {state, pid, host, beat_age_s}, problem.
+An unknown value is null there and ``-`` in the table; never ``None``."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import click
 
 from .. import api
+from ..serialize import dump
+from .status import watcher_data
 
 COLUMNS = ("RUN", "BACKEND", "STATUS", "ATTEMPTS", "STEP", "WATCHER")
 
 
-@click.command("list", help="List runs recorded on this machine.")
-def command():
+def row(item: api.RunView) -> dict[str, Any]:
+    """One run in list's schema."""
+    rec = item.record
+    if rec is None:
+        return {"run": item.run, "backend": None, "status": "damaged", "attempts": None, "step": None,
+                "watcher": {"state": "unknown"}, "problem": item.problem}
+    last = rec.attempts[-1] if rec.attempts else None
+    return {"run": rec.run, "backend": rec.backend, "status": rec.status, "attempts": len(rec.attempts),
+            "step": None if last is None else last.last_step, "watcher": watcher_data(item), "problem": None}
 
-    rows = [COLUMNS]
-    for item in api.runs():
-        rec = item.record
-        if rec is None:
-            rows.append((item.run, "-", "damaged", "-", "-", item.problem or "-"))
-            continue
-        last = rec.attempts[-1] if rec.attempts else None
-        step = "-" if last is None or last.last_step is None else str(last.last_step)
-        rows.append((rec.run, rec.backend, rec.status, str(len(rec.attempts)), step, item.watcher))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
-    for r in rows:
+
+@click.command("list", help="List runs recorded on this machine.")
+@click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table", show_default=True)
+def command(output):
+    items = api.runs()
+    if output != "table":
+        rows = [row(item) for item in items]
+        click.echo(dump(rows, output, stream=False), nl=False)
+        return
+    table = [COLUMNS]
+    for item in items:
+        r = row(item)
+        watcher = item.problem or "-" if item.record is None else item.watcher
+        table.append(tuple("-" if v is None else str(v)
+                           for v in (r["run"], r["backend"], r["status"], r["attempts"], r["step"])) + (watcher,))
+    widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS) - 1)]
+    for r in table:
         click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False)) + "  " + r[-1])

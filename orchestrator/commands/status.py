@@ -15,11 +15,11 @@ from ..serialize import dump
 
 @click.command("status", help="Show a run's attempts, failures, last step and checkpoint.")
 @click.argument("run")
-@click.option("-o", "--output", type=click.Choice(["text", "yaml", "json"]), default="text", show_default=True)
+@click.option("-o", "--output", type=click.Choice(["table", "yaml", "json"]), default="table", show_default=True)
 def command(run, output):
     view = api.status(run)
     record = view.record
-    if output == "text":
+    if output == "table":
         click.echo(summary(record))
         click.echo(f"  watcher: {view.watcher}")
         if view.note:

@@ -90,6 +90,14 @@ def test_a_damaged_record_is_reported_by_status_and_listed_by_list(home, content
     assert ["good", "local", "failed", "0", "-", "unwatched"] in rows
     assert any(row[:3] == ["bad", "-", "damaged"] for row in rows)
     assert "None" not in out
+    for output in ("json", "yaml"):
+        code, out, _ = run_main(["list", "-o", output], capsys)
+        assert code == 0
+        import yaml
+        listed = {r["run"]: r for r in (json.loads(out) if output == "json" else yaml.safe_load(out))}
+        assert listed["good"] == {"run": "good", "backend": "local", "status": "failed", "attempts": 0, "step": None,
+                                  "watcher": {"state": "unwatched"}, "problem": None}
+        assert listed["bad"]["status"] == "damaged" and listed["bad"]["problem"] and listed["bad"]["backend"] is None
 
 
 # ---- the watcher lease ------------------------------------------------------------------------
