@@ -206,10 +206,11 @@ def job_spec(home, run, image, job, *, steps, sleep, restart=None, ckpt=None):
 
 
 def test_docker_a_script_without_the_runtime_lives_on_its_own_lines(docker_client, image, home):
-    """plain.py prints a line a second for 9 s, never a progress line; heartbeat_timeout is 4 s:
-    its own output is its heartbeat, and its lines reach the watch output."""
+    """plain.py prints a line a second for 17 s, never a progress line; heartbeat_timeout is 8 s
+    (a container's torchrun start on a loaded 2-core machine can take 4): its own output is its
+    heartbeat, and its lines reach the watch output."""
     run = "dkl-plain"
-    spec = job_spec(home, run, image, "plain.py", steps=9, sleep=1.0, restart={"heartbeat_timeout": "4s"})
+    spec = job_spec(home, run, image, "plain.py", steps=17, sleep=1.0, restart={"heartbeat_timeout": "8s"})
     w = docker_watch(spec, home)
     assert w.wait(timeout=240) == 0, w.output
     assert attempts(home, run) == [0] and h.record(home, run)["status"] == "succeeded"
