@@ -74,7 +74,7 @@ try:
 except ImportError:  # not POSIX: no advisory locks
     fcntl = None  # type: ignore[assignment]
 
-from .checkpoint_sharded import DCP_METADATA, LAYOUT, SHARDED_DIR, ShardedState, is_sharded_model, local_tensor
+from .checkpoint_sharded import DCP_METADATA, LAYOUT, SHARDED_DIR, ShardedState, is_sharded_model, local_state
 from .protocol import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN, ENV_SPEC_HASH, ENV_TEST_SLEEP_BEFORE_COMMIT
 
 STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
@@ -795,10 +795,8 @@ class CheckpointManager:
         by_device: dict[Any, list[tuple[str, Any]]] = {}
         module = _unwrap(model)
         # Sharded: each rank checks its own shards (a whole state_dict would gather them).
-        items = (module.state_dict().items() if self._sharded is None
-                 else [*module.named_parameters(), *module.named_buffers()])
+        items = module.state_dict().items() if self._sharded is None else local_state(module)
         for name, t in items:
-            t = local_tensor(t)
             if isinstance(t, torch.Tensor) and t.is_floating_point():
                 by_device.setdefault(t.device, []).append((name, torch.isfinite(t.detach()).all()))
         bad: list[str] = []

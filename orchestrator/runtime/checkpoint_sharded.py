@@ -64,6 +64,19 @@ def local_tensor(t: Any) -> Any:
     return to_local() if callable(to_local) else t
 
 
+def local_state(module: Any) -> list[tuple[str, Any]]:
+    """What a checkpoint of ``module`` holds, as this rank's local tensors: parameters (their
+    shards) and persistent buffers (a non-persistent one, such as a -inf attention mask, is
+    not saved and not checked). Never a collective, unlike a full ``state_dict()`` of FSDP1."""
+    out = [(name, local_tensor(p)) for name, p in module.named_parameters()]
+    for prefix, mod in module.named_modules():
+        skip: set[str] = getattr(mod, "_non_persistent_buffers_set", set())
+        for name, buf in mod.named_buffers(recurse=False):
+            if name not in skip and buf is not None:
+                out.append((f"{prefix}.{name}" if prefix else name, local_tensor(buf)))
+    return out
+
+
 def _hasher() -> Any:
     from orchestrator.runtime.checkpoint import _hasher as h
 
