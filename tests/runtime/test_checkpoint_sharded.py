@@ -196,3 +196,43 @@ def test_a_layout_that_does_not_fit_the_model_is_refused_with_the_fix(tmp_path: 
     got = run(tmp_path, "resume", fsdp="0")
     assert all("holds FSDP shards" in r["error"] and "fully_shard" in r["error"] for r in got), got
     assert (tmp_path / "ckpt" / step_dir_name(4) / COMMIT_MARKER).exists()   # refused, not skipped as damaged
+
+
+# A periodic async sharded save of step 2 whose commit rank 0 holds back, then the preemption
+# save of step 3 (sync, as the example does on SIGTERM): it waits for step 2's DCP write and
+# commit first (one save in flight at most), and every rank leaves it with both committed.
+PREEMPT = textwrap.dedent('''
+    import json, sys
+    import torch
+    from torch.distributed.fsdp import fully_shard
+    from orchestrator.runtime import dist
+    from orchestrator.runtime.checkpoint import CheckpointManager, is_committed
+    dist.init_from_env(backend="gloo")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    def step():
+        model(torch.randn(3, 4)).sum().backward(); opt.step(); opt.zero_grad()
+    m = CheckpointManager(sys.argv[1], async_save=True)
+    m.register(model=model, optimizer=opt)
+    step(); step()
+    two = m.save(2)
+    in_flight = m._sharded.in_flight() or m._thread is not None
+    step()
+    three = m.save(3, sync=True)
+    print(json.dumps({"rank": dist.rank(), "in_flight": in_flight, "two": is_committed(two),
+                      "three": is_committed(three), "blocking": m.last_blocking_s}), flush=True)
+    m.close()
+    dist.barrier()
+    dist.destroy()
+''')
+
+
+@pytest.mark.timeout(180)
+def test_the_preemption_save_waits_for_the_sharded_async_save_in_flight(tmp_path: Path) -> None:
+    done = run_gloo_ranks(PREEMPT, tmp_path, str(tmp_path / "ckpt"), env={"WMCTL_TEST_SLEEP_BEFORE_COMMIT": "2:3"})
+    assert all(p.returncode == 0 for p in done), [p.stderr[-3000:] for p in done]
+    results = [json.loads(p.stdout.splitlines()[-1]) for p in done]
+    assert all(r["in_flight"] and r["two"] and r["three"] and r["blocking"] > 0 for r in results), results
+    assert verify_checkpoint(tmp_path / "ckpt" / step_dir_name(2)) is None
+    assert verify_checkpoint(tmp_path / "ckpt" / step_dir_name(3)) is None
