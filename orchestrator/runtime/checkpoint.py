@@ -150,9 +150,11 @@ def file_digest(path: str | Path) -> str:
     return str(h.hexdigest())
 
 
-def verify_checkpoint(ckpt_dir: str | Path) -> str | None:
+def verify_checkpoint(ckpt_dir: str | Path, shard_digests: bool = True) -> str | None:
     """Why a checkpoint with a marker is not sound, or None when it is: every file the marker
-    lists present with its size and, for format 2 markers, its digest. Reads every file."""
+    lists present with its size and, for format 2 markers, its digest. Reads every file, except
+    with ``shard_digests=False`` the DCP shards (``dcp/...``: sizes only), which a restoring
+    job's ranks verify between them (``CheckpointManager._verify_shards``)."""
     ckpt_dir = Path(ckpt_dir)
     marker = read_marker(ckpt_dir)
     if marker is None or not isinstance(marker.get("files"), dict):
@@ -167,6 +169,8 @@ def verify_checkpoint(ckpt_dir: str | Path) -> str | None:
         if actual != size:
             return f"{name} has {actual} bytes, the marker recorded {size}"
     for name, want in sorted(digests.items()):
+        if not shard_digests and name.startswith(f"{SHARDED_DIR}/"):
+            continue
         try:
             got = file_digest(ckpt_dir / name)
         except OSError as err:
@@ -982,7 +986,10 @@ class CheckpointManager:
                         print(f"wmctl: checkpoint folder {self.root}: {w}", file=sys.stderr, flush=True)
                 return None
             ckpt = Path(decision["path"])
-            loaded, err = self._load_files(ckpt)
+            err = self._verify_shards(ckpt)
+            loaded = None
+            if err is None:
+                loaded, err = self._load_files(ckpt)
             failed = dist.all_reduce_max(1 if err else 0)
             if not failed and loaded is not None:
                 # Every rank read the same meta.json: the same verdict everywhere.
@@ -1019,6 +1026,24 @@ class CheckpointManager:
             return (meta, shared, rank_state, rank0_sampler, None), None
         except Exception as err:  # a damaged zip, a bad pickle, a missing key: any of it means damaged
             return None, _why(err)
+
+    def _verify_shards(self, ckpt: Path) -> str | None:
+        """This rank's share of the digests of ``ckpt``'s DCP shards (every world-th file), or
+        why one does not match. Rank 0 checked every size and the other files' digests; the
+        shards, the bulk of a sharded checkpoint, are read by all ranks at once."""
+        digests = (read_marker(ckpt) or {}).get("digests")
+        if not isinstance(digests, dict):
+            return None
+        names = sorted(n for n in digests if n.startswith(f"{SHARDED_DIR}/"))
+        for name in names[self.rank::self.world_size]:
+            try:
+                got = file_digest(ckpt / name)
+            except OSError as err:
+                return f"{name} cannot be read ({err})"
+            if got != digests[name]:
+                return (f"{name} content changed since it was written ({DIGEST_NAME} {got[:12]}..., expected "
+                        f"{str(digests[name])[:12]}...)")
+        return None
 
     def _load_shards(self, ckpt: Path) -> tuple[Any, str | None]:
         """All ranks: this rank's part of model and optimizer from ``ckpt``'s DCP shards, in
@@ -1063,7 +1088,7 @@ class CheckpointManager:
         for cand in candidates:
             if str(cand) in skip:
                 continue
-            reason = verify_checkpoint(cand)
+            reason = verify_checkpoint(cand, shard_digests=False)
             if reason is None:
                 return cand, True
             self._report_damaged(cand, reason)
@@ -1077,7 +1102,7 @@ class CheckpointManager:
             if path is not None:
                 if not is_committed(path):
                     raise CheckpointError(f"{path} is not a committed checkpoint (no valid {COMMIT_MARKER})")
-                bad = verify_checkpoint(path)
+                bad = verify_checkpoint(path, shard_digests=False)
                 if bad is not None:
                     raise CheckpointError(f"checkpoint {path} is damaged ({bad}); name another one, or none to "
                                           "take the newest sound checkpoint")
@@ -1122,7 +1147,7 @@ class CheckpointManager:
             if not is_committed(where) or str(where) in skip:
                 raise CheckpointError(f"{ENV_RESUME_FROM}={where} is not a committed checkpoint (no valid "
                                       f"{COMMIT_MARKER}, or a file it lists is missing, changed size or fails to load)")
-            bad = verify_checkpoint(where)
+            bad = verify_checkpoint(where, shard_digests=False)
             if bad is not None:
                 raise CheckpointError(f"{ENV_RESUME_FROM}={where} is damaged ({bad}); name a sound checkpoint")
             return where

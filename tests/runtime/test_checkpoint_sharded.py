@@ -168,8 +168,11 @@ def test_a_torn_or_changed_shard_never_counts(tmp_path: Path) -> None:
     raw[len(raw) // 2] ^= 0x08
     two.write_bytes(bytes(raw))
     assert "dcp/__0_0.distcp content changed" in (verify_checkpoint(two.parent.parent) or "")
-    got = run(tmp_path, "resume")
+    # The restoring ranks share the shards' digests out (rank 1 reads this one) and all refuse.
+    done = run_gloo_ranks(RANKS, tmp_path, str(root), "resume", "sync", "2", "-")
+    got = [json.loads(p.stdout.splitlines()[-1]) for p in done]
     assert all("error" in r and "every committed checkpoint" in r["error"] for r in got), got
+    assert "rank 1 cannot load it: dcp/__0_0.distcp content changed" in done[1].stderr
 
 
 @pytest.mark.timeout(300)
