@@ -1,7 +1,13 @@
-"""Train the example world model, one process or under torchrun (DDP), with exact resume.
+"""Train the example world model, one process or under torchrun (DDP, or FSDP2 with --fsdp),
+with exact resume.
 
     torchrun --standalone --nproc_per_node 2 examples/worldmodel/train.py \
         --batch_size 4 --gradient_accumulation_steps 8 --max_steps 300 --checkpoint-dir /tmp/ckpt
+
+--fsdp shards the model (each transformer layer, then the whole) with FSDP2 ``fully_shard``
+instead of replicating it: no rank holds it whole, and checkpoints are sharded (each rank writes
+its own shards through torch.distributed.checkpoint). A sharded checkpoint also resumes on
+fewer ranks (resharded; reported as not exact).
 
 Resumes automatically from the newest complete checkpoint in the checkpoint folder. SIGTERM
 (Kubernetes, docker stop, torchrun forwarding it) makes every rank save at the next optimizer
@@ -73,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--d-model", "--d_model", type=int, default=64)
     a("--nhead", type=int, default=4)
     a("--layers", type=int, default=2)
+    a("--fsdp", action="store_true",
+      help="shard the model with FSDP2 fully_shard instead of DDP (needs torchrun); checkpoints are sharded")
     # optimisation
     a("--batch-size", "--batch_size", type=int, default=4)
     a("--gradient-accumulation-steps", "--gradient_accumulation_steps", type=int, default=1)
@@ -142,6 +150,19 @@ def make_dtype_guard(choice: str, device_mod: Any) -> DtypeGuard:
     return DtypeGuard(preferred=preferred, device_module=device_mod)
 
 
+def shard_model(model: torch.nn.Module, distributed: bool) -> None:
+    """FSDP2: every transformer layer is its own unit (gathered only while it computes), then
+    the rest (projection, head, the frozen tower) as the root's. Every rank built the same
+    weights from the same seed; each keeps its shard."""
+    if not distributed:
+        raise SystemExit("--fsdp needs a process group: run it under torchrun with 2 or more ranks")
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.temporal.layers:   # type: ignore[union-attr]
+        fully_shard(layer)
+    fully_shard(model)
+
+
 def batch_bytes(args: argparse.Namespace) -> int:
     """Bytes of one float32 batch of clips: what each prefetched batch costs in /dev/shm."""
     return args.batch_size * args.frames * 3 * args.size * args.size * 4
@@ -174,10 +195,12 @@ def main(argv: list[str] | None = None, preempt: PreemptionHandler | None = None
     model = build_model(args.vision_tower, args.vision_tower_path, args.frames, args.d_model, args.nhead,
                         args.layers).to(device)
     seed_everything(args.seed + 7919 * rank)
+    if args.fsdp:
+        shard_model(model, distributed)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=args.lr, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda_factory(args.warmup_steps, args.max_steps))
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if distributed else model
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if distributed and not args.fsdp else model
 
     # (epoch, index) keys: the dataset seeds each sample's augmentation from them.
     sampler = ResumableDistributedSampler(len(dataset), seed=args.seed, yield_epoch=True)
@@ -270,7 +293,12 @@ def main(argv: list[str] | None = None, preempt: PreemptionHandler | None = None
                 # timer compares that synchronising backward with the no_sync ones: the excess is
                 # the communication the backward could not hide (see timing.py).
                 sync = distributed and micro == accum - 1
-                sync_ctx = ddp.no_sync() if distributed and not sync else contextlib.nullcontext()
+                if args.fsdp:
+                    # FSDP2's no_sync: keep the gradients unsharded until the last micro-batch.
+                    model.set_requires_gradient_sync(sync)
+                    sync_ctx: Any = contextlib.nullcontext()
+                else:
+                    sync_ctx = ddp.no_sync() if distributed and not sync else contextlib.nullcontext()
                 with sync_ctx:
                     with timer.forward(), guard.autocast(device.type):
                         loss = ddp(clips) / accum
@@ -333,7 +361,15 @@ def main(argv: list[str] | None = None, preempt: PreemptionHandler | None = None
         # Leave at once: once one worker exits, torchrun SIGTERMs the others, and a rank still
         # shutting down must not die of it (exit code -15 instead of 83).
         preempt.exit_now()
-    if args.dump_final and status == "completed":
+    if args.dump_final and status == "completed" and args.fsdp:
+        # Gathered whole on rank 0 (a collective: every rank takes part), optimizer state by name.
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if rank == 0:
+            torch.save({"model": msd, "optimizer": osd, "scheduler": scheduler.state_dict(), "step": step,
+                        "dtype": guard.name}, args.dump_final)
+    elif args.dump_final and status == "completed":
         # Rank 0 at PATH; the other ranks beside it, so tests can check the replicas agree.
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "step": step, "dtype": guard.name},

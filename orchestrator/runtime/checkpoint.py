@@ -10,6 +10,14 @@ Layout under the checkpoint root (one run's: the launcher scopes it to ``<checkp
         meta.json             step, epoch, samples, world size, caller's extra (JSON)
         COMMITTED             written last: temp file + fsync + rename, then fsync of the folder
 
+An FSDP model (FSDP1 or FSDP2 ``fully_shard``) has no rank holding it whole: its model and
+optimizer go to ``dcp/`` instead, each rank writing its own shards through
+torch.distributed.checkpoint (checkpoint_sharded.py), and ``shared.pt`` keeps only scheduler
+and scaler; meta.json says ``"layout": "dcp"``. Everything below applies to those files too:
+each rank reports its shards in its done file, the marker lists and digests them, and a
+torn or changed shard makes the checkpoint not count. DCP reshards on load, so a checkpoint of
+4 ranks resumes on 2 (reported as not exact, like any change of world size).
+
 The marker (format 2) is JSON: ``step``, ``world_size``, ``files`` (name -> size), and the
 identity of the writer: ``run`` (WMCTL_RUN), ``spec_hash`` (WMCTL_SPEC_HASH) and ``attempt``
 (WMCTL_ATTEMPT). Restore refuses another run's checkpoint unless it was asked for on purpose
@@ -47,6 +55,7 @@ the orchestrator calls it from outside the job. torch is imported lazily by the 
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -59,13 +68,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 try:
     import fcntl
 except ImportError:  # not POSIX: no advisory locks
     fcntl = None  # type: ignore[assignment]
 
+from .checkpoint_sharded import DCP_METADATA, LAYOUT, SHARDED_DIR, ShardedState, is_sharded_model, local_state
 from .protocol import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN, ENV_SPEC_HASH, ENV_TEST_SLEEP_BEFORE_COMMIT
 
 STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
@@ -141,9 +151,11 @@ def file_digest(path: str | Path) -> str:
     return str(h.hexdigest())
 
 
-def verify_checkpoint(ckpt_dir: str | Path) -> str | None:
+def verify_checkpoint(ckpt_dir: str | Path, shard_digests: bool = True) -> str | None:
     """Why a checkpoint with a marker is not sound, or None when it is: every file the marker
-    lists present with its size and, for format 2 markers, its digest. Reads every file."""
+    lists present with its size and, for format 2 markers, its digest. Reads every file, except
+    with ``shard_digests=False`` the DCP shards (``dcp/...``: sizes only), which a restoring
+    job's ranks verify between them (``CheckpointManager._verify_shards``)."""
     ckpt_dir = Path(ckpt_dir)
     marker = read_marker(ckpt_dir)
     if marker is None or not isinstance(marker.get("files"), dict):
@@ -158,6 +170,8 @@ def verify_checkpoint(ckpt_dir: str | Path) -> str | None:
         if actual != size:
             return f"{name} has {actual} bytes, the marker recorded {size}"
     for name, want in sorted(digests.items()):
+        if not shard_digests and name.startswith(f"{SHARDED_DIR}/"):
+            continue
         try:
             got = file_digest(ckpt_dir / name)
         except OSError as err:
@@ -358,14 +372,6 @@ def _unwrap(model: Any) -> Any:
             return model
 
 
-def _fsdp_classes() -> tuple[type, ...]:
-    fsdp = sys.modules.get("torch.distributed.fsdp")
-    if fsdp is None:
-        return ()
-    return tuple(c for c in (getattr(fsdp, "FullyShardedDataParallel", None), getattr(fsdp, "FSDPModule", None))
-                 if isinstance(c, type))
-
-
 def _to_cpu_copy(obj: Any) -> Any:
     """Deep copy with every tensor cloned to CPU: the snapshot an async writer may own."""
     torch = _torch()
@@ -556,6 +562,20 @@ def _swap_in(new: Path, final: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
+def _checkpoint_files(target: Path) -> dict[str, int]:
+    """The files a checkpoint's marker lists, name -> size: the step folder's own (not the
+    marker, ``.done`` reports or hidden temp files) and every file of its DCP shard folder
+    (named ``dcp/...``; DCP's index is ``.metadata``, a dot file that counts)."""
+    files = {e.name: e.stat().st_size for e in os.scandir(target)
+             if e.is_file() and not e.name.startswith(".") and e.name != COMMIT_MARKER
+             and not e.name.endswith(".done")}
+    shards = target / SHARDED_DIR
+    if shards.is_dir():
+        files.update({f"{SHARDED_DIR}/{e.name}": e.stat().st_size for e in os.scandir(shards)
+                      if e.is_file() and not e.name.endswith(".tmp")})
+    return files
+
+
 def _test_sleep_before_commit(step: int) -> None:
     raw = os.environ.get(ENV_TEST_SLEEP_BEFORE_COMMIT, "")
     if ":" in raw:
@@ -637,6 +657,7 @@ class CheckpointManager:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._lock: _RootLock | None = None
+        self._sharded: ShardedState | None = None     # set by register() for an FSDP model
         refusal = None
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -660,12 +681,15 @@ class CheckpointManager:
 
     def register(self, model: Any = None, optimizer: Any = None, scheduler: Any = None,
                  scaler: Any = None, sampler: Any = None, generators: dict[str, Any] | None = None) -> None:
-        fsdp = _fsdp_classes()
-        if model is not None and fsdp and any(isinstance(m, fsdp) for m in _unwrap(model).modules()):
-            # Rank 0 alone writes a full state_dict here; FSDP's is sharded (or gathered by a
-            # collective every rank must join), so saving it this way would be wrong or hang.
-            raise CheckpointError("FSDP models need sharded checkpoints (torch.distributed.checkpoint); "
-                                  "CheckpointManager saves rank 0's full replica (DDP, DataParallel, single process)")
+        if model is not None and is_sharded_model(_unwrap(model)):
+            # FSDP (1 or 2): no rank holds the whole model, so model and optimizer go through
+            # torch.distributed.checkpoint, every rank writing its own shards (checkpoint_sharded).
+            if self._sharded is not None:
+                raise CheckpointError("register() was already given an FSDP model: call it once per manager")
+            try:
+                self._sharded = ShardedState(_unwrap(model), optimizer)
+            except RuntimeError as err:
+                raise CheckpointError(str(err)) from err
         for name, obj in (("model", model), ("optimizer", optimizer), ("scheduler", scheduler),
                           ("scaler", scaler), ("sampler", sampler)):
             if obj is not None:
@@ -720,16 +744,27 @@ class CheckpointManager:
             "format": FORMAT_VERSION, "step": step, "epoch": epoch, "samples": samples,
             "world_size": self.world_size, "extra": extra or {}, "time": time.time(),
         }
+        sharded = self._sharded
+        if sharded is not None:
+            meta["layout"] = LAYOUT
+        shards_dir = target / SHARDED_DIR
         run_async = self.async_save if sync is None else not sync
         if run_async:
             rank_payload = _to_cpu_copy(rank_payload)
             shared_payload = _to_cpu_copy(shared_payload)
+            shards = None
+            if sharded is not None:
+                # Staged to host memory here (the blocking part), written by DCP's own thread;
+                # this save's writer thread waits for it before it reports its rank done.
+                sharded.start_async_save(shards_dir)
+                shards = functools.partial(sharded.wait_async, shards_dir)
             self._thread = threading.Thread(
                 target=self._write_async, name=f"wmctl-ckpt-{step}",
-                args=(target, final, step, rank_payload, shared_payload, meta, started), daemon=True)
+                args=(target, final, step, rank_payload, shared_payload, meta, started, shards), daemon=True)
             self._thread.start()
         else:
-            self._write_files(target, rank_payload, shared_payload, meta)
+            self._write_files(target, rank_payload, shared_payload, meta,
+                              functools.partial(sharded.save, shards_dir) if sharded is not None else None)
             dist.barrier()
             failure: BaseException | None = None
             if self.rank == 0:
@@ -794,6 +829,8 @@ class CheckpointManager:
         try:
             self.wait()
         finally:
+            if self._sharded is not None:
+                self._sharded.close()
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
@@ -804,7 +841,10 @@ class CheckpointManager:
             return []
         torch = _torch()
         by_device: dict[Any, list[tuple[str, Any]]] = {}
-        for name, t in _unwrap(model).state_dict().items():
+        module = _unwrap(model)
+        # Sharded: each rank checks its own shards (a whole state_dict would gather them).
+        items = module.state_dict().items() if self._sharded is None else local_state(module)
+        for name, t in items:
             if isinstance(t, torch.Tensor) and t.is_floating_point():
                 by_device.setdefault(t.device, []).append((name, torch.isfinite(t.detach()).all()))
         bad: list[str] = []
@@ -826,18 +866,23 @@ class CheckpointManager:
 
     def _shared_payload(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for name in ("model", "optimizer", "scheduler", "scaler"):
+        # An FSDP job's model and optimizer are in its DCP shards, not here.
+        names = ("scheduler", "scaler") if self._sharded is not None else ("model", "optimizer", "scheduler", "scaler")
+        for name in names:
             obj = self._objects.get(name)
             if obj is not None:
                 out[name] = (_unwrap(obj) if name == "model" else obj).state_dict()
         return out
 
     def _write_files(self, folder: Path, rank_payload: dict[str, Any], shared_payload: dict[str, Any] | None,
-                     meta: dict[str, Any]) -> None:
+                     meta: dict[str, Any], shards: Callable[[], dict[str, dict[str, Any]]] | None = None) -> None:
         """This rank's files, then its ``rank-N.done`` with their sizes and digests (rank 0's
-        commit collects them; with async saves the done file also says this rank finished)."""
+        commit collects them; with async saves the done file also says this rank finished).
+        ``shards``: for an FSDP model, writes (or waits for) this rank's DCP shards and returns
+        them the same way; a collective when it writes."""
         try:
-            written = {rank_file_name(self.rank): _save_fsync(rank_payload, folder / rank_file_name(self.rank))}
+            written = shards() if shards is not None else {}
+            written[rank_file_name(self.rank)] = _save_fsync(rank_payload, folder / rank_file_name(self.rank))
             if self.rank == 0:
                 assert shared_payload is not None
                 written[SHARED_FILE] = _save_fsync(shared_payload, folder / SHARED_FILE)
@@ -870,9 +915,10 @@ class CheckpointManager:
                                                  "checkpoint stays the resume point. "))
 
     def _write_async(self, target: Path, final: Path, step: int, rank_payload: dict[str, Any],
-                     shared_payload: dict[str, Any] | None, meta: dict[str, Any], started: float) -> None:
+                     shared_payload: dict[str, Any] | None, meta: dict[str, Any], started: float,
+                     shards: Callable[[], dict[str, dict[str, Any]]] | None = None) -> None:
         try:
-            self._write_files(target, rank_payload, shared_payload, meta)
+            self._write_files(target, rank_payload, shared_payload, meta, shards)
             if self.rank != 0:
                 return
             deadline = time.monotonic() + self.commit_timeout_s
@@ -898,6 +944,8 @@ class CheckpointManager:
         is beside an older committed copy of the step, swap it in as ``final``."""
         _test_sleep_before_commit(step)
         fsync_dir(target)
+        if (target / SHARDED_DIR).is_dir():
+            fsync_dir(target / SHARDED_DIR)
         # What each rank wrote, by its own account (the done files), checked against the folder.
         written: dict[str, dict[str, Any]] = {}
         for r in range(self.world_size):
@@ -905,14 +953,14 @@ class CheckpointManager:
                 written.update(json.loads((target / rank_done_name(r)).read_text(encoding="utf-8")))
             except (OSError, ValueError):
                 pass
-        files = {e.name: e.stat().st_size for e in os.scandir(target)
-                 if e.is_file() and not e.name.startswith(".") and e.name != COMMIT_MARKER
-                 and not e.name.endswith(".done")}
+        files = _checkpoint_files(target)
         missing = [rank_file_name(r) for r in range(self.world_size)
                    if rank_file_name(r) not in files or rank_file_name(r) not in written]
-        if missing or SHARED_FILE not in files or META_FILE not in files:
-            raise CheckpointError(f"checkpoint {target} is missing {missing or [SHARED_FILE, META_FILE]}; "
-                                  "is the checkpoint folder shared by every rank?")
+        required = [SHARED_FILE, META_FILE] + ([f"{SHARDED_DIR}/{DCP_METADATA}"] if self._sharded is not None else [])
+        missing += [name for name in required if name not in files]
+        if missing:
+            raise CheckpointError(f"checkpoint {target} is missing {missing}; is the checkpoint folder shared by "
+                                  "every rank?")
         unknown = sorted(set(files) - set(written))
         changed = sorted(n for n in files if n in written and written[n]["size"] != files[n])
         if unknown or changed:
@@ -953,7 +1001,9 @@ class CheckpointManager:
         ckpt, decision, loaded, skipped = found
         warnings: list[str] = list(decision.get("warnings") or [])
         warnings += [f"{s} was damaged: fell back to an older checkpoint" for s in skipped]
-        meta, shared, rank_state, rank0_sampler = loaded
+        meta, shared, rank_state, rank0_sampler, shards = loaded
+        if shards is not None and self._sharded is not None:
+            self._sharded.apply(shards)     # model and optimizer first: the scheduler follows them
         for name in ("model", "optimizer", "scheduler", "scaler"):
             obj = self._objects.get(name)
             if obj is not None and name in shared:
@@ -965,7 +1015,8 @@ class CheckpointManager:
         if rank_state is None:
             exact = False
             reason = f"world size changed from {saved_world} to {self.world_size}"
-            warnings.append(f"{reason}: resuming inexactly (weights, optimizer and sample position are kept; "
+            how = " (resharded by torch.distributed.checkpoint)" if shards is not None else ""
+            warnings.append(f"{reason}: resuming inexactly (weights, optimizer{how} and sample position are kept; "
                             "per-rank random state starts anew)")
             if sampler is not None and rank0_sampler is not None:
                 sampler.load_state_dict(rank0_sampler, world_size=saved_world)
@@ -1005,8 +1056,19 @@ class CheckpointManager:
                         print(f"wmctl: checkpoint folder {self.root}: {w}", file=sys.stderr, flush=True)
                 return None
             ckpt = Path(decision["path"])
-            loaded, err = self._load_files(ckpt)
-            if not dist.all_reduce_max(1 if err else 0):
+            err = self._verify_shards(ckpt)
+            loaded = None
+            if err is None:
+                loaded, err = self._load_files(ckpt)
+            failed = dist.all_reduce_max(1 if err else 0)
+            if not failed and loaded is not None:
+                # Every rank read the same meta.json: the same verdict everywhere.
+                self._check_layout(ckpt, loaded[0])
+                if self._sharded is not None:
+                    shards, err = self._load_shards(ckpt)     # collective: every rank gets here
+                    failed = dist.all_reduce_max(1 if err else 0)
+                    loaded = (*loaded[:4], shards)
+            if not failed:
                 return ckpt, decision, loaded, list(decision.get("skipped") or [])
             reason = err or "another rank could not load its files"
             if err:
@@ -1018,9 +1080,10 @@ class CheckpointManager:
                 self._report_damaged(ckpt, reason)
                 skip.append(str(ckpt))
 
-    def _load_files(self, ckpt: Path) -> tuple[tuple[dict[str, Any], dict[str, Any], Any, Any] | None, str | None]:
-        """Everything this rank needs from ``ckpt``, loaded into memory, or why it cannot be:
-        (meta, shared, own rank state or None after a world-size change, rank 0's sampler)."""
+    def _load_files(self, ckpt: Path) -> tuple[tuple[dict[str, Any], dict[str, Any], Any, Any, Any] | None, str | None]:
+        """Everything this rank needs from ``ckpt``'s own files, loaded into memory, or why it
+        cannot be: (meta, shared, own rank state or None after a world-size change, rank 0's
+        sampler, None: the DCP shards, loaded next by ``_load_shards``)."""
         try:
             meta = json.loads((ckpt / META_FILE).read_text(encoding="utf-8"))
             shared = _load(ckpt / SHARED_FILE)
@@ -1030,10 +1093,51 @@ class CheckpointManager:
             rank0_sampler = None
             if rank_state is None and self._objects.get("sampler") is not None:
                 rank0_sampler = _load(ckpt / rank_file_name(0))["sampler"]
-            return (meta, shared, rank_state, rank0_sampler), None
+            return (meta, shared, rank_state, rank0_sampler, None), None
         except Exception as err:  # a damaged zip, a bad pickle, a missing key: any of it means damaged
-            text = str(err).splitlines()[0][:200] if str(err) else ""
-            return None, f"{type(err).__name__}: {text}"
+            return None, _why(err)
+
+    def _verify_shards(self, ckpt: Path) -> str | None:
+        """This rank's share of the digests of ``ckpt``'s DCP shards (every world-th file), or
+        why one does not match. Rank 0 checked every size and the other files' digests; the
+        shards, the bulk of a sharded checkpoint, are read by all ranks at once."""
+        digests = (read_marker(ckpt) or {}).get("digests")
+        if not isinstance(digests, dict):
+            return None
+        names = sorted(n for n in digests if n.startswith(f"{SHARDED_DIR}/"))
+        for name in names[self.rank::self.world_size]:
+            try:
+                got = file_digest(ckpt / name)
+            except OSError as err:
+                return f"{name} cannot be read ({err})"
+            if got != digests[name]:
+                return (f"{name} content changed since it was written ({DIGEST_NAME} {got[:12]}..., expected "
+                        f"{str(digests[name])[:12]}...)")
+        return None
+
+    def _load_shards(self, ckpt: Path) -> tuple[Any, str | None]:
+        """All ranks: this rank's part of model and optimizer from ``ckpt``'s DCP shards, in
+        host memory (nothing applied yet), or why not. DCP reshards across world sizes."""
+        assert self._sharded is not None
+        try:
+            return self._sharded.load(ckpt / SHARDED_DIR), None
+        except Exception as err:  # DCP raises the failure of any rank on every rank
+            return None, _why(err)
+
+    def _check_layout(self, ckpt: Path, meta: dict[str, Any]) -> None:
+        """Refuse (every rank alike) a checkpoint whose layout does not fit the model: FSDP
+        shards for an unsharded model, or a full model for an FSDP one."""
+        sharded_ckpt = meta.get("layout") == LAYOUT
+        if sharded_ckpt and self._sharded is None and "model" in self._objects:
+            raise CheckpointError(
+                f"checkpoint {ckpt} holds FSDP shards (meta.json layout {LAYOUT!r}) but the model given to "
+                "register() is not sharded: wrap it with fully_shard (or FSDP) as when it was saved, or "
+                "convert the checkpoint with torch.distributed.checkpoint.format_utils.dcp_to_torch_save")
+        if not sharded_ckpt and self._sharded is not None:
+            raise CheckpointError(
+                f"checkpoint {ckpt} holds a full model (saved without FSDP) but the model given to register() "
+                "is FSDP-sharded: resume it without FSDP, or start this run from another checkpoint "
+                f"(--resume-from / {ENV_RESUME_FROM}) or from scratch in a new checkpoint folder")
 
     def _report_damaged(self, ckpt: Path, reason: str) -> None:
         """Loudly: never resume past a damaged checkpoint without a word."""
@@ -1054,7 +1158,7 @@ class CheckpointManager:
         for cand in candidates:
             if str(cand) in skip:
                 continue
-            reason = verify_checkpoint(cand)
+            reason = verify_checkpoint(cand, shard_digests=False)
             if reason is None:
                 return cand, True
             self._report_damaged(cand, reason)
@@ -1068,7 +1172,7 @@ class CheckpointManager:
             if path is not None:
                 if not is_committed(path):
                     raise CheckpointError(f"{path} is not a committed checkpoint (no valid {COMMIT_MARKER})")
-                bad = verify_checkpoint(path)
+                bad = verify_checkpoint(path, shard_digests=False)
                 if bad is not None:
                     raise CheckpointError(f"checkpoint {path} is damaged ({bad}); name another one, or none to "
                                           "take the newest sound checkpoint")
@@ -1113,7 +1217,7 @@ class CheckpointManager:
             if not is_committed(where) or str(where) in skip:
                 raise CheckpointError(f"{ENV_RESUME_FROM}={where} is not a committed checkpoint (no valid "
                                       f"{COMMIT_MARKER}, or a file it lists is missing, changed size or fails to load)")
-            bad = verify_checkpoint(where)
+            bad = verify_checkpoint(where, shard_digests=False)
             if bad is not None:
                 raise CheckpointError(f"{ENV_RESUME_FROM}={where} is damaged ({bad}); name a sound checkpoint")
             return where
@@ -1144,6 +1248,11 @@ class CheckpointManager:
                             f"{self.spec_hash}): resuming anyway; check that model and optimizer settings still "
                             "match what it was trained with")
         return warnings
+
+
+def _why(err: BaseException) -> str:
+    text = str(err).splitlines()[0][:200] if str(err) else ""
+    return f"{type(err).__name__}: {text}"
 
 
 def _same_place(a: Path, b: Path) -> bool:

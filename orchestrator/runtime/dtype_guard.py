@@ -136,6 +136,11 @@ class DtypeGuard:
 
 # ---------------------------------------------------------------- before optimizer.step()
 
+def _local(t):
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
 def grads_finite(parameters) -> bool:
     """True when every gradient of ``parameters`` is finite (parameters without one are skipped).
 
@@ -143,7 +148,9 @@ def grads_finite(parameters) -> bool:
     """
     import torch
 
-    grads = [p.grad.detach() for p in parameters if getattr(p, "grad", None) is not None]
+    # A DTensor gradient (FSDP2) is checked by its local shard: every rank checks its own and the
+    # caller's all-reduce (agree_step_finite) combines them; the whole one would be a collective.
+    grads = [_local(p.grad.detach()) for p in parameters if getattr(p, "grad", None) is not None]
     if not grads:
         return True
     foreach_norm = getattr(torch, "_foreach_norm", None)

@@ -1,6 +1,23 @@
 """The contract between the orchestrator (outside the job) and the runtime (inside it).
 
 Standard library only: both sides import this module.
+
+Jobs that checkpoint themselves (Megatron, DeepSpeed, Lightning, plain ``torch.save``) need none
+of the runtime to be resumed: the supervisor relaunches the job, the job resumes from its own
+checkpoints, and it reports them with progress lines it prints itself, one JSON object after
+``WMCTL-PROGRESS `` on stdout (any rank; every node's output is read):
+
+    WMCTL-PROGRESS {"event": "checkpoint", "step": 1200}   once checkpoint 1200 is durable
+    WMCTL-PROGRESS {"event": "resume", "step": 1200}       once the job resumed from it
+    WMCTL-PROGRESS {"event": "step", "step": 1210}         a heartbeat, often enough
+
+From these the supervisor reports the newest checkpoint of each attempt and applies its
+no-progress rule (an attempt that resumed from N and committed nothing newer is not retried
+again). After a job's first progress line only progress lines count as its heartbeat, so a job
+that prints them prints ``step`` lines more often than ``restart.heartbeat_timeout``. A
+progress line, not a ``latest`` file: the supervisor cannot always read the checkpoint folder
+(a volume inside the cluster), but it always reads the job's output.
+tests/integration/jobs/selfsave.py is such a job.
 """
 
 from __future__ import annotations

@@ -70,6 +70,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator", 2),                 # the package itself (__version__)
     # inside the job: imports only itself, torch and the standard library
     ("orchestrator.runtime", 1),
+    ("orchestrator.runtime.checkpoint_sharded", 1),   # FSDP model + optimizer through torch.distributed.checkpoint
 ]
 
 

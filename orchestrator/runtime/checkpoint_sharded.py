@@ -1,0 +1,262 @@
+"""The sharded half of a checkpoint: model and optimizer of an FSDP job through
+``torch.distributed.checkpoint`` (DCP), each rank writing only its own shards.
+
+``CheckpointManager`` (checkpoint.py) owns everything else: the step folder, the rank files
+(RNG, generators, sampler), ``shared.pt`` (scheduler, scaler), the commit marker and its
+digests, fencing and the lock. For an FSDP model it hands model and optimizer to a
+``ShardedState``, which writes them into the ``dcp/`` subfolder of the step folder::
+
+    step-00000120/
+        dcp/.metadata          DCP's index of every shard, written by rank 0
+        dcp/__0_0.distcp       rank 0's shards of model and optimizer
+        dcp/__1_0.distcp       rank 1's ...
+        shared.pt              scheduler, scaler (no model, no optimizer)
+        rank-00000.pt ...      as for any checkpoint
+        COMMITTED              the same format-2 marker: it lists (and digests) the dcp/ files too
+
+Each rank reports the DCP files it wrote, with their sizes and blake2b digests, in its
+``rank-N.done`` file like its other files; rank 0's commit then lists them in the marker, so a
+shard that is missing, torn or changed makes the checkpoint not count exactly as a damaged
+``shared.pt`` would.
+
+Collectives: DCP plans a save and writes its index with collectives. They run on a process
+group of their own (gloo), created in ``register``: an async save runs them from a background
+thread, and on the training group they could interleave with the training loop's collectives.
+
+Loading goes through DCP too, so a checkpoint written by 4 ranks loads into 2 (DCP reshards);
+the manager reports such a resume as not exact.
+
+Standard library and torch only; torch.distributed.checkpoint is imported when first needed.
+"""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+SHARDED_DIR = "dcp"                 # the step folder's subfolder DCP writes
+DCP_METADATA = ".metadata"          # DCP's index, written by the coordinating rank (0)
+LAYOUT = "dcp"                      # meta.json "layout" of a sharded checkpoint
+
+
+def fsdp_classes() -> tuple[type, ...]:
+    """FSDP1's wrapper and FSDP2's module class, where torch.distributed.fsdp is loaded (a
+    model cannot be sharded without it: nothing to import for a job that does not shard)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    if fsdp is None:
+        return ()
+    return tuple(c for c in (getattr(fsdp, "FullyShardedDataParallel", None), getattr(fsdp, "FSDPModule", None))
+                 if isinstance(c, type))
+
+
+def is_sharded_model(model: Any) -> bool:
+    """Whether any module of ``model`` is FSDP-sharded (FSDP1 wrapper or FSDP2 ``fully_shard``)."""
+    classes = fsdp_classes()
+    return bool(classes) and any(isinstance(m, classes) for m in model.modules())
+
+
+def local_tensor(t: Any) -> Any:
+    """A DTensor's local shard (FSDP2 parameters and gradients), or the tensor itself. Reading
+    a DTensor whole would gather it across ranks."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def local_state(module: Any) -> list[tuple[str, Any]]:
+    """What a checkpoint of ``module`` holds, as this rank's local tensors: parameters (their
+    shards) and persistent buffers (a non-persistent one, such as a -inf attention mask, is
+    not saved and not checked). Never a collective, unlike a full ``state_dict()`` of FSDP1."""
+    out = [(name, local_tensor(p)) for name, p in module.named_parameters()]
+    for prefix, mod in module.named_modules():
+        skip: set[str] = getattr(mod, "_non_persistent_buffers_set", set())
+        for name, buf in mod.named_buffers(recurse=False):
+            if name not in skip and buf is not None:
+                out.append((f"{prefix}.{name}" if prefix else name, local_tensor(buf)))
+    return out
+
+
+def _hasher() -> Any:
+    from orchestrator.runtime.checkpoint import _hasher as h
+
+    return h()
+
+
+class ShardedState:
+    """Model and optimizer of one FSDP job, saved and loaded through DCP.
+
+    Every method except ``in_flight`` and ``close`` is collective: every rank calls it at the same point.
+    """
+
+    def __init__(self, model: Any, optimizer: Any = None, *, pinned: bool | None = None) -> None:
+        import torch.distributed as tdist
+
+        if not (tdist.is_available() and tdist.is_initialized()):
+            raise RuntimeError("an FSDP model needs the process group initialised before CheckpointManager.register "
+                               "(call orchestrator.runtime.dist.init_from_env() first)")
+        self.model = model
+        self.optimizer = optimizer
+        # Its own gloo group: DCP's collectives of an async save run in a background thread.
+        self.group = tdist.new_group(backend="gloo")
+        if pinned is None:
+            import torch
+
+            pinned = bool(torch.accelerator.is_available()) if hasattr(torch, "accelerator") else False
+        self.pinned = pinned
+        self._stager: Any = None
+        self._future: Future[Any] | None = None
+        self._writer: Any = None
+
+    # ------------------------------------------------------------ state dicts
+
+    def _state_dicts(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        if self.optimizer is None:
+            return {"model": get_model_state_dict(self.model)}
+        msd, osd = get_state_dict(self.model, self.optimizer)
+        return {"model": msd, "optimizer": osd}
+
+    def _writer_for(self, folder: Path) -> Any:
+        # sync_files: every shard fsynced before its rank says it is done. overwrite=False: a
+        # step folder is always new (re-saves go to a fresh temp folder).
+        return _RecordingWriter(str(folder), sync_files=True, overwrite=False)
+
+    # ------------------------------------------------------------ save
+
+    def save(self, folder: Path) -> dict[str, dict[str, Any]]:
+        """Write this rank's shards (collective, blocking); its files with sizes and digests,
+        named relative to the step folder (``dcp/...``)."""
+        import torch.distributed.checkpoint as dcp
+
+        writer = self._writer_for(folder)
+        dcp.save(self._state_dicts(), storage_writer=writer, process_group=self.group)
+        return writer.written_files()
+
+    def start_async_save(self, folder: Path) -> None:
+        """Stage the state to host memory (the part the training loop waits for) and write it in
+        DCP's background thread. At most one in flight: the caller waits for the last first."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._future is not None:
+            raise RuntimeError("a sharded async save is still in flight: wait_async() first")
+        if self._stager is None:
+            # Pinned host memory where a device exists (faster device->host copies), kept
+            # between saves; staging itself is synchronous so the training loop may change the
+            # weights as soon as this returns.
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=self.pinned, use_shared_memory=False,
+                                                        use_async_staging=False, use_non_blocking_copy=False))
+        self._writer = self._writer_for(folder)
+        result: Any = dcp.async_save(self._state_dicts(), storage_writer=self._writer, process_group=self.group,
+                                     async_stager=self._stager)
+        # A Future, or (with a stager that stages in the background) a response holding one.
+        self._future = getattr(result, "upload_completion", result)
+
+    def wait_async(self, folder: Path) -> dict[str, dict[str, Any]]:
+        """Block until the async save started by ``start_async_save`` is written (its DCP index
+        too, on rank 0); this rank's files as ``save`` returns them. Raises its error."""
+        future, writer = self._future, self._writer
+        self._future, self._writer = None, None
+        if future is None or writer is None:
+            raise RuntimeError("no sharded async save in flight")
+        future.result()
+        return writer.written_files()
+
+    def in_flight(self) -> bool:
+        return self._future is not None
+
+    def close(self) -> None:
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
+    # ------------------------------------------------------------ load
+
+    def load(self, folder: Path) -> dict[str, Any]:
+        """Read the shards this rank needs (collective) into host copies of the state dicts,
+        leaving model and optimizer untouched; ``apply`` puts them in. DCP reshards when the
+        checkpoint was written by another number of ranks."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import FileSystemReader
+
+        target = _host_copy(self._state_dicts())
+        dcp.load(target, storage_reader=FileSystemReader(str(folder)), process_group=self.group)
+        return target
+
+    def apply(self, loaded: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+        if self.optimizer is None:
+            set_model_state_dict(self.model, loaded["model"])
+        else:
+            set_state_dict(self.model, self.optimizer, model_state_dict=loaded["model"],
+                           optim_state_dict=loaded["optimizer"])
+
+
+def _host_copy(obj: Any) -> Any:
+    """The state dict's structure with every tensor (DTensor: its local shard) copied to host
+    memory: what DCP loads into, so a failed load leaves the live objects as they were."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _host_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_host_copy(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_host_copy(v) for v in obj)
+    return obj
+
+
+def _recording_writer_class() -> type:
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class RecordingWriter(FileSystemWriter):
+        """DCP's file writer, remembering which files this rank's ``write_data`` wrote."""
+
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            fut = super().write_data(plan, planner)
+            self._wmctl_results = fut
+            return fut
+
+        def finish(self, metadata: Any, results: Any) -> None:
+            super().finish(metadata, results)
+            self._wmctl_wrote_metadata = True
+
+        def written_files(self) -> dict[str, dict[str, Any]]:
+            """This rank's files (shards; rank 0: the index too), with size and digest, named
+            as the marker lists them (``dcp/NAME``: relative to the step folder). Read back
+            once written and fsynced: the digest is of what is on disk."""
+            base = Path(str(self.path))
+            names: set[str] = set()
+            fut = getattr(self, "_wmctl_results", None)
+            for result in (fut.value() if fut is not None else []):
+                names.add(result.storage_data.relative_path)
+            if getattr(self, "_wmctl_wrote_metadata", False):
+                names.add(DCP_METADATA)
+            return {f"{base.name}/{name}": _digest_file(base / name) for name in sorted(names)}
+
+    return RecordingWriter
+
+
+class _LazyWriter:
+    cls: type | None = None
+
+
+def _RecordingWriter(*args: Any, **kwargs: Any) -> Any:  # noqa: N802  (a class, built on first use)
+    if _LazyWriter.cls is None:
+        _LazyWriter.cls = _recording_writer_class()
+    return _LazyWriter.cls(*args, **kwargs)
+
+
+def _digest_file(path: Path) -> dict[str, Any]:
+    h = _hasher()
+    size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(8 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return {"size": size, "digest": h.hexdigest()}
