@@ -343,20 +343,50 @@ def test_two_runs_of_one_name_in_two_homes_never_touch_each_other(tmp_path):
     h.wait_until(lambda: not h.leftover_processes("worldmodel"), 60, "home B's processes to go")
 
 
-def test_a_start_that_fails_ends_the_run_failed_with_its_reason(home):
+def test_a_missing_context_is_refused_before_anything_is_recorded(home):
     import yaml
-    run = "no-start"
+    run = "no-context"
     spec = h.write_spec(home, run, nodes=1)
     data = yaml.safe_load(spec.read_text())
     data["image"]["context"] = str(home / "missing-dir")
     spec.write_text(yaml.safe_dump(data))
     sub = wmctl(home, "submit", str(spec), "--auto-resume")
-    assert sub.returncode != 0 and "Traceback" not in sub.stderr and "missing-dir" in sub.stderr
+    assert sub.returncode == 2 and "Traceback" not in sub.stderr
+    assert "image.context" in sub.stderr and "missing-dir" in sub.stderr
+    assert not h.run_folder(home, run).exists()
+
+
+def test_a_start_that_fails_ends_the_run_failed_with_its_reason(home):
+    """The context passed the dry run's check, then vanished before the nodes started (the
+    watcher is held at submitting while the test removes it): the start fails, and the run ends
+    failed with why, instead of staying `running` with a watch that waits forever."""
+    import shutil
+
+    import yaml
+    run = "no-start"
+    context = home / "missing-dir"
+    shutil.copytree(h.JOBS, context)
+    spec = h.write_spec(home, run, nodes=1)
+    data = yaml.safe_load(spec.read_text())
+    data["image"]["context"] = str(context)
+    spec.write_text(yaml.safe_dump(data))
+    os.environ["WMCTL_TEST_PAUSE_AT"] = "submitting"
+    try:
+        w = h.Watch(spec, home)
+    finally:
+        del os.environ["WMCTL_TEST_PAUSE_AT"]
+    marker = pause_marker(home, run, "submitting")
+    h.wait_until(marker.exists, 120, "the watcher to reach submitting")
+    shutil.rmtree(context)
+    marker.unlink()
+    code = w.wait(timeout=120)
+    assert code != 0 and "Traceback" not in w.output and "missing-dir" in w.output, w.output
     rec = h.record(home, run)
     assert rec["status"] == "failed" and rec["attempts"][0]["outcome"] == "not_submitted"
     assert "missing-dir" in rec["attempts"][0]["evidence"]
     watch = wmctl(home, "watch", run, timeout=30)
     assert watch.returncode == 7, watch.stdout + watch.stderr
+    shutil.copytree(h.JOBS, context)          # fixed: the name is still the failed run's
     again = wmctl(home, "submit", str(spec))
     assert again.returncode == 4 and "--replace" in again.stderr and "has not ended" not in again.stderr
 
