@@ -441,6 +441,26 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.1f} MiB"
 
 
+def enospc_in(exc: BaseException) -> OSError | None:
+    """The ENOSPC behind ``exc``, if any: itself, its cause or context, or one of the per-rank
+    failures a DCP ``CheckpointException`` carries (it words them as its own)."""
+    stack: list[Any] = [exc]
+    seen: set[int] = set()
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return e
+        if isinstance(e, BaseException):
+            stack += [e.__cause__, e.__context__]
+            failures = getattr(e, "failures", None)
+            if isinstance(failures, dict):
+                stack += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+    return None
+
+
 def _no_space_message(path: Path, where: Path, needed: int | None, who: str, done: str = "") -> str:
     """ENOSPC in the words the supervisor's storage_full reads: the path right after the errno
     text, then how much was needed and how much is free, and the fix."""
@@ -889,17 +909,21 @@ class CheckpointManager:
                 written[META_FILE] = _write_bytes_fsync(json.dumps(meta, sort_keys=True).encode(),
                                                         folder / META_FILE)
             write_atomic(folder / rank_done_name(self.rank), json.dumps(written, sort_keys=True).encode())
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
+        except BaseException as exc:  # OSError from our writes; DCP's CheckpointException is a BaseException
+            full = enospc_in(exc)
+            if full is None:
                 raise
-            raise self._disk_full(folder, exc, _payload_bytes(rank_payload) + _payload_bytes(shared_payload)) from exc
+            raise self._disk_full(folder, full, _payload_bytes(rank_payload) + _payload_bytes(shared_payload)) from exc
 
     def _disk_full(self, folder: Path, exc: OSError, needed: int) -> CheckpointError:
         """ENOSPC while writing: remove what this rank wrote into the torn folder (a half-written
         checkpoint is never resumed, but it would hold the space and fail every later save too),
         and say where, how much this rank needed and how much is free."""
-        for name in (rank_file_name(self.rank), rank_done_name(self.rank),
-                     *((SHARED_FILE, META_FILE) if self.rank == 0 else ())):
+        names = [rank_file_name(self.rank), rank_done_name(self.rank),
+                 *((SHARED_FILE, META_FILE, f"{SHARDED_DIR}/{DCP_METADATA}") if self.rank == 0 else ())]
+        # DCP's file writer names this rank's shard files __<rank>_<n>.distcp.
+        names += [f"{SHARDED_DIR}/{p.name}" for p in (folder / SHARDED_DIR).glob(f"__{self.rank}_*.distcp")]
+        for name in names:
             try:
                 (folder / name).unlink()
             except FileNotFoundError:

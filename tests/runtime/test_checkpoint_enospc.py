@@ -69,3 +69,26 @@ def test_a_full_disk_is_explained_cleaned_up_and_survivable(small_disk: Path) ->
     filler.unlink()
     mgr.save(2)
     assert latest_complete(root).step == 2
+
+
+def test_a_full_disk_behind_dcps_own_exception_is_found() -> None:
+    """DCP reports a failed shard write as a CheckpointException (a BaseException) holding each
+    rank's error: the ENOSPC inside is what the save reports, not DCP's wording."""
+    import errno
+    import traceback
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from orchestrator.runtime.checkpoint import enospc_in
+
+    full = OSError(errno.ENOSPC, "No space left on device", "/ckpt/step-00000008/dcp/__1_0.distcp")
+    wrapped = CheckpointException("save failed", {1: (full, traceback.StackSummary())})
+    assert enospc_in(wrapped) is full
+    try:
+        try:
+            raise full
+        except OSError as inner:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos") from inner
+    except RuntimeError as outer:
+        assert enospc_in(outer) is full
+    assert enospc_in(CheckpointException("other", {0: (ValueError("x"), traceback.StackSummary())})) is None
