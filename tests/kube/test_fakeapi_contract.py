@@ -329,3 +329,78 @@ def test_sim_scheduler_respects_node_affinity_and_resources(fake_api):
     big_pod = core.read_namespaced_pod("big", "default")
     assert big_pod.spec.node_name is None
     assert next(x for x in big_pod.status.conditions if x.type == "PodScheduled").reason == "Unschedulable"
+
+
+def test_sim_rbac_edit_role_is_refused_nodes_like_kube_apiserver(fake_api):
+    """Simulation of RBAC (fakeapi/rbac.py): a user with the built-in `edit` role bound in one
+    namespace works there, is refused Nodes (cluster-scoped: edit/admin grant none) and other
+    namespaces with kube-apiserver's 403 Status; no token is system:anonymous (403), an unknown
+    token is 401."""
+    alice = fake_api.as_user("alice-token", role="edit", namespace="team")
+    core, batch = client.CoreV1Api(alice), client.BatchV1Api(alice)
+    svc, job = attempt_manifests("r", 0, namespace="team")
+    batch.create_namespaced_job("team", job)
+    assert [p.metadata.name for p in core.list_namespaced_pod("team").items] == []
+    batch.patch_namespaced_job("r-a0", "team", {"metadata": {"annotations": {"x": "y"}}})
+    with pytest.raises(ApiException) as err:
+        core.list_node()
+    body = _status(err.value)
+    assert (err.value.status, body["reason"], body["details"]["kind"]) == (403, "Forbidden", "nodes")
+    assert body["message"] == ('nodes is forbidden: User "alice-token" cannot list resource "nodes" '
+                               'in API group "" at the cluster scope')
+    with pytest.raises(ApiException) as err:
+        batch.delete_namespaced_job("r-a0", "other")
+    assert _status(err.value)["message"] == (
+        'jobs.batch "r-a0" is forbidden: User "alice-token" cannot delete resource "jobs" in API group '
+        '"batch" in the namespace "other"')
+    view = fake_api.as_user("viewer-token", role="view", namespace="team")
+    with pytest.raises(ApiException) as err:
+        client.BatchV1Api(view).delete_namespaced_job("r-a0", "team")
+    assert err.value.status == 403
+    assert client.CoreV1Api(view).list_namespaced_pod("team").items == []
+    from .conftest import make_client
+    with pytest.raises(ApiException) as err:
+        client.CoreV1Api(make_client(fake_api.server.url)).list_namespaced_pod("team")
+    assert err.value.status == 403 and 'User "system:anonymous"' in _status(err.value)["message"]
+    with pytest.raises(ApiException) as err:
+        client.CoreV1Api(make_client(fake_api.server.url, "stolen")).list_namespaced_pod("team")
+    assert err.value.status == 401
+
+
+def test_sim_rbac_runs_before_routing_so_an_absent_crd_is_403_not_404(fake_api):
+    """Simulation: without Volcano installed, a user not allowed podgroups gets 403 (the
+    authorisation filter runs before the mux: requestinfo.go resolves the resource from the path
+    alone); a user allowed everything gets the mux's 404; with the CRD installed, 200."""
+    custom = lambda c: client.CustomObjectsApi(c)  # noqa: E731
+    alice = fake_api.as_user("alice-token", role="admin", namespace="team")
+    root = fake_api.as_user("root-token", role="cluster-admin")
+    for who, code in ((alice, 403), (root, 404)):
+        with pytest.raises(ApiException) as err:
+            custom(who).delete_namespaced_custom_object("scheduling.volcano.sh", "v1beta1", "team",
+                                                        "podgroups", "r-a0")
+        assert err.value.status == code
+    fake_api.api.crds.add("podgroups.scheduling.volcano.sh")
+    assert custom(root).list_namespaced_custom_object("scheduling.volcano.sh", "v1beta1", "team",
+                                                      "podgroups")["items"] == []
+
+
+@pytest.mark.parametrize("how", ["machine dies", "kubelet reports NotReady"])
+def test_sim_node_lifecycle_marks_pods_not_ready(fake_api, how):
+    """Simulation of MarkPodsNotReady: once a node is Ready=Unknown (its kubelet went silent past
+    the grace period) or Ready=False (reported by a live kubelet), the node lifecycle controller's
+    next pass flips its pods' Ready condition to False, with no reason; ContainersReady stays
+    True (only the kubelet changes that)."""
+    core = client.CoreV1Api(fake_api.client)
+    c = fake_api.cluster
+    c.default_script.run_seconds = None
+    core.create_namespaced_pod("default", _pod("p", node="node-a"))
+    assert c.run_until(lambda: core.read_namespaced_pod("p", "default").status.phase == "Running")
+    if how == "machine dies":
+        c.kill_node("node-a")
+    else:
+        c.set_node_ready("node-a", False)
+
+    def conds():
+        return {x.type: x for x in core.read_namespaced_pod("p", "default").status.conditions}
+    assert c.run_until(lambda: conds()["Ready"].status == "False")
+    assert conds()["Ready"].reason is None and conds()["ContainersReady"].status == "True"

@@ -24,6 +24,7 @@ class Resource:
     plural: str
     kind: str
     namespaced: bool = True
+    crd: bool = False          # served only once its CustomResourceDefinition is installed
 
     @property
     def api_version(self) -> str:
@@ -39,7 +40,7 @@ RESOURCES: dict[tuple[str, str], Resource] = {
         Resource("v1", "nodes", "Node", namespaced=False),
         Resource("v1", "namespaces", "Namespace", namespaced=False),
         Resource("batch/v1", "jobs", "Job"),
-        Resource("scheduling.volcano.sh/v1beta1", "podgroups", "PodGroup"),
+        Resource("scheduling.volcano.sh/v1beta1", "podgroups", "PodGroup", crd=True),
     ]
 }
 
@@ -114,6 +115,9 @@ class Api:
     logs: dict[tuple[str, str, str], list[str]] = field(default_factory=dict)
     requests: list[Obj] = field(default_factory=list)
     requests_lock: threading.Lock = field(default_factory=threading.Lock)
+    # installed CustomResourceDefinitions, by name (<plural>.<group>): a cluster without Volcano
+    # serves no podgroups (the apiextensions-apiserver registers a CRD's paths when it is created)
+    crds: set[str] = field(default_factory=set)
 
     # --- admission and defaulting ------------------------------------------------
     def _admit(self, res: Resource, obj: Obj) -> None:

@@ -30,6 +30,7 @@ OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 class Timings:
     scale: float = 0.01                     # real seconds per Kubernetes second
     node_monitor_grace_period: float = 40.0  # Kubernetes seconds (50 from 1.32)
+    node_monitor_period: float = 5.0         # how often the node lifecycle controller looks
     image_pull_backoff_after: float = 10.0   # ErrImagePull -> ImagePullBackOff
 
     def real(self, k8s_seconds: float) -> float:
@@ -181,6 +182,7 @@ class Cluster:
         self.default_script = PodScript()
         self._scripts: list[tuple[Callable[[Obj], bool], PodScript]] = []
         self._job_pods: dict[str, dict[str, bool]] = {}   # job uid -> pod uid -> counted failed
+        self._marked_not_ready: set[str] = set()          # nodes whose pods MarkPodsNotReady flipped
         self.timeline: list[tuple[float, str, str]] = []   # (time.time(), what, detail)
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
@@ -635,30 +637,51 @@ class Cluster:
 
     # --- node lifecycle controller --------------------------------------------------------------
     def _node_lifecycle(self) -> None:
+        """pkg/controller/nodelifecycle/node_lifecycle_controller.go monitorNodeHealth: a node
+        whose kubelet stopped posting for node-monitor-grace-period goes Ready=Unknown; on a
+        node that is not Ready (Unknown, or False as a live kubelet reported), the next pass
+        (every node-monitor-period) marks its pods not ready (MarkPodsNotReady)."""
         now = time.monotonic()
         grace = self.timings.real(self.timings.node_monitor_grace_period)
         for name, st in list(self.nodes.items()):
             if st.alive:
                 st.last_heartbeat = now
-                continue
             try:
                 node = self.store.get("nodes", None, name)
             except ApiError:
                 continue
             ready = next((c for c in node["status"].get("conditions") or [] if c["type"] == "Ready"), {})
-            if ready.get("status") != "Unknown" and now - st.last_heartbeat > grace:
+            if not st.alive and ready.get("status") != "Unknown" and now - st.last_heartbeat > grace:
                 self._update_node_ready(name, "Unknown", "NodeStatusUnknown",
                                         "Kubelet stopped posting node status.")
                 self.note("node_unknown", name)
-                # MarkPodsNotReady
-                pods, _ = self.store.list("pods", None, lambda p: p["spec"].get("nodeName") == name)
-                for p in pods:
-                    if _is_terminal(p):
-                        continue
-                    self.store.update("pods", p["metadata"]["namespace"], p["metadata"]["name"],
-                                      lambda o: o["status"].__setitem__("conditions", _set_condition(
-                                          o["status"].get("conditions") or [],
-                                          {"type": "Ready", "status": "False"})))
+                ready = {"status": "Unknown"}
+            since = st.taint_times.get(UNREACHABLE if ready.get("status") == "Unknown" else NOT_READY)
+            if ready.get("status") in ("Unknown", "False") and since is not None \
+                    and now - since >= self.timings.real(self.timings.node_monitor_period) \
+                    and name not in self._marked_not_ready:
+                self._mark_pods_not_ready(name)
+            elif ready.get("status") == "True":
+                self._marked_not_ready.discard(name)
+
+    def _mark_pods_not_ready(self, name: str) -> None:
+        """pkg/controller/util/node/controller_utils.go MarkPodsNotReady: only an existing Ready
+        condition flips to False (UpdateStatus), its reason untouched; nothing else changes."""
+        self._marked_not_ready.add(name)
+        pods, _ = self.store.list("pods", None, lambda p: p["spec"].get("nodeName") == name)
+        for p in pods:
+            if _is_terminal(p) or not any(c.get("type") == "Ready" for c in p["status"].get("conditions") or []):
+                continue
+
+            def flip(o: Obj) -> None:
+                conds = []
+                for c in o["status"].get("conditions") or []:
+                    if c.get("type") == "Ready" and c.get("status") != "False":
+                        c = {**c, "status": "False", "lastTransitionTime": now_rfc3339()}
+                    conds.append(c)
+                o["status"]["conditions"] = conds
+            self._try(lambda p=p: self.store.update("pods", p["metadata"]["namespace"], p["metadata"]["name"], flip))
+        self.note("pods_marked_not_ready", name)
 
     # --- taint manager -------------------------------------------------------------------------
     def _taint_manager(self) -> None:
