@@ -153,6 +153,8 @@ class Supervisor:
             teardown_started = self.clock()
             self.backend.cancel(ref)
             rec.timings["teardown_s"] = round(self.clock() - teardown_started, 3)
+            for note in self.backend.teardown_notes(ref):
+                self.echo(f"attempt {rec.attempt} teardown went on without a step: {note}")
             pause_point(self.spec.name, TEARDOWN)
             rec.timings["detect_s"] = round(max(0.0, teardown_started - failure.time), 3)
             # A backend on one host (local, Docker) retries in place: "elsewhere" would be a promise it cannot keep.

@@ -212,6 +212,11 @@ class Backend(ABC, Generic[R]):
         Docker cannot change a container's labels after creation, and local processes carry none:
         there the run store alone holds it. Best effort."""
 
+    def teardown_notes(self, ref: AttemptRef) -> list[str]:
+        """What the last ``cancel`` of ``ref`` could not do and went on without (a step the
+        user's permissions forbid), one line each. Default: nothing."""
+        return []
+
     def release(self, ref: AttemptRef) -> None:
         """The attempt ended well: free what still holds its name (finished containers) while
         keeping its logs readable. Idempotent."""

@@ -91,3 +91,33 @@ def test_node_statuses_newest_pod_per_index():
     out = node_statuses([old, new, lost], 3, lost={"c"})
     assert [(n.node, n.phase, n.host) for n in out] == [
         (0, base.RUNNING, "n1"), (1, base.LOST, "n2"), (2, base.PENDING, None)]
+
+
+def test_loss_without_node_access_is_read_from_the_pod():
+    """Without Nodes (403), the pod's own evidence: the node lifecycle controller's Ready=False
+    (no reason, ContainersReady still True), DisruptionTarget from the taint manager or pod GC,
+    or a deletion unconfirmed well past its grace period. A kubelet's own NotReady (with a
+    reason) or a pod in its grace period is no loss."""
+    from orchestrator.backends.kubernetes.classify import TERMINATION_SLACK_S, pod_loss_evidence
+
+    running = {"running": {}}
+    marked = pod(state=running, conds=[{"type": "ContainersReady", "status": "True"},
+                                       {"type": "Ready", "status": "False"}])
+    probe = pod(state=running, conds=[{"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady"},
+                                      {"type": "Ready", "status": "False", "reason": "ContainersNotReady"}])
+    gc = pod(state=running, conds=[{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC"}])
+    evicted = pod(state=running, conds=[{"type": "DisruptionTarget", "status": "True",
+                                         "reason": "EvictionByEvictionAPI"}])
+    stuck = pod(state=running)
+    stuck["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:30Z"
+    due = 1767225630.0            # 2026-01-01T00:00:30Z
+    assert pod_loss_evidence(marked, due)[0] == "NodeNotReady"
+    assert pod_loss_evidence(gc, due)[0] == "DeletionByPodGC"
+    assert pod_loss_evidence(probe, due) is None and pod_loss_evidence(evicted, due) is None
+    assert pod_loss_evidence(stuck, due + TERMINATION_SLACK_S - 1) is None
+    assert pod_loss_evidence(stuck, due + TERMINATION_SLACK_S + 1)[0] == "TerminationUnconfirmed"
+    facts = pod_events(marked, None, nodes_known=False, node_access=False, now=due)
+    assert [(k[0], e.kind, e.reason) for k, e in facts if e.kind != base.NODE_STARTED] == \
+        [("lost", base.NODE_LOST, "NodeNotReady")]
+    # with node access the Node decides: the pod's flag alone is not read
+    assert [e.kind for _, e in pod_events(marked, node(), now=due)] == [base.NODE_STARTED]

@@ -370,6 +370,7 @@ def test_sim_watcher_restart_picks_up_a_running_attempt(fake_api, backend):
     assert len(fake_api.api.sent("POST")) == 2
 
 
+@pytest.mark.fake_api(crds=["podgroups.scheduling.volcano.sh"])
 def test_sim_volcano_podgroup_is_created_before_the_job_and_cancelled(fake_api, backend):
     """Simulation: a Volcano-scheduled plan creates Service, PodGroup (custom object), then
     the Job; cancel deletes the PodGroup too."""
@@ -385,3 +386,78 @@ def test_sim_volcano_podgroup_is_created_before_the_job_and_cancelled(fake_api, 
     assert len(fake_api.api.sent("POST")) == 6 and len(fake_api.store.list("podgroups")[0]) == 1
     backend.cancel(ref)
     assert not fake_api.store.exists("podgroups", "team", "sim-a0")
+
+
+def test_sim_namespace_only_user_sees_the_loss_and_tears_down_every_step(fake_api):
+    """Simulation: a user with the built-in `edit` role (no Node access). A dead machine is seen
+    from the pod's own Ready condition; cancel still archives, deletes the Job and Service and
+    force-deletes the pod stuck on the dead node (no Node read: the pod's evidence decides), and
+    notes only what it could not do; the next attempt runs."""
+    alice = fake_api.as_user("alice-token", role="edit", namespace="default")
+    backend = KubernetesBackend(alice, watch_timeout=2)
+    try:
+        c = fake_api.cluster
+        c.default_script.run_seconds = None
+        ref, col = _submit(fake_api, backend)
+        assert col.until(lambda col: [n.phase for n in col.last.nodes] == [base.RUNNING] * 2)
+        host = col.last.nodes[1].host
+        c.kill_node(host)
+        assert col.until(lambda col: col.kinds(base.NODE_LOST))
+        lost = col.kinds(base.NODE_LOST)[0]
+        assert (lost.node, lost.host, lost.reason) == (1, host, "NodeNotReady")
+        stuck = lambda: [p for p in fake_api.store.list("pods")[0]  # noqa: E731
+                         if p["spec"].get("nodeName") == host and p["metadata"].get("deletionTimestamp")]
+        assert c.run_until(lambda: stuck())
+        backend.cancel(ref)
+        assert c.run_until(lambda: not fake_api.store.list("pods")[0] and not fake_api.store.list("jobs")[0])
+        assert not fake_api.store.list("services")[0]
+        graces = {str((r["body"] or {}).get("gracePeriodSeconds", r["query"].get("gracePeriodSeconds")))
+                  for r in fake_api.api.sent("DELETE", "/pods/") if host_of(fake_api, r) == host}
+        assert graces == {"0"}, graces
+        assert all(not n.startswith("cannot delete Job") for n in backend.teardown_notes(ref))
+        ref1 = backend.submit(rendered_plan("sim", 1, excluded_nodes=(host,), parent=0))
+        col1 = Collector(backend, ref1)
+        assert col1.until(lambda col: [n.phase for n in col.last.nodes] == [base.RUNNING] * 2)
+    finally:
+        backend.close()
+
+
+def test_sim_a_forbidden_job_delete_fails_the_teardown_after_every_other_step(fake_api):
+    """Simulation: a `view`-only user cannot delete the Job: every other step is still tried,
+    then the teardown fails naming what was refused and how to finish it by hand."""
+    backend = KubernetesBackend(fake_api.client, watch_timeout=2)
+    try:
+        ref, col = _submit(fake_api, backend)
+        assert col.until(lambda col: col.kinds(base.NODE_STARTED))
+    finally:
+        backend.close()
+    viewer = KubernetesBackend(fake_api.as_user("v-token", role="view", namespace="default"), watch_timeout=2)
+    try:
+        with pytest.raises(BackendError) as err:
+            viewer.cancel(ref)
+    finally:
+        viewer.close()
+    text = str(err.value)
+    assert "cannot delete Job default/sim-a0: 403" in text and "cannot delete Service default/sim-a0: 403" in text
+    assert "kubectl -n default delete job sim-a0" in text
+    assert fake_api.api.sent("DELETE", "/services/sim-a0") and fake_api.api.sent("GET", "/pods")
+
+
+def test_sim_cancel_intent_is_written_under_the_watcher_rbac(fake_api, backend):
+    """Simulation: under exactly manifests/rbac-watcher.yaml, another machine's cancel can write
+    its intent on the Job (a patch): the watcher elsewhere reads it from there."""
+    from .fakeapi.rbac import User
+    from .manifests import watcher_rbac
+
+    fake_api.cluster.start()
+    ref = backend.submit(rendered_plan("sim", 0, namespace="training"))
+    who = User.service_account("training", "wmctl-watcher")
+    sa = KubernetesBackend(fake_api.as_user("sa-token", who, manifests=watcher_rbac()), watch_timeout=2,
+                           namespace="training")
+    try:
+        sa.note_cancel(ref, {"by": "elsewhere"})
+    finally:
+        sa.close()
+    job = fake_api.store.get("jobs", "training", "sim-a0")
+    assert "elsewhere" in job["metadata"]["annotations"].get("wmctl.io/cancel-requested", "")
+    assert not [r for r in fake_api.refused(403) if r.get("user") == who.name]

@@ -1,5 +1,10 @@
 """Pure functions: Kubernetes Pod / Node / Job objects (JSON dicts) -> backend Events.
 
+Without read access to Nodes (the built-in ``edit``/``admin`` roles grant none), a lost node
+is judged from its pods alone (``pod_loss_evidence``): the taint manager's or pod GC's
+DisruptionTarget, the node lifecycle controller's MarkPodsNotReady (Ready=False while the
+kubelet last said ContainersReady=True), or a deletion its kubelet never confirms.
+
 Each event comes with a *fact key*: the backend emits an event only the first time its fact is
 seen, so a re-list after a dropped watch or a 410 Gone re-derives the same facts without
 duplicating events, and derives any fact it missed without losing one. One pod loss is one fact
@@ -9,6 +14,7 @@ the taint manager, or the pod vanishing.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from ..base import (
@@ -33,6 +39,9 @@ DISRUPTION_KIND = {
 }
 # container terminated reason -> event kind (anything else: NODE_EXITED)
 TERMINATED_KIND = {"OOMKilled": OOM_KILLED}
+# A deletion is due at deletionTimestamp (deletion time + grace period); a live kubelet kills
+# the containers then and confirms within seconds. This much later, no kubelet will.
+TERMINATION_SLACK_S = 15.0
 
 
 def pod_index(pod: Obj) -> int | None:
@@ -99,9 +108,47 @@ def exit_info(pod: Obj) -> tuple[int | None, str | None]:
     return int(t.get("exitCode") or 0), t.get("reason")
 
 
-def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True,
+def _rfc3339(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def pod_loss_evidence(pod: Obj, now: float, *,
+                      slack_s: float = TERMINATION_SLACK_S) -> tuple[str, str] | None:
+    """(reason, message) when the pod itself shows that its node is lost, else None. What a
+    watcher without access to Nodes goes by; it arrives no earlier than the Node's own
+    condition (the node lifecycle controller marks pods on its next pass, every 5 s)."""
+    if exit_info(pod)[0] is not None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    host = (pod.get("spec") or {}).get("nodeName")
+    if not host:
+        return None
+    disruption = _condition(pod, "DisruptionTarget")
+    if disruption is not None and DISRUPTION_KIND.get(disruption.get("reason") or "") == NODE_LOST:
+        return disruption.get("reason") or "DisruptionTarget", disruption.get("message") or ""
+    conds = {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or []}
+    ready, containers = conds.get("Ready") or {}, conds.get("ContainersReady") or {}
+    # pkg/controller/util/node/controller_utils.go MarkPodsNotReady flips only Ready to False,
+    # keeping no reason; the kubelet (pkg/kubelet/status/generate.go) never sets Ready=False
+    # without a reason, and flips ContainersReady with it.
+    if ready.get("status") == "False" and not ready.get("reason") and containers.get("status") == "True":
+        return "NodeNotReady", f"pod marked not ready by the node lifecycle controller: node {host} is not ready"
+    due = _rfc3339((pod.get("metadata") or {}).get("deletionTimestamp"))
+    if due is not None and now > due + slack_s:
+        return "TerminationUnconfirmed", (f"pod still terminating {now - due:.0f} s past its grace period: "
+                                          f"no kubelet on {host} confirms it")
+    return None
+
+
+def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True, node_access: bool = True,
                now: float | None = None) -> list[tuple[FactKey, Event]]:
-    """Every fact the pod's current state (and its node's) implies, as (key, event)."""
+    """Every fact the pod's current state (and its node's) implies, as (key, event).
+
+    ``node_access`` False: Nodes cannot be read (403), so the pod's own evidence decides."""
     uid, idx = pod_uid(pod), pod_index(pod)
     host = (pod.get("spec") or {}).get("nodeName")
     status = pod.get("status") or {}
@@ -142,6 +189,10 @@ def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True,
             out.append((("lost", uid), Event(
                 NODE_LOST, reason=why or ("NodeStatusUnknown" if ready == "Unknown" else "NodeNotReady"),
                 message=f"node {host} Ready={ready}", **kw)))
+        elif not node_access and now is not None:
+            evidence = pod_loss_evidence(pod, now)
+            if evidence is not None:
+                out.append((("lost", uid), Event(NODE_LOST, reason=evidence[0], message=evidence[1], **kw)))
     first: dict[FactKey, Event] = {}
     for key, ev in out:
         first.setdefault(key, ev)      # one event per fact: the most specific comes first

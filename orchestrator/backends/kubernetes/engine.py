@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 from ... import labels as L
 from ...adaptors import kubernetes as sdk
-from ...errors import BackendError, RunNotFound
+from ...errors import BackendError, EngineUnavailable, RunNotFound
 from ...plan import AttemptContext, HostFacts, Plan
 from ...runtime.protocol import parse_progress
 from ...serialize import dump
@@ -29,7 +29,7 @@ from .. import base as b
 from ..base import CANCELLED, NODE_EXITED, NODE_STARTED, PROGRESS, AttemptRef, Event, Observation
 from .check import volume_problems
 from .classify import (job_finished, newest_per_index, node_healthy, node_statuses, pod_deleted_event,
-                       pod_events, pod_index)
+                       pod_events, pod_index, pod_loss_evidence)
 from .client import call, call_json
 from .kinds import KINDS, create_order
 from .render import KubernetesRequest, render_kubernetes
@@ -70,6 +70,7 @@ class _AttemptState:
     gone: dict[int, Obj] = field(default_factory=dict)      # index -> last state of a deleted pod
     nodes: dict[str, Obj] = field(default_factory=dict)
     nodes_synced: bool = False
+    node_access: bool = True        # False once listing Nodes was forbidden: pods' own evidence decides
     job: Obj | None = None
     emitted: set[tuple[str, str]] = field(default_factory=set)
     lost: set[str] = field(default_factory=set)
@@ -123,6 +124,8 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         self._states: dict[tuple[str, int, str], _AttemptState] = {}
         # (run, attempt, namespace) -> (completions, container name), learnt from the Job
         self._shapes: dict[tuple[str, int, str], tuple[int, str | None]] = {}
+        # what each attempt's teardown could not do (forbidden or unserved steps), one line each
+        self._notes: dict[tuple[str, int, str], list[str]] = {}
         self._lock = threading.Lock()
 
     # --- client ------------------------------------------------------------------------
@@ -243,7 +246,8 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         st.watchers = [
             ResourceWatcher(core.list_node, {}, lambda items: self._nodes_sync(st, items),
                             lambda t, o: self._node_event(st, t, o), name="nodes",
-                            watch_timeout=self.watch_timeout),
+                            watch_timeout=self.watch_timeout,
+                            on_forbidden=lambda exc: self._nodes_forbidden(st)),
             ResourceWatcher(batch.list_namespaced_job,
                             {"namespace": ns, "field_selector": f"metadata.name={st.ref.attempt_name}"},
                             lambda items: self._job_sync(st, items),
@@ -280,7 +284,8 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         if st.cancelled:
             return
         node = st.nodes.get((pod.get("spec") or {}).get("nodeName") or "")
-        self._emit(st, pod_events(pod, node, nodes_known=st.nodes_synced, now=time.time()),
+        self._emit(st, pod_events(pod, node, nodes_known=st.nodes_synced, node_access=st.node_access,
+                                  now=time.time()),
                    terminating=bool(pod["metadata"].get("deletionTimestamp")))
 
     def _deleted(self, st: _AttemptState, pod: Obj) -> None:
@@ -321,6 +326,15 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
             st.nodes_synced = True
             for p in list(st.pods.values()):
                 self._evaluate(st, p)
+
+    def _nodes_forbidden(self, st: _AttemptState) -> None:
+        """This user may not read Nodes (the built-in edit/admin roles): judge node loss from the
+        pods' own conditions from now on (classify.pod_loss_evidence)."""
+        with st.lock:
+            if st.node_access:
+                st.node_access = False
+                for p in list(st.pods.values()):
+                    self._evaluate(st, p)
 
     def _node_event(self, st: _AttemptState, etype: str, node: Obj) -> None:
         with st.lock:
@@ -418,6 +432,10 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
 
         st = self._state(ref)
         with st.lock:
+            if not st.node_access:
+                # a deletion no kubelet confirms changes nothing on the pod: time tells
+                for p in list(st.pods.values()):
+                    self._evaluate(st, p)
             events, st.events = st.events, []
             nodes = node_statuses(list(st.pods.values()), st.completions, st.lost, st.gone)
         return Observation(events, nodes)
@@ -499,7 +517,12 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
     def cancel(self, ref: AttemptRef, graceful: bool = False) -> None:
         """Keep each node's log tail, then delete the Job (Foreground: its pods go first), the
         Service and any PodGroup, and force-delete pods on lost nodes (their kubelet can never
-        confirm a graceful delete)."""
+        confirm a graceful delete).
+
+        Best effort per step: a step answered 404 is already done; 403 or 405 (RBAC grants less,
+        a kind not served) is noted (``teardown_notes``) and the remaining steps still run. Only
+        a Job that could not be deleted fails the teardown, after every other step was tried:
+        its pods would keep running beside the next attempt."""
         ApiException = sdk.api_exception()
 
         ns = ref.namespace or self.namespace
@@ -513,41 +536,75 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                     st.cancelled = True
                     st.events.append(Event(CANCELLED, message=f"{name} cancelled"))
         core, batch = self._core(), self._batch()
+        notes: list[str] = []
+        fatal: list[str] = []
 
-        def gone_ok(fn, *args, what: str, **kw) -> None:
+        def step(what: str, fn, *args, essential: bool = False, **kw) -> Any:
             try:
-                call_json(fn, *args, what=what, **kw)
+                return call_json(fn, *args, what=what, **kw)
             except ApiException as exc:
-                if exc.status != 404:
-                    raise BackendError(f"cannot {what}: {exc.status} {_reason(exc)}") from None
+                if exc.status == 404:
+                    return None               # already gone: that step is done
+                line = f"cannot {what}: {exc.status} {_reason(exc)}"
+                (fatal if essential or exc.status not in (403, 405) else notes).append(line)
+            except EngineUnavailable:
+                raise                         # no API at all: no later step could run either
+            except BackendError as exc:       # transient failures outlasted call()'s retries
+                fatal.append(exc.message)
+            return None
 
         self._archive_logs(ref)
-        gone_ok(batch.delete_namespaced_job, name, ns, propagation_policy="Foreground",
-                what=f"delete Job {ns}/{name}")
-        gone_ok(core.delete_namespaced_service, name, ns, what=f"delete Service {ns}/{name}")
-        try:
-            call_json(self._custom().delete_namespaced_custom_object, "scheduling.volcano.sh",
-                 "v1beta1", ns, "podgroups", name, what=f"delete PodGroup {ns}/{name}")
-        except ApiException as exc:
-            if exc.status not in (404, 405):
-                raise BackendError(f"cannot delete PodGroup {ns}/{name}: {_reason(exc)}") from None
+        step(f"delete Job {ns}/{name}", batch.delete_namespaced_job, name, ns,
+             propagation_policy="Foreground", essential=True)
+        step(f"delete Service {ns}/{name}", core.delete_namespaced_service, name, ns)
+        step(f"delete PodGroup {ns}/{name}", self._custom().delete_namespaced_custom_object,
+             "scheduling.volcano.sh", "v1beta1", ns, "podgroups", name)
         # pods: graceful on healthy nodes; grace 0 where no kubelet will ever confirm
-        pods = call_json(core.list_namespaced_pod, namespace=ns,
-                         label_selector=attempt_selector(ref.run, ref.attempt),
-                         what=f"list pods of {name}")["items"]
-        nodes = {n["metadata"]["name"]: n
-                 for n in call_json(core.list_node, what="list nodes")["items"]}
+        listed = step(f"list pods of {name}", core.list_namespaced_pod, namespace=ns,
+                      label_selector=attempt_selector(ref.run, ref.attempt))
+        pods = (listed or {}).get("items") or []
+        lost = self._on_lost_nodes(pods)
         for p in pods:
-            host = p["spec"].get("nodeName")
-            lost = bool(host) and not node_healthy(nodes.get(host))
-            if lost and self.force_delete_lost:
-                gone_ok(core.delete_namespaced_pod, p["metadata"]["name"], ns,
-                        grace_period_seconds=0, what=f"force-delete pod {p['metadata']['name']}")
+            pname = p["metadata"]["name"]
+            if p["metadata"]["uid"] in lost and self.force_delete_lost:
+                step(f"force-delete pod {ns}/{pname}", core.delete_namespaced_pod, pname, ns,
+                     grace_period_seconds=0)
             elif not p["metadata"].get("deletionTimestamp"):
-                gone_ok(core.delete_namespaced_pod, p["metadata"]["name"], ns,
-                        what=f"delete pod {p['metadata']['name']}")
+                step(f"delete pod {ns}/{pname}", core.delete_namespaced_pod, pname, ns)
+        with self._lock:
+            self._notes[key] = notes
         if st is not None:
             self._stop_state(st, join=False)
+        if fatal:
+            raise BackendError(f"teardown of {ns}/{name} is incomplete: " + "; ".join(fatal + notes),
+                               hint="grant the verbs of manifests/rbac-watcher.yaml, or delete it by hand: "
+                               f"kubectl -n {ns} delete job {name} --cascade=foreground")
+
+    def teardown_notes(self, ref: AttemptRef) -> list[str]:
+        with self._lock:
+            return list(self._notes.get((ref.run, ref.attempt, ref.namespace or self.namespace), []))
+
+    def _on_lost_nodes(self, pods: list[Obj]) -> set[str]:
+        """Uids of the pods whose node is lost: from the Nodes when this user may list them, else
+        from the pods' own evidence (classify.pod_loss_evidence)."""
+        ApiException = sdk.api_exception()
+        nodes: dict[str, Obj] | None = None
+        try:
+            nodes = {n["metadata"]["name"]: n
+                     for n in call_json(self._core().list_node, what="list nodes")["items"]}
+        except ApiException as exc:
+            if exc.status != 403:
+                raise BackendError(f"cannot list nodes: {exc.status} {_reason(exc)}") from None
+        now = time.time()
+        out = set()
+        for p in pods:
+            host = p["spec"].get("nodeName")
+            if not host:
+                continue
+            if (not node_healthy(nodes.get(host)) if nodes is not None
+                    else pod_loss_evidence(p, now) is not None):
+                out.add(p["metadata"]["uid"])
+        return out
 
     def _archive_logs(self, ref: AttemptRef) -> None:
         """Copy each node's log tail into the run folder before anything is deleted: a failed
@@ -562,12 +619,11 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
             pods = call_json(core.list_namespaced_pod, namespace=ns,
                              label_selector=attempt_selector(ref.run, ref.attempt),
                              what=f"list pods of {ref.attempt_name}")["items"]
-            nodes = {n["metadata"]["name"]: n for n in call_json(core.list_node, what="list nodes")["items"]}
+            lost = self._on_lost_nodes(pods)
         except (ApiException, BackendError):
             return          # teardown reports these itself when it lists the same objects
         # no kubelet serves the log of a pod on a lost node: asking would only wait
-        readable = [p for p in pods if _container_started(p)
-                    and node_healthy(nodes.get(p["spec"].get("nodeName")))]
+        readable = [p for p in pods if _container_started(p) and p["metadata"]["uid"] not in lost]
         newest = newest_per_index(readable)
         readers = [threading.Thread(target=self._archive_log, args=(ref, i, p), daemon=True,
                                     name=f"wmctl-archive-{p['metadata']['name']}")
