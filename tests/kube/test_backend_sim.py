@@ -384,7 +384,14 @@ def test_sim_volcano_podgroup_is_created_before_the_job_and_cancelled(fake_api, 
     assert pg["spec"]["minMember"] == 2
     backend.submit(plan)                       # adopts all three
     assert len(fake_api.api.sent("POST")) == 6 and len(fake_api.store.list("podgroups")[0]) == 1
-    backend.cancel(ref)
+    # `wmctl cancel` from elsewhere: a fresh backend learns from the Job that its pods joined a
+    # PodGroup, and deletes that
+    other = KubernetesBackend(fake_api.client, watch_timeout=2, namespace="team")
+    try:
+        (found,) = other.attempts("sim")
+        other.cancel(found)
+    finally:
+        other.close()
     assert not fake_api.store.exists("podgroups", "team", "sim-a0")
 
 
@@ -414,7 +421,9 @@ def test_sim_namespace_only_user_sees_the_loss_and_tears_down_every_step(fake_ap
         graces = {str((r["body"] or {}).get("gracePeriodSeconds", r["query"].get("gracePeriodSeconds")))
                   for r in fake_api.api.sent("DELETE", "/pods/") if host_of(fake_api, r) == host}
         assert graces == {"0"}, graces
-        assert all(not n.startswith("cannot delete Job") for n in backend.teardown_notes(ref))
+        assert backend.teardown_notes(ref) == []        # nothing it needed was refused
+        # no Volcano asked for, none installed: no PodGroup is touched (it would be a 403 here)
+        assert not fake_api.api.sent(None, "/podgroups")
         ref1 = backend.submit(rendered_plan("sim", 1, excluded_nodes=(host,), parent=0))
         col1 = Collector(backend, ref1)
         assert col1.until(lambda col: [n.phase for n in col.last.nodes] == [base.RUNNING] * 2)

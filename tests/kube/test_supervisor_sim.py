@@ -102,7 +102,7 @@ def test_sim_supervisor_replaces_an_attempt_that_lost_a_node(fake_api, tmp_path,
     if who in ("unrestricted", "rbac-watcher"):
         assert not refused
     else:
-        assert refused and {path for _, path in refused} <= {"nodes", "podgroups"}, refused
+        assert refused and {path for _, path in refused} == {"nodes"}, refused
         lost = [ln for ln in lines if "node_lost" in ln]
         assert lost and "not ready" in lost[0], lines       # told by the pod's Ready condition
     assert not [j for j in fake_api.store.list("jobs")[0] if j["metadata"]["name"] == "sup-a0"]

@@ -126,6 +126,8 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         self._shapes: dict[tuple[str, int, str], tuple[int, str | None]] = {}
         # what each attempt's teardown could not do (forbidden or unserved steps), one line each
         self._notes: dict[tuple[str, int, str], list[str]] = {}
+        # (run, attempt, namespace) -> the PodGroup the Job's pods join (None: no Volcano)
+        self._gangs: dict[tuple[str, int, str], str | None] = {}
         self._lock = threading.Lock()
 
     # --- client ------------------------------------------------------------------------
@@ -173,6 +175,11 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         containers = (((spec.get("template") or {}).get("spec") or {}).get("containers") or [{}])
         key = (ref.run, ref.attempt, ref.namespace or self.namespace)
         self._shapes[key] = (int(spec.get("completions") or 1), containers[0].get("name"))
+        # the Volcano PodGroup its pods join, if the spec asked for Volcano (render.py)
+        tmeta = (spec.get("template") or {}).get("metadata") or {}
+        self._gangs[key] = ((tmeta.get("annotations") or {}).get(L.VOLCANO_GROUP)
+                            if ((spec.get("template") or {}).get("spec") or {}).get("schedulerName") == "volcano"
+                            else None)
 
     def _shape(self, ref: AttemptRef) -> tuple[int, str | None]:
         """How many nodes the attempt's Job has, and its container's name (0, None: unknown, as for
@@ -557,8 +564,12 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         step(f"delete Job {ns}/{name}", batch.delete_namespaced_job, name, ns,
              propagation_policy="Foreground", essential=True)
         step(f"delete Service {ns}/{name}", core.delete_namespaced_service, name, ns)
-        step(f"delete PodGroup {ns}/{name}", self._custom().delete_namespaced_custom_object,
-             "scheduling.volcano.sh", "v1beta1", ns, "podgroups", name)
+        group = self._gangs.get(key)
+        if group:      # only a spec that asked for Volcano has one: without its CRD the call is a 403
+            podgroup = KINDS["PodGroup"]
+            api_group, version = (podgroup.api_version or "").split("/")
+            step(f"delete PodGroup {ns}/{group}", self._custom().delete_namespaced_custom_object,
+                 api_group, version, ns, podgroup.plural, group)
         # pods: graceful on healthy nodes; grace 0 where no kubelet will ever confirm
         listed = step(f"list pods of {name}", core.list_namespaced_pod, namespace=ns,
                       label_selector=attempt_selector(ref.run, ref.attempt))

@@ -18,13 +18,14 @@ class Kind:
     api: str | None = None           # typed API class (CoreV1Api, BatchV1Api); None: a custom resource
     method: str | None = None        # typed method suffix: create_namespaced_<method>
     plural: str | None = None        # custom resource plural
+    api_version: str | None = None   # custom resource group/version, as wmctl renders it
 
 
 KINDS: dict[str, Kind] = {k.kind: k for k in (
     # The Service (DNS for the rendezvous) and a PodGroup (gang) exist before the Job's pods.
     Kind("Service", 0, api="CoreV1Api", method="service"),
     Kind("ConfigMap", 0, api="CoreV1Api", method="config_map"),
-    Kind("PodGroup", 1, plural="podgroups"),
+    Kind("PodGroup", 1, plural="podgroups", api_version="scheduling.volcano.sh/v1beta1"),
     Kind("Job", 2, api="BatchV1Api", method="job"),
 )}
 
