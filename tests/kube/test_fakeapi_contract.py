@@ -404,3 +404,24 @@ def test_sim_node_lifecycle_marks_pods_not_ready(fake_api, how):
         return {x.type: x for x in core.read_namespaced_pod("p", "default").status.conditions}
     assert c.run_until(lambda: conds()["Ready"].status == "False")
     assert conds()["Ready"].reason is None and conds()["ContainersReady"].status == "True"
+
+
+def test_sim_ttl_after_finished_deletes_the_job_its_pods_and_owned_objects(fake_api):
+    """Simulation of the TTL-after-finished controller: a Complete Job with
+    ttlSecondsAfterFinished is deleted (Foreground: pods first) once the (scaled) TTL has
+    passed; the garbage collector then deletes the Service it owns; the Job controller's
+    "Completed" Event stays."""
+    core, batch = client.CoreV1Api(fake_api.client), client.BatchV1Api(fake_api.client)
+    svc, job = attempt_manifests("t", 0, nodes=1)
+    job["spec"]["ttlSecondsAfterFinished"] = 100          # 0.5 s at the test scale
+    created = batch.create_namespaced_job("default", job)
+    svc["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": "t-a0",
+                                           "uid": created.metadata.uid}]
+    core.create_namespaced_service("default", svc)
+    c = fake_api.cluster
+    assert c.run_until(lambda: any(w == "job_complete" for _, w, _ in c.timeline))
+    assert fake_api.store.exists("jobs", "default", "t-a0")      # not before the TTL
+    assert c.run_until(lambda: not fake_api.store.list("jobs")[0] and not fake_api.store.list("pods")[0]
+                       and not fake_api.store.list("services")[0])
+    events = core.list_namespaced_event("default", field_selector="involvedObject.kind=Job,involvedObject.name=t-a0")
+    assert [(e.type, e.reason, e.message) for e in events.items] == [("Normal", "Completed", "Job completed")]

@@ -183,6 +183,7 @@ class Cluster:
         self._scripts: list[tuple[Callable[[Obj], bool], PodScript]] = []
         self._job_pods: dict[str, dict[str, bool]] = {}   # job uid -> pod uid -> counted failed
         self._marked_not_ready: set[str] = set()          # nodes whose pods MarkPodsNotReady flipped
+        self._finished_at: dict[str, float] = {}           # job uid -> when the TTL controller saw it finish
         self.timeline: list[tuple[float, str, str]] = []   # (time.time(), what, detail)
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
@@ -316,6 +317,7 @@ class Cluster:
     def tick(self) -> None:
         with self._lock:
             self._job_controller()
+            self._ttl_after_finished()
             self._garbage_collector()
             self._scheduler()
             self._kubelets()
@@ -380,6 +382,8 @@ class Cluster:
                     "lastProbeTime": now_rfc3339()})
             finished = True
             self.note("job_failed", name)
+            self._record_job_finished(job, "Warning", "BackoffLimitExceeded",
+                                      "Job has reached the specified backoff limit")
         if finished or spec.get("suspend"):
             for p in active:
                 self.api.delete_pod(ns, p["metadata"]["name"], None)
@@ -406,6 +410,7 @@ class Cluster:
                         "message": "Reached expected number of succeeded pods",
                         "lastProbeTime": now_rfc3339()})
                 self.note("job_complete", name)
+                self._record_job_finished(job, "Normal", "Completed", "Job completed")
         new_status: Obj = {
             "active": len(active), "succeeded": len(succeeded_idx), "failed": n_failed,
             "ready": sum(1 for p in active if (p.get("status") or {}).get("phase") == "Running"),
@@ -422,6 +427,40 @@ class Cluster:
                 new_status.pop(k)      # the real controller omits zero counters
         if new_status != {k: v for k, v in status.items()}:
             self.store.update("jobs", ns, name, lambda j: j.__setitem__("status", new_status))
+
+    def _record_job_finished(self, job: Obj, etype: str, reason: str, message: str) -> None:
+        """pkg/controller/job/job_controller.go recordJobFinished: a Normal "Completed" / "Job
+        completed" Event, or a Warning with the Failed condition's reason and message. Events
+        outlive their Job for the apiserver's --event-ttl (1 h by default); the fake keeps them."""
+        meta, now = job["metadata"], now_rfc3339()
+        self.api.create(RESOURCES[("v1", "events")], meta["namespace"], {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "reason": reason, "message": message, "type": etype, "count": 1,
+            "source": {"component": "job-controller"}, "firstTimestamp": now, "lastTimestamp": now})
+
+    # --- TTL-after-finished controller ------------------------------------------------------
+    def _ttl_after_finished(self) -> None:
+        """pkg/controller/ttlafterfinished/ttlafterfinished_controller.go: a finished Job (Complete
+        or Failed) with spec.ttlSecondsAfterFinished, not already being deleted, is deleted with
+        Foreground propagation (its pods first) once finish time + TTL has passed. Upstream takes
+        the finish time from the condition's lastTransitionTime; the fake's timestamps have 1 s
+        resolution, so it uses the moment it first saw the condition (scaled like every duration)."""
+        now = time.monotonic()
+        jobs, _ = self.store.list("jobs")
+        for job in jobs:
+            meta, spec = job["metadata"], job["spec"]
+            ttl = spec.get("ttlSecondsAfterFinished")
+            finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+                           for c in (job.get("status") or {}).get("conditions") or [])
+            if ttl is None or not finished or meta.get("deletionTimestamp"):
+                continue
+            seen = self._finished_at.setdefault(meta["uid"], now)
+            if now - seen >= self.timings.real(float(ttl)):
+                self._try(lambda m=meta: self.api.delete(RESOURCES[("batch/v1", "jobs")], m["namespace"],
+                                                         m["name"], None, "Foreground"))
+                self.note("ttl_deleted", meta["name"])
 
     def _pod_from_template(self, job: Obj, idx: int) -> Obj:
         import copy
@@ -467,6 +506,17 @@ class Cluster:
                                                                p["metadata"]["name"], None))
             if not deps:
                 self._try(lambda: self.store.remove("jobs", m["namespace"], m["name"]))
+        # pkg/controller/garbagecollector/garbagecollector.go attemptToDeleteItem: an object whose
+        # every owner (by uid) is gone is deleted (Background): the Service and PodGroup wmctl
+        # makes the Job's dependents go with it, whoever deletes the Job (the TTL controller).
+        for plural in ("services", "podgroups", "configmaps"):
+            deps, _ = self.store.list(plural)
+            for d in deps:
+                owners = [r for r in d["metadata"].get("ownerReferences") or [] if r.get("kind") == "Job"]
+                if owners and not any(r.get("uid") in live for r in owners):
+                    self._try(lambda d=d, plural=plural: self.store.remove(
+                        plural, d["metadata"]["namespace"], d["metadata"]["name"]))
+                    self.note("gc_deleted", f"{plural}/{d['metadata']['name']}")
         for p in pods:
             refs = [r for r in p["metadata"].get("ownerReferences") or [] if r.get("kind") == "Job"]
             if refs and not any(r["uid"] in live for r in refs) and not p["metadata"].get("deletionTimestamp"):
