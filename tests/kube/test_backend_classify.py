@@ -121,3 +121,14 @@ def test_loss_without_node_access_is_read_from_the_pod():
         [("lost", base.NODE_LOST, "NodeNotReady")]
     # with node access the Node decides: the pod's flag alone is not read
     assert [e.kind for _, e in pod_events(marked, node(), now=due)] == [base.NODE_STARTED]
+
+
+def test_job_end_from_the_job_controllers_events():
+    from orchestrator.backends.kubernetes.classify import job_end_event
+
+    def ev(reason, etype, when, message=""):
+        return {"reason": reason, "type": etype, "lastTimestamp": when, "message": message}
+    assert job_end_event([ev("SuccessfulCreate", "Normal", "t1"), ev("Completed", "Normal", "t2")])[0] == "Complete"
+    assert job_end_event([ev("BackoffLimitExceeded", "Warning", "t2", "Job has reached the specified backoff limit")]) \
+        == ("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+    assert job_end_event([ev("SuccessfulCreate", "Normal", "t1"), ev("FailedCreate", "Warning", "t2")]) is None

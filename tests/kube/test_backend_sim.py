@@ -470,3 +470,33 @@ def test_sim_cancel_intent_is_written_under_the_watcher_rbac(fake_api, backend):
     job = fake_api.store.get("jobs", "training", "sim-a0")
     assert "elsewhere" in job["metadata"]["annotations"].get("wmctl.io/cancel-requested", "")
     assert not [r for r in fake_api.refused(403) if r.get("user") == who.name]
+
+
+@pytest.mark.parametrize("events_kept", [True, False])
+def test_sim_an_attempt_the_ttl_removed_unwatched_is_resolved_not_waited_for(fake_api, events_kept):
+    """Simulation: a finished Job removed by ttlSecondsAfterFinished while nobody watched. A
+    watcher adopting the attempt gets an end, not an eternal Pending: succeeded from the Job
+    controller's "Completed" Event; once the Events have expired too (--event-ttl), a loss
+    that says why (a watcher with --auto-resume then resumes from the newest checkpoint)."""
+    c = fake_api.cluster
+    c.start()
+    first = KubernetesBackend(fake_api.client, watch_timeout=2)
+    try:
+        ref = first.submit(rendered_plan("sim", 0, kube={"ttl_seconds_after_finished": 20}))
+    finally:
+        first.close()
+    assert c.run_until(lambda: not fake_api.store.list("jobs")[0] and not fake_api.store.list("pods")[0])
+    if not events_kept:
+        for e in fake_api.store.list("events")[0]:
+            fake_api.store.remove("events", e["metadata"]["namespace"], e["metadata"]["name"])
+    later = KubernetesBackend(fake_api.client, watch_timeout=2)
+    try:
+        col = Collector(later, ref)
+        assert col.until(lambda col: col.last.finished)
+        if events_kept:
+            assert {n.phase for n in col.last.nodes} == {base.SUCCEEDED} and not col.kinds(base.NODE_LOST)
+        else:
+            (lost,) = col.kinds(base.NODE_LOST)
+            assert lost.reason == "JobGone" and "no Event says how it ended" in lost.message
+    finally:
+        later.close()

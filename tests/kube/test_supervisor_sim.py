@@ -62,8 +62,8 @@ def test_sim_supervisor_replaces_an_attempt_that_lost_a_node(fake_api, tmp_path,
     cluster.script(job="sup-a0", run_seconds=None)       # attempt 0 runs until its node dies
     cluster.script(job="sup-a0", index=0, run_seconds=None,
                    logs=[(0.0, progress("start", 0)), (0.05, progress("checkpoint", 10)), (0.1, progress("step", 12))])
-    cluster.script(job="sup-a1", run_seconds=0.6)
-    cluster.script(job="sup-a1", index=0, run_seconds=0.8,
+    cluster.script(job="sup-a1", run_seconds=1.2)
+    cluster.script(job="sup-a1", index=0, run_seconds=1.5,
                    logs=[(0.0, progress("resume", 10)), (0.2, progress("checkpoint", 20)), (0.4, progress("step", 25))])
     cluster.start()
 

@@ -225,6 +225,23 @@ def job_finished(job: Obj | None) -> str | None:
     return None
 
 
+# pkg/controller/job/job_controller.go recordJobFinished: "Completed" (Normal) on success, else a
+# Warning with the Failed condition's reason.
+JOB_FAILED_REASONS = {"BackoffLimitExceeded", "DeadlineExceeded", "PodFailurePolicy", "FailedIndexes",
+                      "MaxFailedIndexesExceeded"}
+
+
+def job_end_event(events: list[Obj]) -> tuple[str, str, str] | None:
+    """('Complete' | 'Failed', reason, message) from the Job controller's Events on a Job, the
+    newest first; None when none says how it ended."""
+    ends = [e for e in events if e.get("reason") == "Completed" and e.get("type") == "Normal"
+            or e.get("reason") in JOB_FAILED_REASONS and e.get("type") == "Warning"]
+    if not ends:
+        return None
+    last = max(ends, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return ("Complete" if last["reason"] == "Completed" else "Failed"), last["reason"], last.get("message") or ""
+
+
 def _created(pod: Obj) -> tuple[str, str]:
     meta = pod.get("metadata") or {}
     return meta.get("creationTimestamp") or "", meta.get("name") or ""

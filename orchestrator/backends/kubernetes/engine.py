@@ -26,12 +26,13 @@ from ...runtime.protocol import parse_progress
 from ...serialize import dump
 from ...state import open_store
 from .. import base as b
-from ..base import CANCELLED, NODE_EXITED, NODE_STARTED, PROGRESS, AttemptRef, Event, Observation
+from ..base import (CANCELLED, LOST, NODE_EXITED, NODE_LOST, NODE_STARTED, PROGRESS, SUCCEEDED, AttemptRef,
+                    Event, NodeStatus, Observation)
 from .check import volume_problems
-from .classify import (job_finished, newest_per_index, node_healthy, node_statuses, pod_deleted_event,
+from .classify import (job_end_event, job_finished, newest_per_index, node_healthy, node_statuses, pod_deleted_event,
                        pod_events, pod_index, pod_loss_evidence)
 from .client import call, call_json
-from .kinds import KINDS, create_order
+from .kinds import KINDS, Kind, create_order
 from .render import KubernetesRequest, render_kubernetes
 from .watch import ResourceWatcher
 
@@ -67,11 +68,13 @@ class _AttemptState:
     container: str | None
     lock: threading.RLock = field(default_factory=threading.RLock)
     pods: dict[str, Obj] = field(default_factory=dict)      # uid -> latest pod
-    gone: dict[int, Obj] = field(default_factory=dict)      # index -> last state of a deleted pod
     nodes: dict[str, Obj] = field(default_factory=dict)
     nodes_synced: bool = False
     node_access: bool = True        # False once listing Nodes was forbidden: pods' own evidence decides
     job: Obj | None = None
+    job_absent: bool = False        # the Job watch listed no Job, or saw it deleted
+    gone: dict[int, Obj] = field(default_factory=dict)      # index -> last state of a deleted pod
+    resolved: list[NodeStatus] | None = None   # how an attempt found gone ended (resolve_gone)
     emitted: set[tuple[str, str]] = field(default_factory=set)
     lost: set[str] = field(default_factory=set)
     failure_seen: bool = False      # a fact that explains a Failed Job was emitted
@@ -163,12 +166,45 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                                hint="render manifests with wmctl's renderer")
         attempt = int(attempt_raw)
         namespace = (job.get("metadata") or {}).get("namespace") or plan.request.namespace or self.namespace
-        for m in sorted(manifests, key=lambda m: create_order(m.get("kind"))):
-            self._create_or_adopt(m, namespace, run, attempt)
+        made = [(m, self._create_or_adopt(m, namespace, run, attempt))
+                for m in sorted(manifests, key=lambda m: create_order(m.get("kind")))]
+        self._own(made, namespace)
         ref = AttemptRef(self.name, run, attempt, namespace)
         self._learn_shape(ref, job)
         self._state(ref)          # start watching at once so nothing is missed
         return ref
+
+    def _own(self, made: list[tuple[Obj, Obj]], namespace: str) -> None:
+        """Make the Job the owner of the attempt's other objects (the kinds table says which).
+        They are created before the Job (DNS and the gang must exist before its pods), so the
+        reference is patched in once the Job has a uid. Best effort: an object left unowned is
+        still deleted by cancel; only the TTL's cleanup would miss it."""
+        ApiException = sdk.api_exception()
+        job = next((obj for m, obj in made if m.get("kind") == "Job"), None)
+        meta = (job or {}).get("metadata") or {}
+        if not meta.get("uid"):
+            return
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]}
+        for m, obj in made:
+            kind = KINDS.get(m.get("kind") or "")
+            refs = ((obj.get("metadata") or {}).get("ownerReferences")) or []
+            if kind is None or not kind.owned or any(r.get("uid") == owner["uid"] for r in refs):
+                continue
+            name = obj["metadata"]["name"]
+            try:
+                call(self._patcher(kind, m), name, namespace, {"metadata": {"ownerReferences": [*refs, owner]}},
+                     what=f"set the owner of {kind.kind} {namespace}/{name}")
+            except ApiException:
+                pass        # 403 (no patch verb) or 404 (already gone): see the docstring
+
+    def _patcher(self, kind: Kind, m: Obj):
+        """patch(name, namespace, body) for a kind, from the kinds table."""
+        if kind.api is not None:
+            api = getattr(sdk.sdk(), kind.api)(self.api_client)
+            return getattr(api, f"patch_namespaced_{kind.method}")
+        group, version = m["apiVersion"].split("/")
+        custom, plural = self._custom(), kind.plural
+        return lambda n, ns, body: custom.patch_namespaced_custom_object(group, version, ns, plural, n, body)
 
     def _learn_shape(self, ref: AttemptRef, job: Obj) -> None:
         spec = job.get("spec") or {}
@@ -357,6 +393,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
     def _job_sync(self, st: _AttemptState, items: list[Obj]) -> None:
         with st.lock:
             st.job = items[0] if items else st.job
+            st.job_absent = not items
             if st.job and not st.completions:
                 st.completions = int((st.job.get("spec") or {}).get("completions") or 1)
 
@@ -364,6 +401,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         with st.lock:
             if etype != "DELETED":
                 st.job = job
+            st.job_absent = etype == "DELETED"
             intent = ((job.get("metadata") or {}).get("annotations") or {}).get(L.CANCEL_REQUESTED)
             if intent and not st.cancelled:
                 # Another machine's `wmctl cancel` (its run folder is not ours): the Job says so.
@@ -443,9 +481,50 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 # a deletion no kubelet confirms changes nothing on the pod: time tells
                 for p in list(st.pods.values()):
                     self._evaluate(st, p)
+            unseen = (st.job_absent and not st.pods and not st.gone
+                      and st.resolved is None and not st.cancelled and st.watchers[2].synced.is_set())
+        if unseen:
+            self._resolve_gone(st)
+        with st.lock:
             events, st.events = st.events, []
-            nodes = node_statuses(list(st.pods.values()), st.completions, st.lost, st.gone)
+            nodes = (st.resolved if st.resolved is not None else
+                     node_statuses(list(st.pods.values()), st.completions, st.lost, st.gone))
         return Observation(events, nodes)
+
+    def _resolve_gone(self, st: _AttemptState) -> None:
+        """The attempt has no Job and no pod, and this watcher never saw them: the
+        TTL-after-finished controller removed a finished Job (with its pods) while nobody
+        watched, or someone deleted it. The Job controller's own Event on the Job says how it
+        ended while the API server keeps Events (--event-ttl, 1 h by default); else the end is
+        unknown and reported as a loss (a watcher with --auto-resume resumes from the newest
+        checkpoint)."""
+        ApiException = sdk.api_exception()
+        ns, name = st.ref.namespace or self.namespace, st.ref.attempt_name
+        with st.lock:
+            seen = job_finished(st.job)       # seen finished, then deleted before its pods were listed
+            cond: Obj = next((c for c in ((st.job or {}).get("status") or {}).get("conditions") or []
+                         if c.get("type") == seen), {})
+        end: tuple[str, str, str] | None = (seen, cond.get("reason") or "", cond.get("message") or "") if seen else None
+        if end is None:
+            try:
+                items = call_json(self._core().list_namespaced_event, namespace=ns,
+                                  field_selector=f"involvedObject.kind=Job,involvedObject.name={name}",
+                                  what=f"list the Events of Job {ns}/{name}")["items"]
+            except ApiException:
+                items = []          # Events not readable here (403): the end stays unknown
+            end = job_end_event(items)
+        n = max(st.completions, 1)
+        gone = "its Job and pods are gone (ttlSecondsAfterFinished, or deleted outside wmctl)"
+        with st.lock:
+            if end is not None and end[0] == "Complete":
+                st.resolved = [NodeStatus(i, SUCCEEDED, None, 0, "Completed") for i in range(n)]
+                st.events.append(Event(NODE_EXITED, node=0, exit_code=0, reason="Completed",
+                                       message=f"the Job completed; {gone}"))
+                return
+            why = (f"the Job failed ({end[1]}: {end[2]}) and {gone} before a watcher saw why" if end
+                   else f"{gone}, and no Event says how it ended")
+            st.resolved = [NodeStatus(i, LOST, None, None, "JobGone") for i in range(n)]
+            st.events.append(Event(NODE_LOST, reason="JobGone", message=why))
 
     def watch_stats(self, ref: AttemptRef) -> dict[str, dict[str, int]]:
         st = self._state(ref)
@@ -504,8 +583,11 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
 
     # --- cancel --------------------------------------------------------------------------------
     def release(self, ref: AttemptRef) -> None:
-        """A finished Job stays for `kubectl` and pod logs until ttlSecondsAfterFinished (the spec's
-        kubernetes.ttl_seconds_after_finished) lets the cluster remove it; nothing to do here."""
+        """A finished Job stays for `kubectl` until ttlSecondsAfterFinished (the spec's
+        kubernetes.ttl_seconds_after_finished) lets the cluster remove it, its pods and (owned by
+        it) its Service and PodGroup. Its logs go with the pods: keep each node's tail in the
+        run folder now, so `wmctl logs` still works after the TTL."""
+        self._archive_logs(ref)
 
     def note_cancel(self, ref: AttemptRef, intent: dict[str, Any]) -> None:
         """Annotate the attempt's Job with the cancel intent (a merge patch on metadata only), so
