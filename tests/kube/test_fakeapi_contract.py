@@ -5,6 +5,7 @@ backend relies on (selectors, resourceVersion, watch timeouts, 410 Gone, 409, fa
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import urllib3
@@ -425,3 +426,39 @@ def test_sim_ttl_after_finished_deletes_the_job_its_pods_and_owned_objects(fake_
                        and not fake_api.store.list("services")[0])
     events = core.list_namespaced_event("default", field_selector="involvedObject.kind=Job,involvedObject.name=t-a0")
     assert [(e.type, e.reason, e.message) for e in events.items] == [("Normal", "Completed", "Job completed")]
+
+
+def test_sim_pod_log_rotation_timestamps_and_since(fake_api):
+    """Simulation of kubelet log files: after a rotation a new request reads only the newest
+    file; a stream that was following goes on with the new file from its start; `timestamps`
+    prefixes RFC3339Nano and a space; `sinceSeconds` drops older lines and must be >= 1."""
+    core = client.CoreV1Api(fake_api.client)
+    c = fake_api.cluster
+    c.script(when=lambda p: p["metadata"]["name"] == "p", run_seconds=None)
+    core.create_namespaced_pod("default", _pod("p", node="node-a"))
+    c.start()
+    assert c.run_until(lambda: core.read_namespaced_pod("p", "default").status.phase == "Running")
+    api = fake_api.api
+    for line in ("one", "two"):
+        api.append_log("default", "p", "c", line)
+    resp = core.read_namespaced_pod_log("p", "default", follow=True, _preload_content=False)
+    got = []
+    for line in watch.watch.iter_resp_lines(resp):
+        got.append(line)
+        if line == "two":
+            api.rotate_log("default", "p", "c")
+            api.append_log("default", "p", "c", "three")
+        if line == "three":
+            break
+    resp.release_conn()
+    assert got == ["one", "two", "three"]
+    assert core.read_namespaced_pod_log("p", "default") == "three\n"      # only the newest file
+    stamped = core.read_namespaced_pod_log("p", "default", timestamps=True)
+    stamp, _, text = stamped.rstrip("\n").partition(" ")
+    assert text == "three" and stamp.endswith("Z") and "T" in stamp
+    assert core.read_namespaced_pod_log("p", "default", since_seconds=5) == "three\n"
+    fake_api.api.logs[("default", "p", "c")][-1][0] = (time.time_ns() - 60 * 10**9, "three")
+    assert core.read_namespaced_pod_log("p", "default", since_seconds=5) == ""
+    with pytest.raises(ApiException) as err:
+        core.read_namespaced_pod_log("p", "default", since_seconds=0)
+    assert err.value.status == 422

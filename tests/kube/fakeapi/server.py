@@ -316,40 +316,76 @@ class Handler(BaseHTTPRequestHandler):
         if not _container_started(pod, container):
             raise ApiError(400, "BadRequest", f'container "{container}" in pod "{name}" is '
                            "waiting to start: ContainerCreating")
-        lines = api.log_lines(ns or "default", name or "", container)
+        key = (ns or "default", name or "", container)
+        # pkg/apis/core/validation ValidatePodLogOptions: sinceSeconds >= 1, not with sinceTime
+        since_s, since_t = query.get("sinceSeconds"), query.get("sinceTime")
+        if since_s is not None and int(since_s) < 1:
+            raise ApiError(422, "Invalid", "PodLogOptions \"\" is invalid: sinceSeconds: Invalid value: "
+                           f"{since_s}: must be greater than 0")
+        if since_s is not None and since_t is not None:
+            raise ApiError(422, "Invalid", "PodLogOptions \"\" is invalid: : Forbidden: at most one of "
+                           "`sinceTime` or `sinceSeconds` may be specified")
+        since_ns = (time.time_ns() - int(since_s) * 1_000_000_000 if since_s is not None
+                    else _parse_rfc3339_ns(since_t) if since_t else None)
+        stamps = query.get("timestamps") in ("true", "1")
+
+        def render(entries: list[tuple[int, str]]) -> bytes:
+            # logs.go: drop lines before `since`; with timestamps, prefix RFC3339Nano and a space
+            return b"".join(((rfc3339nano(t) + " " if stamps else "") + line + "\n").encode()
+                            for t, line in entries if since_ns is None or t >= since_ns)
+
+        generation, snapshot = api.log_file(*key)
         tail = query.get("tailLines")
-        if tail is not None:
-            lines = lines[-int(tail):] if int(tail) else []
+        entries = snapshot if tail is None else snapshot[-int(tail):] if int(tail) else []
         if query.get("follow") not in ("true", "1"):
-            self._send(200, "".join(l + "\n" for l in lines).encode(), "text/plain")
+            self._send(200, render(entries), "text/plain")
             return
         self._start_stream("text/plain")
-        sent = len(api.log_lines(ns or "default", name or "", container)) - len(lines)
-        generation = self.server.faults.watch_generation
+        sent = len(snapshot) - len(entries)      # the loop sends from here on
+        faults_generation = self.server.faults.watch_generation
         try:
             while not self.server.stopping.is_set():
-                if self.server.faults.watch_generation != generation:
+                if self.server.faults.watch_generation != faults_generation:
                     self._drop()
                     return
                 with api.store.cond:
-                    all_lines = api.log_lines(ns or "default", name or "", container)
+                    current, now_entries = api.log_file(*key)
                     try:
                         cur = api.store.get("pods", ns, name or "")
                         done = _container_terminated(cur, container)
                     except ApiError:
                         done = True
                     seen = api.store.rv
-                for line in all_lines[sent:]:
-                    self._chunk(line.encode() + b"\n")
-                sent = len(all_lines)
+                if current != generation:          # rotated: reopen, read the new file from its start
+                    generation, sent = current, 0
+                data = render(now_entries[sent:])
+                if data:
+                    self._chunk(data)
+                sent = len(now_entries)
                 if done:
                     break
                 with api.store.cond:
-                    if len(api.log_lines(ns or "default", name or "", container)) == sent:
+                    if api.log_file(*key) == (generation, now_entries):
                         api.store.cond.wait(0.05) if api.store.rv == seen else None
             self._end_stream()
         except (BrokenPipeError, ConnectionResetError, OSError):
             self.close_connection = True
+
+
+def rfc3339nano(unix_ns: int) -> str:
+    """Go's time.RFC3339Nano in UTC: trailing zeros of the fraction dropped."""
+    secs, frac = divmod(unix_ns, 1_000_000_000)
+    base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
+    digits = f"{frac:09d}".rstrip("0")
+    return f"{base}.{digits}Z" if digits else f"{base}Z"
+
+
+def _parse_rfc3339_ns(text: str) -> int:
+    import datetime as dt
+
+    head, _, frac = text.rstrip("Z").partition(".")
+    secs = int(dt.datetime.fromisoformat(head).replace(tzinfo=dt.timezone.utc).timestamp())
+    return secs * 1_000_000_000 + int((frac + "000000000")[:9] if frac else 0)
 
 
 def _container_status(pod: Obj, container: str) -> Obj | None:
