@@ -500,3 +500,30 @@ def test_sim_an_attempt_the_ttl_removed_unwatched_is_resolved_not_waited_for(fak
             assert lost.reason == "JobGone" and "no Event says how it ended" in lost.message
     finally:
         later.close()
+
+
+def test_sim_log_rotation_during_a_dropped_stream_loses_no_progress(fake_api, backend):
+    """Simulation: rank 0's log stream drops and the kubelet rotates the log before the watcher
+    reconnects; the new file holds fewer lines than were already read. Every progress line
+    written after the rotation still arrives, once (resumed by timestamp, not by line count: a
+    count would skip them and the run would look hung)."""
+    c = fake_api.cluster
+    c.script(job="sim-a0", index=0, run_seconds=2.0,
+             logs=[(0.08 * i, f'WMCTL-PROGRESS {{"event":"step","step":{i}}}') for i in range(20)])
+    c.script(job="sim-a0", index=1, run_seconds=2.0)
+    ref, col = _submit(fake_api, backend)
+    assert col.until(lambda col: len(col.kinds(base.PROGRESS)) >= 8)
+    c.stop()                                   # freeze the job's output while the log rotates
+    pod0 = next(p for p in fake_api.store.list("pods")[0]
+                if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "0")
+    written = len(fake_api.api.log_lines("default", pod0["metadata"]["name"], "trainer"))
+    assert col.until(lambda col: len(col.kinds(base.PROGRESS)) == written)
+    fake_api.faults.drop_watches()             # cuts the log stream too
+    fake_api.api.rotate_log("default", pod0["metadata"]["name"], "trainer")
+    c.start()
+    assert col.until(lambda col: col.last.finished, timeout=20)
+    assert col.until(lambda col: len(col.kinds(base.PROGRESS)) >= 20, timeout=5)
+    assert [e.progress["step"] for e in col.kinds(base.PROGRESS)] == list(range(20))
+    reads = [r for r in fake_api.api.sent("GET", "/log") if r["query"].get("follow") == "true"]
+    assert all(r["query"].get("timestamps") == "true" for r in reads)
+    assert any("sinceSeconds" in r["query"] for r in reads[1:])

@@ -29,8 +29,8 @@ from .. import base as b
 from ..base import (CANCELLED, LOST, NODE_EXITED, NODE_LOST, NODE_STARTED, PROGRESS, SUCCEEDED, AttemptRef,
                     Event, NodeStatus, Observation)
 from .check import volume_problems
-from .classify import (job_end_event, job_finished, newest_per_index, node_healthy, node_statuses, pod_deleted_event,
-                       pod_events, pod_index, pod_loss_evidence)
+from .classify import (LogCursor, job_end_event, job_finished, newest_per_index, node_healthy, node_statuses,
+                       pod_deleted_event, pod_events, pod_index, pod_loss_evidence, split_timestamp)
 from .client import call, call_json
 from .kinds import KINDS, Kind, create_order
 from .render import KubernetesRequest, render_kubernetes
@@ -411,15 +411,15 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 st.completions = int((job.get("spec") or {}).get("completions") or 1)
 
     def _follow_rank0(self, st: _AttemptState) -> None:
-        """Follow index 0's log for WMCTL-PROGRESS lines; resume after drops without repeats."""
+        """Follow index 0's log for WMCTL-PROGRESS lines; resume after drops without repeats or
+        gaps, by timestamp (classify.LogCursor), across kubelet log rotations."""
         ApiException = sdk.api_exception()
         iter_resp_lines = sdk.iter_resp_lines
-
 
         core = self._core()
         ns = st.ref.namespace or self.namespace
         uid_done: set[str] = set()
-        consumed: dict[str, int] = {}
+        cursors: dict[str, LogCursor] = {}
         output_at: dict[int, float] = {}
         while not st.stop.is_set():
             with st.lock:
@@ -432,19 +432,21 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 st.stop.wait(0.05)
                 continue
             uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
-            kwargs: dict[str, Any] = {"follow": True, "_preload_content": False}
+            cursor = cursors.setdefault(uid, LogCursor())
+            kwargs: dict[str, Any] = {"follow": True, "timestamps": True, "_preload_content": False}
+            since = cursor.since_seconds(time.time())
+            if since is not None:
+                kwargs["since_seconds"] = since
             if st.container:
                 kwargs["container"] = st.container
             try:
                 resp = core.read_namespaced_pod_log(name, ns, **kwargs)
                 st.log_resp = resp
                 try:
-                    n = 0
-                    for line in iter_resp_lines(resp):
-                        n += 1
-                        if n <= consumed.get(uid, 0):
-                            continue            # already seen before a reconnect
-                        consumed[uid] = n
+                    for raw in iter_resp_lines(resp):
+                        stamp, line = split_timestamp(raw)
+                        if not cursor.fresh(stamp, line):
+                            continue            # read before a reconnect
                         prog = parse_progress(line)
                         host = pod["spec"].get("nodeName")
                         sign = None if prog is not None else b.output_event(output_at, 0, host, line)
@@ -469,7 +471,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                     uid_done.add(uid)
                 st.stop.wait(0.05 if sdk.api_status(exc) in (400, 404) else 0.5)
             except sdk.connection_errors():
-                st.stop.wait(0.05)   # dropped stream: reconnect, skipping consumed lines
+                st.stop.wait(0.05)   # dropped stream: reconnect from the cursor
             except ValueError:
                 st.stop.wait(0.05)
 
