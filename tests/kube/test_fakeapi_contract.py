@@ -462,3 +462,38 @@ def test_sim_pod_log_rotation_timestamps_and_since(fake_api):
     with pytest.raises(ApiException) as err:
         core.read_namespaced_pod_log("p", "default", since_seconds=0)
     assert err.value.status == 422
+
+
+def test_sim_job_failure_target_comes_first_and_failed_waits_for_terminating_pods(fake_api):
+    """Simulation of the 1.31+ Job controller: a pod fails past backoffLimit 0 -> FailureTarget
+    at once, the other pod is deleted; while that pod stays terminating (its node died, no
+    kubelet confirms) there is no Failed condition; once it is gone, Failed with the same reason
+    and the controller's Warning Event."""
+    batch = client.BatchV1Api(fake_api.client)
+    c = fake_api.cluster
+    s0 = c.script(job="f-a0", index=0, run_seconds=None)
+    s1 = c.script(job="f-a0", index=1, run_seconds=None)
+    _, job = attempt_manifests("f", 0, nodes=2)
+    batch.create_namespaced_job("default", job)
+    c.start()
+
+    def pods():
+        return {p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]: p
+                for p in fake_api.store.list("pods")[0]}
+
+    def conds():
+        return {x.type: x for x in batch.read_namespaced_job("f-a0", "default").status.conditions or []}
+    assert c.run_until(lambda: [p["status"]["phase"] for p in pods().values()] == ["Running"] * 2)
+    assert s0.run_seconds is None
+    c.kill_node(pods()["0"]["spec"]["nodeName"])
+    s1.run_seconds, s1.exit_code = 0.0, 1
+    assert c.run_until(lambda: "FailureTarget" in conds() and pods()["0"]["metadata"].get("deletionTimestamp"))
+    for _ in range(10):
+        c.tick()
+    assert "Failed" not in conds() and conds()["FailureTarget"].reason == "BackoffLimitExceeded"
+    client.CoreV1Api(fake_api.client).delete_namespaced_pod(pods()["0"]["metadata"]["name"], "default",
+                                                            grace_period_seconds=0)
+    assert c.run_until(lambda: "Failed" in conds())
+    assert conds()["Failed"].reason == "BackoffLimitExceeded"
+    events = client.CoreV1Api(fake_api.client).list_namespaced_event("default").items
+    assert [(e.type, e.reason) for e in events] == [("Warning", "BackoffLimitExceeded")]

@@ -374,17 +374,33 @@ class Cluster:
         new_conds = list(conds)
         if meta.get("deletionTimestamp"):
             return
-        if not finished and n_failed > int(spec.get("backoffLimit", 6)):
-            for ctype in ("FailureTarget", "Failed"):
+        # pkg/controller/job/job_controller.go (1.31+, delayTerminalCondition: JobPodReplacementPolicy
+        # and JobManagedBy on): a failing Job first gets FailureTarget, recorded before its pods'
+        # tracking finalizers are removed (so before any of them can vanish); its active pods are
+        # deleted; Failed (same reason) is added only once none is still terminating
+        # (enactJobFinished). A pod stuck terminating on a dead node holds Failed back.
+        target = next((c for c in conds if c["type"] == "FailureTarget" and c["status"] == "True"), None)
+        if not finished and target is None and n_failed > int(spec.get("backoffLimit", 6)):
+            new_conds = _set_condition(new_conds, {
+                "type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded",
+                "message": "Job has reached the specified backoff limit", "lastProbeTime": now_rfc3339()})
+            target = new_conds[-1]
+            self.store.update("jobs", ns, name, lambda j: j["status"].__setitem__("conditions", new_conds))
+            self.note("job_failure_target", name)
+        if target is not None and not finished:
+            for p in active:
+                self.api.delete_pod(ns, p["metadata"]["name"], None)
+            active = []
+            left, _ = self.store.list("pods", ns, lambda p: any(
+                r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or []))
+            if not [p for p in left if p["metadata"].get("deletionTimestamp") and not _is_terminal(p)]:
                 new_conds = _set_condition(new_conds, {
-                    "type": ctype, "status": "True", "reason": "BackoffLimitExceeded",
-                    "message": "Job has reached the specified backoff limit",
-                    "lastProbeTime": now_rfc3339()})
-            finished = True
-            self.note("job_failed", name)
-            self._record_job_finished(job, "Warning", "BackoffLimitExceeded",
-                                      "Job has reached the specified backoff limit")
-        if finished or spec.get("suspend"):
+                    "type": "Failed", "status": "True", "reason": target.get("reason"),
+                    "message": target.get("message"), "lastProbeTime": now_rfc3339()})
+                finished = True
+                self.note("job_failed", name)
+                self._record_job_finished(job, "Warning", target.get("reason") or "", target.get("message") or "")
+        if finished or target is not None or spec.get("suspend"):
             for p in active:
                 self.api.delete_pod(ns, p["metadata"]["name"], None)
             active = []
