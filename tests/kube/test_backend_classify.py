@@ -152,3 +152,21 @@ def test_log_cursor_resumes_by_timestamp_not_by_line_count():
     rotated = [(40, "f")]                                      # a new file, line 1 of it
     assert [t for s, t in rotated if cur.fresh(s, t)] == ["f"]
     assert cur.since_seconds(100.0) == 100 + SINCE_MARGIN_S
+
+
+def test_a_failure_target_already_ends_the_job():
+    """Since 1.31 the Job controller sets FailureTarget (or SuccessCriteriaMet) first and
+    deletes the remaining pods; Failed (Complete) follows only once none is terminating, which a
+    pod stuck on a dead node can hold off for minutes. A pod deleted meanwhile, after a failure
+    was seen, is a consequence, not another lost node."""
+    from orchestrator.backends.kubernetes.classify import job_finished
+
+    def job(*types):
+        return {"status": {"conditions": [{"type": t, "status": "True"} for t in types]}}
+    assert job_finished(job("FailureTarget")) == "Failed"
+    assert job_finished(job("SuccessCriteriaMet")) == "Complete"
+    assert job_finished(job("FailureTarget", "Failed")) == "Failed"
+    assert job_finished(job("Suspended")) is None
+    pending = pod("Pending", idx=1, uid="u2", node=None)
+    assert pod_deleted_event(pending, cancelled=False, job_finished=job_finished(job("FailureTarget")),
+                             failure_seen=True) is None

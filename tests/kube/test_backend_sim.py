@@ -527,3 +527,4 @@ def test_sim_log_rotation_during_a_dropped_stream_loses_no_progress(fake_api, ba
     reads = [r for r in fake_api.api.sent("GET", "/log") if r["query"].get("follow") == "true"]
     assert all(r["query"].get("timestamps") == "true" for r in reads)
     assert any("sinceSeconds" in r["query"] for r in reads[1:])
+

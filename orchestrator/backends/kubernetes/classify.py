@@ -219,11 +219,19 @@ def pod_deleted_event(pod: Obj, *, cancelled: bool, job_finished: str | None, fa
                                           message="pod was deleted", **kw))
 
 
+# Since 1.31 (pkg/controller/job/job_controller.go delayTerminalCondition) the controller first
+# sets the interim FailureTarget / SuccessCriteriaMet and deletes the remaining pods; Failed /
+# Complete follow once no pod is terminating (a pod stuck on a dead node holds them off). The
+# interim condition already decides the Job's end.
+JOB_END_CONDITIONS = {"Complete": "Complete", "SuccessCriteriaMet": "Complete",
+                      "Failed": "Failed", "FailureTarget": "Failed"}
+
+
 def job_finished(job: Obj | None) -> str | None:
-    """'Complete' / 'Failed' once the Job has that condition, else None."""
+    """'Complete' / 'Failed' once the Job has that condition or its interim one, else None."""
     for c in ((job or {}).get("status") or {}).get("conditions") or []:
-        if c.get("type") in ("Complete", "Failed") and c.get("status") == "True":
-            return c["type"]
+        if c.get("type") in JOB_END_CONDITIONS and c.get("status") == "True":
+            return JOB_END_CONDITIONS[c["type"]]
     return None
 
 

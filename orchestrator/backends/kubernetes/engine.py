@@ -29,8 +29,8 @@ from .. import base as b
 from ..base import (CANCELLED, LOST, NODE_EXITED, NODE_LOST, NODE_STARTED, PROGRESS, SUCCEEDED, AttemptRef,
                     Event, NodeStatus, Observation)
 from .check import volume_problems
-from .classify import (LogCursor, job_end_event, job_finished, newest_per_index, node_healthy, node_statuses,
-                       pod_deleted_event, pod_events, pod_index, pod_loss_evidence, split_timestamp)
+from .classify import (JOB_END_CONDITIONS, LogCursor, job_end_event, job_finished, newest_per_index, node_healthy,
+                       node_statuses, pod_deleted_event, pod_events, pod_index, pod_loss_evidence, split_timestamp)
 from .client import call, call_json
 from .kinds import KINDS, Kind, create_order
 from .render import KubernetesRequest, render_kubernetes
@@ -505,7 +505,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         with st.lock:
             seen = job_finished(st.job)       # seen finished, then deleted before its pods were listed
             cond: Obj = next((c for c in ((st.job or {}).get("status") or {}).get("conditions") or []
-                         if c.get("type") == seen), {})
+                         if JOB_END_CONDITIONS.get(c.get("type") or "") == seen), {})
         end: tuple[str, str, str] | None = (seen, cond.get("reason") or "", cond.get("message") or "") if seen else None
         if end is None:
             try:
