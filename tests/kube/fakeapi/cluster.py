@@ -179,6 +179,7 @@ class Cluster:
         self.nodes: dict[str, NodeState] = {}
         self.pods: dict[str, PodRuntime] = {}
         self.bad_images: set[str] = set()
+        self.rate_limited_images: dict[str, float] = {}     # image -> real seconds its pulls get 429
         self.default_script = PodScript()
         self._scripts: list[tuple[Callable[[Obj], bool], PodScript]] = []
         self._job_pods: dict[str, dict[str, bool]] = {}   # job uid -> pod uid -> counted failed
@@ -645,6 +646,19 @@ class Cluster:
             return
         container = p["spec"]["containers"][0]["name"]
         if status.get("phase") == "Pending":
+            image = p["spec"]["containers"][0].get("image") or ""
+            if image in self.rate_limited_images and now - rt.bound_at < self.rate_limited_images[image]:
+                # pkg/kubelet/images/image_manager.go: a failed pull is ErrImagePull with the
+                # runtime's error as the message, then ImagePullBackOff ('Back-off pulling image')
+                # until the next try; the kubelet keeps retrying. A registry's 429 (containerd's
+                # wording) passes once the registry lets the node in again.
+                msg = (f'rpc error: code = Unknown desc = failed to pull and unpack image "{image}": failed to '
+                       f'copy: httpReadSeeker: failed open: unexpected status code https://{image.split("/")[0]}'
+                       "/v2/: 429 Too Many Requests - Server message: toomanyrequests: retry later")
+                wait = {"waiting": {"reason": "ErrImagePull", "message": msg}}
+                self.store.update("pods", ns, name, lambda o: o["status"].__setitem__(
+                    "containerStatuses", self._container_statuses(o, wait, False)))
+                return
             if any(c.get("image") in self.bad_images for c in p["spec"]["containers"]):
                 rt.pull_failed_at = rt.pull_failed_at or now
                 late = now - rt.pull_failed_at >= self.timings.real(self.timings.image_pull_backoff_after)
