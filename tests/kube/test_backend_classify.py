@@ -35,10 +35,23 @@ CASES = [
     (pod("Failed", state=TERM(1, "Error")), node(), [(base.NODE_EXITED, 1, "Error")]),
     (pod("Failed", state=TERM(137, "OOMKilled")), node(), [(base.OOM_KILLED, 137, "OOMKilled")]),
     (pod("Failed", state=TERM(83, "Error")), node(), [(base.NODE_EXITED, 83, "Error")]),
-    (pod("Pending", state={"waiting": {"reason": "ErrImagePull"}}), node(),
+    # a missing image or refused credentials never fix themselves ...
+    (pod("Pending", state={"waiting": {"reason": "ErrImagePull", "message": 'rpc error: code = NotFound desc = '
+                                       'failed to pull and unpack image "r/x:v1": r/x:v1: not found'}}), node(),
      [(base.IMAGE_PULL_FAILED, None, "ErrImagePull")]),
-    (pod("Pending", state={"waiting": {"reason": "ImagePullBackOff"}}), node(),
-     [(base.IMAGE_PULL_FAILED, None, "ImagePullBackOff")]),
+    (pod("Pending", state={"waiting": {"reason": "ErrImagePull", "message": 'failed to authorize: failed to fetch '
+                                       'anonymous token: 401 Unauthorized'}}), node(),
+     [(base.IMAGE_PULL_FAILED, None, "ErrImagePull")]),
+    (pod("Pending", state={"waiting": {"reason": "InvalidImageName"}}), node(),
+     [(base.IMAGE_PULL_FAILED, None, "InvalidImageName")]),
+    # ... a registry's 429, a 5xx or a timeout do; a back-off names no cause: the kubelet retries
+    (pod("Pending", state={"waiting": {"reason": "ErrImagePull", "message": "unexpected status code "
+                                       "https://r/v2/: 429 Too Many Requests - Server message: toomanyrequests"}}),
+     node(), []),
+    (pod("Pending", state={"waiting": {"reason": "ErrImagePull", "message": "dial tcp 10.0.0.9:443: i/o timeout"}}),
+     node(), []),
+    (pod("Pending", state={"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "r/x:v1"'}}),
+     node(), []),
     (pod("Pending", state={"waiting": {"reason": "ContainerCreating"}}), node(), []),
     (pod(conds=[{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]),
      node("Unknown", "NodeStatusUnknown"), [(base.NODE_LOST, None, "DeletionByTaintManager")]),

@@ -528,3 +528,18 @@ def test_sim_log_rotation_during_a_dropped_stream_loses_no_progress(fake_api, ba
     assert all(r["query"].get("timestamps") == "true" for r in reads)
     assert any("sinceSeconds" in r["query"] for r in reads[1:])
 
+
+
+def test_sim_a_rate_limited_registry_is_waited_out_not_a_failed_pull(fake_api, backend):
+    """Simulation: the registry answers 429 to the first pulls (ErrImagePull with the
+    runtime's error), then lets the nodes in. Not an image that will never come: no
+    IMAGE_PULL_FAILED (it stops the run), the pods start and the run succeeds."""
+    image = "registry.example.com/team/busy:v1"
+    fake_api.cluster.rate_limited_images[image] = 0.4
+    ref, col = _submit(fake_api, backend, image=image)
+    assert fake_api.cluster.run_until(lambda: any(
+        (cs.get("state") or {}).get("waiting", {}).get("reason") == "ErrImagePull"
+        for p in fake_api.store.list("pods")[0] for cs in p["status"].get("containerStatuses") or []))
+    assert col.until(lambda col: col.last.finished)
+    assert [n.phase for n in col.last.nodes] == [base.SUCCEEDED] * 2
+    assert not col.kinds(base.IMAGE_PULL_FAILED)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,9 +29,23 @@ FactKey = tuple[str, str]
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 
-# waiting reasons that mean the image will not come
-IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
-                      "RegistryUnavailable"}
+# waiting reasons that mean the image will not come, whatever the message
+IMAGE_NEVER_REASONS = {"InvalidImageName", "ErrImageNeverPull"}
+# A failed pull (pkg/kubelet/images/image_manager.go) is ErrImagePull with the runtime's error as
+# its message, then ImagePullBackOff ('Back-off pulling image "x"', no cause) until the kubelet
+# tries again, which it keeps doing. Only a missing image or refused credentials never fix
+# themselves; a registry's 429, a 5xx or a timeout does, so those are waited out (the heartbeat
+# clock has not started while a node is Pending).
+PERMANENT_PULL_ERROR = re.compile(r"not found|manifest unknown|code = NotFound|unauthorized|pull access denied|"
+                                  r"authentication required|denied: |401 Unauthorized|403 Forbidden",
+                                  re.IGNORECASE)
+
+
+def image_pull_permanent(reason: str, message: str) -> bool:
+    """Will this waiting reason and message never turn into a pulled image?"""
+    if reason in IMAGE_NEVER_REASONS:
+        return True
+    return reason == "ErrImagePull" and bool(PERMANENT_PULL_ERROR.search(message or ""))
 # DisruptionTarget reason -> event kind
 DISRUPTION_KIND = {
     "DeletionByTaintManager": NODE_LOST,     # the node went unreachable / not-ready
@@ -164,7 +179,7 @@ def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True, node_acc
             "running" in ((cs.get("state") or {})) for cs in status.get("containerStatuses") or []):
         out.append((("started", uid), Event(NODE_STARTED, **kw)))
     for waiting, msg in _waiting_reasons(pod):
-        if waiting in IMAGE_PULL_REASONS:
+        if image_pull_permanent(waiting, msg):
             out.append((("image", uid), Event(IMAGE_PULL_FAILED, reason=waiting, message=msg, **kw)))
             break
     code, reason = exit_info(pod)
