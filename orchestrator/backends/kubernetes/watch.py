@@ -20,6 +20,9 @@ from .client import is_transient
 
 Obj = dict[str, Any]
 
+# How long a forbidden list/watch waits before asking again (permissions may be granted later).
+FORBIDDEN_RETRY_S = 30.0
+
 
 class ResourceWatcher:
     def __init__(self, list_fn: Callable[..., Any], kwargs: dict[str, Any],
@@ -108,8 +111,10 @@ class ResourceWatcher:
                 self.reconnects += 1
                 if api_status(exc) == 403 and self.on_forbidden is not None:
                     self.on_forbidden(exc)
-                # transient: retry soon; anything else (403, 404): back off harder
-                self._stop.wait(self.retry_delay if is_transient(exc) else 1.0)
+                # transient: retry soon; anything else (404): back off harder; 403 (RBAC grants no
+                # list/watch: Nodes for a namespace-only user) rarely changes, so ask rarely
+                self._stop.wait(self.retry_delay if is_transient(exc) else
+                                FORBIDDEN_RETRY_S if api_status(exc) == 403 else 1.0)
             except connection_errors() as exc:
                 self.last_error = exc
                 self.reconnects += 1
