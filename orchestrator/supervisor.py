@@ -502,7 +502,7 @@ def reconcile(record: RunRecord, backend: b.Backend[Any], *, clock: Callable[[],
         return True
     if last.outcome is not None:
         return False
-    if last.attempt not in {r.attempt for r in backend.attempts(record.run)}:
+    if not backend.resolves_gone and last.attempt not in {r.attempt for r in backend.attempts(record.run)}:
         gone = F.Failure(F.NODE_LOST, None, None, now,
                          f"every object of attempt {last.attempt} is gone and no watcher saw it end "
                          "(removed outside wmctl?)")

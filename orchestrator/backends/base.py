@@ -135,6 +135,9 @@ class Backend(ABC, Generic[R]):
                                                            "secret", "config_map"))
     #: do its objects live in a namespace (``kubernetes.namespace``)?
     namespaced: ClassVar[bool] = False
+    #: can ``poll`` tell how an attempt ended whose objects are all gone (Kubernetes: a Job the TTL
+    #: removed, from the Job controller's Event)? If not, such an attempt is a loss nobody saw.
+    resolves_gone: ClassVar[bool] = False
 
     @classmethod
     def create(cls, options: BackendOptions) -> "Backend[Any]":

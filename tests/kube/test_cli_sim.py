@@ -315,3 +315,20 @@ def test_sim_cli_logs_outlive_the_ttl_and_nothing_of_the_attempt_is_left(fake_ap
     assert logs0.returncode == 0 and "rank 0 says goodbye" in logs0.stdout, logs0.stdout + logs0.stderr
     logs1 = wmctl("logs", run, "--node", "1")
     assert logs1.returncode == 0 and "node says hello" in logs1.stdout, logs1.stdout + logs1.stderr
+
+
+def test_sim_cli_status_of_a_run_the_ttl_removed_unwatched_is_its_real_end(fake_api, tmp_path):
+    """A detached submit; the Job succeeds and ttlSecondsAfterFinished removes it before anyone
+    looks. `wmctl status` reports `succeeded` (the Job controller's Event says so), not a node
+    lost because every object is gone."""
+    wmctl = _cli(fake_api, tmp_path)
+    run = "clistat"
+    cluster = fake_api.cluster
+    cluster.script(job=f"{run}-a0", run_seconds=0.2)
+    cluster.start()
+    sub = wmctl("submit", str(_ttl_spec(tmp_path, run, ttl=20)), "-b", "kubernetes", "--context", "sim", "--detach")
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    assert cluster.run_until(lambda: any(w == "ttl_deleted" for _, w, _ in cluster.timeline), timeout=30)
+    assert cluster.run_until(lambda: not fake_api.store.list("jobs")[0] and not fake_api.store.list("pods")[0])
+    data = json.loads(wmctl("status", run, "-o", "json").stdout)
+    assert (data["status"], data["attempts"][0]["outcome"]) == ("succeeded", "succeeded"), data

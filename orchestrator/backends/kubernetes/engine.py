@@ -90,6 +90,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
     name = "kubernetes"
     places_nodes = True      # the scheduler honours a node anti-affinity
     namespaced = True
+    resolves_gone = True     # _resolve_gone: the Job it saw finish, or the Job controller's Event
 
     @classmethod
     def create(cls, options: b.BackendOptions) -> "KubernetesBackend":
