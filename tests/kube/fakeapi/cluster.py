@@ -187,6 +187,7 @@ class Cluster:
         self._finished_at: dict[str, float] = {}           # job uid -> when the TTL controller saw it finish
         self.timeline: list[tuple[float, str, str]] = []   # (time.time(), what, detail)
         self._lock = threading.RLock()
+        self.error: BaseException | None = None            # what killed the controller thread
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -305,6 +306,9 @@ class Cluster:
                     self.tick()
                 except ApiError:
                     continue      # raced with a client's delete; the next tick converges
+                except BaseException as exc:     # a bug in the fake: say so in run_until, not silently
+                    self.error = exc
+                    raise
         self._thread = threading.Thread(target=loop, name="fake-cluster", daemon=True)
         self._thread.start()
         return self
@@ -331,6 +335,8 @@ class Cluster:
         """Tick (when no background thread runs) until ``predicate()`` holds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self.error is not None:
+                raise RuntimeError("the fake cluster's controller thread died") from self.error
             if self._thread is None:
                 self.tick()
             if predicate():
