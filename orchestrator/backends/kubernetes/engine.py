@@ -416,7 +416,6 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         gaps, by timestamp (classify.LogCursor), across kubelet log rotations."""
         ApiException = sdk.api_exception()
         iter_resp_lines = sdk.iter_resp_lines
-
         core = self._core()
         ns = st.ref.namespace or self.namespace
         uid_done: set[str] = set()
@@ -443,20 +442,14 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
             try:
                 resp = core.read_namespaced_pod_log(name, ns, **kwargs)
                 st.log_resp = resp
+                if st.stop.is_set():
+                    # close() ran while the request was on its way: it had no response to shut,
+                    # and a quiet log would block this read for as long as the pod runs
+                    st.log_resp = None
+                    resp.release_conn()
+                    break
                 try:
-                    for raw in iter_resp_lines(resp):
-                        stamp, line = split_timestamp(raw)
-                        if not cursor.fresh(stamp, line):
-                            continue            # read before a reconnect
-                        prog = parse_progress(line)
-                        host = pod["spec"].get("nodeName")
-                        sign = None if prog is not None else b.output_event(output_at, 0, host, line)
-                        if prog is not None or sign is not None:
-                            with st.lock:
-                                if not st.cancelled:
-                                    st.events.append(sign or Event(PROGRESS, node=0, host=host, progress=prog))
-                        if st.stop.is_set():
-                            break
+                    self._read_rank0(st, iter_resp_lines(resp), pod["spec"].get("nodeName"), cursor, output_at)
                 finally:
                     st.log_resp = None
                     resp.release_conn()
@@ -475,6 +468,23 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 st.stop.wait(0.05)   # dropped stream: reconnect from the cursor
             except ValueError:
                 st.stop.wait(0.05)
+
+    def _read_rank0(self, st: _AttemptState, lines: Iterator[str], host: str | None, cursor: LogCursor,
+                    output_at: dict[int, float]) -> None:
+        """Turn the new lines of one log stream into PROGRESS (or, without progress lines,
+        OUTPUT heartbeat) events."""
+        for raw in lines:
+            stamp, line = split_timestamp(raw)
+            if not cursor.fresh(stamp, line):
+                continue            # read before a reconnect
+            prog = parse_progress(line)
+            sign = None if prog is not None else b.output_event(output_at, 0, host, line)
+            if prog is not None or sign is not None:
+                with st.lock:
+                    if not st.cancelled:
+                        st.events.append(sign or Event(PROGRESS, node=0, host=host, progress=prog))
+            if st.stop.is_set():
+                break
 
     def poll(self, ref: AttemptRef) -> Observation:
 
