@@ -153,6 +153,8 @@ class Supervisor:
             teardown_started = self.clock()
             self.backend.cancel(ref)
             rec.timings["teardown_s"] = round(self.clock() - teardown_started, 3)
+            for note in self.backend.teardown_notes(ref):
+                self.echo(f"attempt {rec.attempt} teardown went on without a step: {note}")
             pause_point(self.spec.name, TEARDOWN)
             rec.timings["detect_s"] = round(max(0.0, teardown_started - failure.time), 3)
             # A backend on one host (local, Docker) retries in place: "elsewhere" would be a promise it cannot keep.
@@ -500,7 +502,7 @@ def reconcile(record: RunRecord, backend: b.Backend[Any], *, clock: Callable[[],
         return True
     if last.outcome is not None:
         return False
-    if last.attempt not in {r.attempt for r in backend.attempts(record.run)}:
+    if not backend.resolves_gone and last.attempt not in {r.attempt for r in backend.attempts(record.run)}:
         gone = F.Failure(F.NODE_LOST, None, None, now,
                          f"every object of attempt {last.attempt} is gone and no watcher saw it end "
                          "(removed outside wmctl?)")

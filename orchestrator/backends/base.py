@@ -135,6 +135,9 @@ class Backend(ABC, Generic[R]):
                                                            "secret", "config_map"))
     #: do its objects live in a namespace (``kubernetes.namespace``)?
     namespaced: ClassVar[bool] = False
+    #: can ``poll`` tell how an attempt ended whose objects are all gone (Kubernetes: a Job the TTL
+    #: removed, from the Job controller's Event)? If not, such an attempt is a loss nobody saw.
+    resolves_gone: ClassVar[bool] = False
 
     @classmethod
     def create(cls, options: BackendOptions) -> "Backend[Any]":
@@ -211,6 +214,11 @@ class Backend(ABC, Generic[R]):
         the backend can (Kubernetes: an annotation on the Job, seen by a watcher on any machine).
         Docker cannot change a container's labels after creation, and local processes carry none:
         there the run store alone holds it. Best effort."""
+
+    def teardown_notes(self, ref: AttemptRef) -> list[str]:
+        """What the last ``cancel`` of ``ref`` could not do and went on without (a step the
+        user's permissions forbid), one line each. Default: nothing."""
+        return []
 
     def release(self, ref: AttemptRef) -> None:
         """The attempt ended well: free what still holds its name (finished containers) while

@@ -32,12 +32,35 @@ class FakeKube:
     def store(self):
         return self.server.api.store
 
+    def as_user(self, token: str, user=None, *, role: str | None = None, namespace: str | None = None,
+                manifests: list[dict] | None = None):
+        """Turn RBAC on (see fakeapi/rbac.py) and return a client that authenticates with
+        ``token``: bound to the built-in ``role`` in ``namespace`` (a RoleBinding; None: a
+        ClusterRoleBinding), or to whatever the RBAC documents of ``manifests`` grant ``user``."""
+        from .fakeapi.rbac import Rbac, User
 
-def make_client(url: str):
+        if self.server.rbac is None:
+            self.server.rbac = Rbac()
+        user = user or User(token)
+        self.server.rbac.add_user(token, user)
+        if manifests is not None:
+            self.server.rbac.load(manifests)
+        if role is not None:
+            self.server.rbac.bind(user, role, namespace)
+        return make_client(self.server.url, token)
+
+    def refused(self, code: int = 403) -> list[dict]:
+        """Every request the server answered with ``code``."""
+        return [r for r in self.api.sent() if r.get("code") == code]
+
+
+def make_client(url: str, token: str | None = None):
     import kubernetes.client
 
     cfg = kubernetes.client.Configuration()
     cfg.host = url
+    if token is not None:
+        cfg.api_key = {"authorization": f"Bearer {token}"}
     return kubernetes.client.ApiClient(cfg)
 
 
@@ -51,6 +74,7 @@ def fake_api(request) -> Iterator[FakeKube]:
     marker = request.node.get_closest_marker("fake_api")
     opts = dict(marker.kwargs) if marker else {}
     server = FakeApiServer(history_limit=opts.get("history_limit", 10_000)).start()
+    server.api.crds = set(opts.get("crds", ()))      # no CRD installed unless a test says so
     cluster = Cluster(server.api, Timings(scale=opts.get("scale", TEST_SCALE)))
     for name in opts.get("nodes", ["node-a", "node-b", "node-c"]):
         cluster.add_node(name)

@@ -4,7 +4,10 @@ server itself and of plans given as plain manifest lists."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from orchestrator.backends.base import attempt_name
 
@@ -96,3 +99,16 @@ def manifest_plan(manifests: list[dict[str, Any]], namespace: str = "default"):
     labels = manifests[-1]["metadata"]["labels"]
     return Plan(backend="kubernetes", run=labels.get("wmctl.io/run", "?"), attempt=int(labels.get("wmctl.io/attempt", 0)),
                 spec_hash="hand", request=KubernetesRequest(namespace=namespace), resources=manifests)
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def watcher_rbac() -> list[dict[str, Any]]:
+    """manifests/rbac-watcher.yaml, the permissions the README tells a cluster admin to grant."""
+    return [d for d in yaml.safe_load_all((REPO / "manifests" / "rbac-watcher.yaml").read_text()) if d]
+
+
+def without_nodes(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same, less the ClusterRole on Nodes: what a namespace-only admin can grant."""
+    return [d for d in docs if d["kind"] not in ("ClusterRole", "ClusterRoleBinding")]

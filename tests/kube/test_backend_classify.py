@@ -35,10 +35,23 @@ CASES = [
     (pod("Failed", state=TERM(1, "Error")), node(), [(base.NODE_EXITED, 1, "Error")]),
     (pod("Failed", state=TERM(137, "OOMKilled")), node(), [(base.OOM_KILLED, 137, "OOMKilled")]),
     (pod("Failed", state=TERM(83, "Error")), node(), [(base.NODE_EXITED, 83, "Error")]),
-    (pod("Pending", state={"waiting": {"reason": "ErrImagePull"}}), node(),
+    # a missing image or refused credentials never fix themselves ...
+    (pod("Pending", state={"waiting": {"reason": "ErrImagePull", "message": 'rpc error: code = NotFound desc = '
+                                       'failed to pull and unpack image "r/x:v1": r/x:v1: not found'}}), node(),
      [(base.IMAGE_PULL_FAILED, None, "ErrImagePull")]),
-    (pod("Pending", state={"waiting": {"reason": "ImagePullBackOff"}}), node(),
-     [(base.IMAGE_PULL_FAILED, None, "ImagePullBackOff")]),
+    (pod("Pending", state={"waiting": {"reason": "ErrImagePull", "message": 'failed to authorize: failed to fetch '
+                                       'anonymous token: 401 Unauthorized'}}), node(),
+     [(base.IMAGE_PULL_FAILED, None, "ErrImagePull")]),
+    (pod("Pending", state={"waiting": {"reason": "InvalidImageName"}}), node(),
+     [(base.IMAGE_PULL_FAILED, None, "InvalidImageName")]),
+    # ... a registry's 429, a 5xx or a timeout do; a back-off names no cause: the kubelet retries
+    (pod("Pending", state={"waiting": {"reason": "ErrImagePull", "message": "unexpected status code "
+                                       "https://r/v2/: 429 Too Many Requests - Server message: toomanyrequests"}}),
+     node(), []),
+    (pod("Pending", state={"waiting": {"reason": "ErrImagePull", "message": "dial tcp 10.0.0.9:443: i/o timeout"}}),
+     node(), []),
+    (pod("Pending", state={"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "r/x:v1"'}}),
+     node(), []),
     (pod("Pending", state={"waiting": {"reason": "ContainerCreating"}}), node(), []),
     (pod(conds=[{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]),
      node("Unknown", "NodeStatusUnknown"), [(base.NODE_LOST, None, "DeletionByTaintManager")]),
@@ -91,3 +104,82 @@ def test_node_statuses_newest_pod_per_index():
     out = node_statuses([old, new, lost], 3, lost={"c"})
     assert [(n.node, n.phase, n.host) for n in out] == [
         (0, base.RUNNING, "n1"), (1, base.LOST, "n2"), (2, base.PENDING, None)]
+
+
+def test_loss_without_node_access_is_read_from_the_pod():
+    """Without Nodes (403), the pod's own evidence: the node lifecycle controller's Ready=False
+    (no reason, ContainersReady still True), DisruptionTarget from the taint manager or pod GC,
+    or a deletion unconfirmed well past its grace period. A kubelet's own NotReady (with a
+    reason) or a pod in its grace period is no loss."""
+    from orchestrator.backends.kubernetes.classify import TERMINATION_SLACK_S, pod_loss_evidence
+
+    running = {"running": {}}
+    marked = pod(state=running, conds=[{"type": "ContainersReady", "status": "True"},
+                                       {"type": "Ready", "status": "False"}])
+    probe = pod(state=running, conds=[{"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady"},
+                                      {"type": "Ready", "status": "False", "reason": "ContainersNotReady"}])
+    gc = pod(state=running, conds=[{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC"}])
+    evicted = pod(state=running, conds=[{"type": "DisruptionTarget", "status": "True",
+                                         "reason": "EvictionByEvictionAPI"}])
+    stuck = pod(state=running)
+    stuck["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:30Z"
+    due = 1767225630.0            # 2026-01-01T00:00:30Z
+    assert pod_loss_evidence(marked, due)[0] == "NodeNotReady"
+    assert pod_loss_evidence(gc, due)[0] == "DeletionByPodGC"
+    assert pod_loss_evidence(probe, due) is None and pod_loss_evidence(evicted, due) is None
+    assert pod_loss_evidence(stuck, due + TERMINATION_SLACK_S - 1) is None
+    assert pod_loss_evidence(stuck, due + TERMINATION_SLACK_S + 1)[0] == "TerminationUnconfirmed"
+    facts = pod_events(marked, None, nodes_known=False, node_access=False, now=due)
+    assert [(k[0], e.kind, e.reason) for k, e in facts if e.kind != base.NODE_STARTED] == \
+        [("lost", base.NODE_LOST, "NodeNotReady")]
+    # with node access the Node decides: the pod's flag alone is not read
+    assert [e.kind for _, e in pod_events(marked, node(), now=due)] == [base.NODE_STARTED]
+
+
+def test_job_end_from_the_job_controllers_events():
+    from orchestrator.backends.kubernetes.classify import job_end_event
+
+    def ev(reason, etype, when, message=""):
+        return {"reason": reason, "type": etype, "lastTimestamp": when, "message": message}
+    assert job_end_event([ev("SuccessfulCreate", "Normal", "t1"), ev("Completed", "Normal", "t2")])[0] == "Complete"
+    assert job_end_event([ev("BackoffLimitExceeded", "Warning", "t2", "Job has reached the specified backoff limit")]) \
+        == ("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+    assert job_end_event([ev("SuccessfulCreate", "Normal", "t1"), ev("FailedCreate", "Warning", "t2")]) is None
+
+
+def test_log_cursor_resumes_by_timestamp_not_by_line_count():
+    """After a reconnect, lines at or before the newest timestamp read are dropped (one at
+    exactly that time only if it was read); a rotated log, which starts again with fewer lines,
+    loses nothing new."""
+    from orchestrator.backends.kubernetes.classify import SINCE_MARGIN_S, LogCursor, split_timestamp
+
+    assert split_timestamp("2026-12-04T15:10:00.5Z hello world") == (1796397000_500000000, "hello world")
+    assert split_timestamp("2026-12-04T15:10:00Z x")[0] == 1796397000_000000000
+    assert split_timestamp("no stamp here") == (None, "no stamp here")
+    cur = LogCursor()
+    assert cur.since_seconds(0.0) is None
+    first = [(10, "a"), (20, "b"), (20, "c")]
+    assert [t for s, t in first if cur.fresh(s, t)] == ["a", "b", "c"]
+    again = [(20, "b"), (20, "c"), (20, "d"), (30, "e")]      # the reconnect overlaps by design
+    assert [t for s, t in again if cur.fresh(s, t)] == ["d", "e"]
+    rotated = [(40, "f")]                                      # a new file, line 1 of it
+    assert [t for s, t in rotated if cur.fresh(s, t)] == ["f"]
+    assert cur.since_seconds(100.0) == 100 + SINCE_MARGIN_S
+
+
+def test_a_failure_target_already_ends_the_job():
+    """Since 1.31 the Job controller sets FailureTarget (or SuccessCriteriaMet) first and
+    deletes the remaining pods; Failed (Complete) follows only once none is terminating, which a
+    pod stuck on a dead node can hold off for minutes. A pod deleted meanwhile, after a failure
+    was seen, is a consequence, not another lost node."""
+    from orchestrator.backends.kubernetes.classify import job_finished
+
+    def job(*types):
+        return {"status": {"conditions": [{"type": t, "status": "True"} for t in types]}}
+    assert job_finished(job("FailureTarget")) == "Failed"
+    assert job_finished(job("SuccessCriteriaMet")) == "Complete"
+    assert job_finished(job("FailureTarget", "Failed")) == "Failed"
+    assert job_finished(job("Suspended")) is None
+    pending = pod("Pending", idx=1, uid="u2", node=None)
+    assert pod_deleted_event(pending, cancelled=False, job_finished=job_finished(job("FailureTarget")),
+                             failure_seen=True) is None

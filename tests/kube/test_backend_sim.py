@@ -370,6 +370,7 @@ def test_sim_watcher_restart_picks_up_a_running_attempt(fake_api, backend):
     assert len(fake_api.api.sent("POST")) == 2
 
 
+@pytest.mark.fake_api(crds=["podgroups.scheduling.volcano.sh"])
 def test_sim_volcano_podgroup_is_created_before_the_job_and_cancelled(fake_api, backend):
     """Simulation: a Volcano-scheduled plan creates Service, PodGroup (custom object), then
     the Job; cancel deletes the PodGroup too."""
@@ -383,5 +384,162 @@ def test_sim_volcano_podgroup_is_created_before_the_job_and_cancelled(fake_api, 
     assert pg["spec"]["minMember"] == 2
     backend.submit(plan)                       # adopts all three
     assert len(fake_api.api.sent("POST")) == 6 and len(fake_api.store.list("podgroups")[0]) == 1
-    backend.cancel(ref)
+    # `wmctl cancel` from elsewhere: a fresh backend learns from the Job that its pods joined a
+    # PodGroup, and deletes that
+    other = KubernetesBackend(fake_api.client, watch_timeout=2, namespace="team")
+    try:
+        (found,) = other.attempts("sim")
+        other.cancel(found)
+    finally:
+        other.close()
     assert not fake_api.store.exists("podgroups", "team", "sim-a0")
+
+
+def test_sim_namespace_only_user_sees_the_loss_and_tears_down_every_step(fake_api):
+    """Simulation: a user with the built-in `edit` role (no Node access). A dead machine is seen
+    from the pod's own Ready condition; cancel still archives, deletes the Job and Service and
+    force-deletes the pod stuck on the dead node (no Node read: the pod's evidence decides), and
+    notes only what it could not do; the next attempt runs."""
+    alice = fake_api.as_user("alice-token", role="edit", namespace="default")
+    backend = KubernetesBackend(alice, watch_timeout=2)
+    try:
+        c = fake_api.cluster
+        c.default_script.run_seconds = None
+        ref, col = _submit(fake_api, backend)
+        assert col.until(lambda col: [n.phase for n in col.last.nodes] == [base.RUNNING] * 2)
+        host = col.last.nodes[1].host
+        c.kill_node(host)
+        assert col.until(lambda col: col.kinds(base.NODE_LOST))
+        lost = col.kinds(base.NODE_LOST)[0]
+        assert (lost.node, lost.host, lost.reason) == (1, host, "NodeNotReady")
+        stuck = lambda: [p for p in fake_api.store.list("pods")[0]  # noqa: E731
+                         if p["spec"].get("nodeName") == host and p["metadata"].get("deletionTimestamp")]
+        assert c.run_until(lambda: stuck())
+        backend.cancel(ref)
+        assert c.run_until(lambda: not fake_api.store.list("pods")[0] and not fake_api.store.list("jobs")[0])
+        assert not fake_api.store.list("services")[0]
+        graces = {str((r["body"] or {}).get("gracePeriodSeconds", r["query"].get("gracePeriodSeconds")))
+                  for r in fake_api.api.sent("DELETE", "/pods/") if host_of(fake_api, r) == host}
+        assert graces == {"0"}, graces
+        assert backend.teardown_notes(ref) == []        # nothing it needed was refused
+        # no Volcano asked for, none installed: no PodGroup is touched (it would be a 403 here)
+        assert not fake_api.api.sent(None, "/podgroups")
+        ref1 = backend.submit(rendered_plan("sim", 1, excluded_nodes=(host,), parent=0))
+        col1 = Collector(backend, ref1)
+        assert col1.until(lambda col: [n.phase for n in col.last.nodes] == [base.RUNNING] * 2)
+    finally:
+        backend.close()
+
+
+def test_sim_a_forbidden_job_delete_fails_the_teardown_after_every_other_step(fake_api):
+    """Simulation: a `view`-only user cannot delete the Job: every other step is still tried,
+    then the teardown fails naming what was refused and how to finish it by hand."""
+    backend = KubernetesBackend(fake_api.client, watch_timeout=2)
+    try:
+        ref, col = _submit(fake_api, backend)
+        assert col.until(lambda col: col.kinds(base.NODE_STARTED))
+    finally:
+        backend.close()
+    viewer = KubernetesBackend(fake_api.as_user("v-token", role="view", namespace="default"), watch_timeout=2)
+    try:
+        with pytest.raises(BackendError) as err:
+            viewer.cancel(ref)
+    finally:
+        viewer.close()
+    text = str(err.value)
+    assert "cannot delete Job default/sim-a0: 403" in text and "cannot delete Service default/sim-a0: 403" in text
+    assert "kubectl -n default delete job sim-a0" in text
+    assert fake_api.api.sent("DELETE", "/services/sim-a0") and fake_api.api.sent("GET", "/pods")
+
+
+def test_sim_cancel_intent_is_written_under_the_watcher_rbac(fake_api, backend):
+    """Simulation: under exactly manifests/rbac-watcher.yaml, another machine's cancel can write
+    its intent on the Job (a patch): the watcher elsewhere reads it from there."""
+    from .fakeapi.rbac import User
+    from .manifests import watcher_rbac
+
+    fake_api.cluster.start()
+    ref = backend.submit(rendered_plan("sim", 0, namespace="training"))
+    who = User.service_account("training", "wmctl-watcher")
+    sa = KubernetesBackend(fake_api.as_user("sa-token", who, manifests=watcher_rbac()), watch_timeout=2,
+                           namespace="training")
+    try:
+        sa.note_cancel(ref, {"by": "elsewhere"})
+    finally:
+        sa.close()
+    job = fake_api.store.get("jobs", "training", "sim-a0")
+    assert "elsewhere" in job["metadata"]["annotations"].get("wmctl.io/cancel-requested", "")
+    assert not [r for r in fake_api.refused(403) if r.get("user") == who.name]
+
+
+@pytest.mark.parametrize("events_kept", [True, False])
+def test_sim_an_attempt_the_ttl_removed_unwatched_is_resolved_not_waited_for(fake_api, events_kept):
+    """Simulation: a finished Job removed by ttlSecondsAfterFinished while nobody watched. A
+    watcher adopting the attempt gets an end, not an eternal Pending: succeeded from the Job
+    controller's "Completed" Event; once the Events have expired too (--event-ttl), a loss
+    that says why (a watcher with --auto-resume then resumes from the newest checkpoint)."""
+    c = fake_api.cluster
+    c.start()
+    first = KubernetesBackend(fake_api.client, watch_timeout=2)
+    try:
+        ref = first.submit(rendered_plan("sim", 0, kube={"ttl_seconds_after_finished": 20}))
+    finally:
+        first.close()
+    assert c.run_until(lambda: not fake_api.store.list("jobs")[0] and not fake_api.store.list("pods")[0])
+    if not events_kept:
+        for e in fake_api.store.list("events")[0]:
+            fake_api.store.remove("events", e["metadata"]["namespace"], e["metadata"]["name"])
+    later = KubernetesBackend(fake_api.client, watch_timeout=2)
+    try:
+        col = Collector(later, ref)
+        assert col.until(lambda col: col.last.finished)
+        if events_kept:
+            assert {n.phase for n in col.last.nodes} == {base.SUCCEEDED} and not col.kinds(base.NODE_LOST)
+        else:
+            (lost,) = col.kinds(base.NODE_LOST)
+            assert lost.reason == "JobGone" and "no Event says how it ended" in lost.message
+    finally:
+        later.close()
+
+
+def test_sim_log_rotation_during_a_dropped_stream_loses_no_progress(fake_api, backend):
+    """Simulation: rank 0's log stream drops and the kubelet rotates the log before the watcher
+    reconnects; the new file holds fewer lines than were already read. Every progress line
+    written after the rotation still arrives, once (resumed by timestamp, not by line count: a
+    count would skip them and the run would look hung)."""
+    c = fake_api.cluster
+    c.script(job="sim-a0", index=0, run_seconds=2.0,
+             logs=[(0.08 * i, f'WMCTL-PROGRESS {{"event":"step","step":{i}}}') for i in range(20)])
+    c.script(job="sim-a0", index=1, run_seconds=2.0)
+    ref, col = _submit(fake_api, backend)
+    assert col.until(lambda col: len(col.kinds(base.PROGRESS)) >= 8)
+    c.stop()                                   # freeze the job's output while the log rotates
+    pod0 = next(p for p in fake_api.store.list("pods")[0]
+                if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "0")
+    written = len(fake_api.api.log_lines("default", pod0["metadata"]["name"], "trainer"))
+    assert col.until(lambda col: len(col.kinds(base.PROGRESS)) == written)
+    fake_api.faults.drop_watches()             # cuts the log stream too
+    fake_api.api.rotate_log("default", pod0["metadata"]["name"], "trainer")
+    c.start()
+    assert col.until(lambda col: col.last.finished, timeout=20)
+    assert col.until(lambda col: len(col.kinds(base.PROGRESS)) >= 20, timeout=5)
+    assert [e.progress["step"] for e in col.kinds(base.PROGRESS)] == list(range(20))
+    reads = [r for r in fake_api.api.sent("GET", "/log") if r["query"].get("follow") == "true"]
+    assert all(r["query"].get("timestamps") == "true" for r in reads)
+    assert any("sinceSeconds" in r["query"] for r in reads[1:])
+
+
+
+def test_sim_a_rate_limited_registry_is_waited_out_not_a_failed_pull(fake_api, backend):
+    """Simulation: the registry answers 429 to the first pulls (ErrImagePull with the
+    runtime's error), then lets the nodes in. Not an image that will never come: no
+    IMAGE_PULL_FAILED (it stops the run), the pods start and the run succeeds."""
+    image = "registry.example.com/team/busy:v1"
+    fake_api.cluster.rate_limited_images[image] = 0.4
+    ref, col = _submit(fake_api, backend, image=image)
+    assert fake_api.cluster.run_until(lambda: any(
+        (cs.get("state") or {}).get("waiting", {}).get("reason") == "ErrImagePull"
+        for p in fake_api.store.list("pods")[0] for cs in p["status"].get("containerStatuses") or []))
+    assert col.until(lambda col: col.last.finished)
+    assert [n.phase for n in col.last.nodes] == [base.SUCCEEDED] * 2
+    assert not col.kinds(base.IMAGE_PULL_FAILED)

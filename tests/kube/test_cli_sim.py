@@ -249,3 +249,92 @@ def test_sim_status_of_a_run_nobody_watches_is_read_from_the_cluster(fake_api, t
     if outcome == "app_error":
         assert 'train.py", line 7' in text and "ValueError: bad shape" in text
     assert all(f"{run}-a1" not in r["path"] for r in fake_api.api.sent("POST", ""))
+
+
+def _cli(fake_api, tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    write_kubeconfig(kubeconfig, fake_api.server.url)
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "WMCTL_HOME": str(tmp_path / "home"),
+           "PYTHONPATH": str(REPO)}
+
+    def wmctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=timeout)
+    return wmctl
+
+
+def _ttl_spec(tmp_path, run: str, ttl: int) -> Path:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": run, "nodes": 2, "image": {"vendor": "cpu", "tag": "registry.example.com/wm:v3"},
+        "command": ["python", "train.py"], "kubernetes": {"namespace": "training", "ttl_seconds_after_finished": ttl},
+        "volumes": [{"name": "ckpt", "mount": "/ckpt", "pvc": "wm-ckpt"}], "checkpoint": {"dir": "/ckpt"},
+        "restart": {"max_attempts": 3, "backoff": "0s"},
+    }))
+    return spec
+
+
+def test_sim_cli_watch_returns_once_the_ttl_removed_a_job_nobody_watched(fake_api, tmp_path):
+    """A detached submit (no watcher); the Job completes and ttlSecondsAfterFinished removes it
+    with its pods before anyone looks. `wmctl watch` must not wait forever for pods that will
+    never come: the Job controller's "Completed" Event says how the attempt ended. The Service,
+    owned by the Job, went with it."""
+    wmctl = _cli(fake_api, tmp_path)
+    run = "clittl"
+    cluster = fake_api.cluster
+    cluster.script(job=f"{run}-a0", run_seconds=0.2, logs=[(0.0, progress("start", 0)), (0.1, progress("step", 5))])
+    cluster.start()
+    sub = wmctl("submit", str(_ttl_spec(tmp_path, run, ttl=20)), "-b", "kubernetes", "--context", "sim", "--detach")
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    assert cluster.run_until(lambda: any(w == "ttl_deleted" for _, w, _ in cluster.timeline), timeout=30)
+    assert cluster.run_until(lambda: not fake_api.store.list("pods")[0])
+    watch = wmctl("watch", run, timeout=30)
+    assert watch.returncode == 0, watch.stdout + watch.stderr
+    assert "succeeded on attempt 0" in watch.stdout and "the Job completed" in watch.stdout, watch.stdout
+    assert cluster.run_until(lambda: not fake_api.store.list("services")[0])
+    assert all(f"{run}-a1" not in r["path"] for r in fake_api.api.sent("POST", ""))
+
+
+def test_sim_cli_logs_outlive_the_ttl_and_nothing_of_the_attempt_is_left(fake_api, tmp_path):
+    """A watched run succeeds; then ttlSecondsAfterFinished removes the Job and its pods. `wmctl
+    logs` still shows what the nodes printed (archived when the run succeeded), and neither the
+    Service nor anything else of the attempt is left behind (owned by the Job)."""
+    wmctl = _cli(fake_api, tmp_path)
+    run = "clilogs"
+    cluster = fake_api.cluster
+    cluster.script(job=f"{run}-a0", run_seconds=0.3, logs=[(0.0, "node says hello")])
+    cluster.script(job=f"{run}-a0", index=0, run_seconds=0.3, logs=[(0.0, progress("start", 0)),
+                                                                    (0.1, "rank 0 says goodbye")])
+    cluster.start()
+    sub = wmctl("submit", str(_ttl_spec(tmp_path, run, ttl=60)), "-b", "kubernetes", "--context", "sim",
+                "--auto-resume")
+    assert sub.returncode == 0 and "succeeded on attempt 0" in sub.stdout, sub.stdout + sub.stderr
+    assert cluster.run_until(lambda: not fake_api.store.list("jobs")[0] and not fake_api.store.list("pods")[0]
+                             and not fake_api.store.list("services")[0], timeout=30)
+    logs0 = wmctl("logs", run, "--node", "0")
+    assert logs0.returncode == 0 and "rank 0 says goodbye" in logs0.stdout, logs0.stdout + logs0.stderr
+    logs1 = wmctl("logs", run, "--node", "1")
+    assert logs1.returncode == 0 and "node says hello" in logs1.stdout, logs1.stdout + logs1.stderr
+
+
+def test_sim_cli_status_of_a_run_the_ttl_removed_unwatched_is_its_real_end(fake_api, tmp_path):
+    """A detached submit; the Job succeeds and ttlSecondsAfterFinished removes it before anyone
+    looks. `wmctl status` reports `succeeded` (the Job controller's Event says so), not a node
+    lost because every object is gone."""
+    wmctl = _cli(fake_api, tmp_path)
+    run = "clistat"
+    cluster = fake_api.cluster
+    cluster.script(job=f"{run}-a0", run_seconds=0.2)
+    cluster.start()
+    sub = wmctl("submit", str(_ttl_spec(tmp_path, run, ttl=20)), "-b", "kubernetes", "--context", "sim", "--detach")
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    assert cluster.run_until(lambda: any(w == "ttl_deleted" for _, w, _ in cluster.timeline), timeout=30)
+    assert cluster.run_until(lambda: not fake_api.store.list("jobs")[0] and not fake_api.store.list("pods")[0])
+    seen: list = []
+
+    def settled():      # `status` looks for RECONCILE_WAIT_S; a loaded machine may need another look
+        data = json.loads(wmctl("status", run, "-o", "json").stdout)
+        seen.append((data["status"], data["attempts"][0]["outcome"]))
+        return data["status"] != "running"
+    assert cluster.run_until(settled, timeout=60, interval=0.2)
+    assert seen[-1] == ("succeeded", "succeeded"), seen

@@ -5,6 +5,7 @@ backend relies on (selectors, resourceVersion, watch timeouts, 410 Gone, 409, fa
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import urllib3
@@ -329,3 +330,170 @@ def test_sim_scheduler_respects_node_affinity_and_resources(fake_api):
     big_pod = core.read_namespaced_pod("big", "default")
     assert big_pod.spec.node_name is None
     assert next(x for x in big_pod.status.conditions if x.type == "PodScheduled").reason == "Unschedulable"
+
+
+def test_sim_rbac_edit_role_is_refused_nodes_like_kube_apiserver(fake_api):
+    """Simulation of RBAC (fakeapi/rbac.py): a user with the built-in `edit` role bound in one
+    namespace works there, is refused Nodes (cluster-scoped: edit/admin grant none) and other
+    namespaces with kube-apiserver's 403 Status; no token is system:anonymous (403), an unknown
+    token is 401."""
+    alice = fake_api.as_user("alice-token", role="edit", namespace="team")
+    core, batch = client.CoreV1Api(alice), client.BatchV1Api(alice)
+    svc, job = attempt_manifests("r", 0, namespace="team")
+    batch.create_namespaced_job("team", job)
+    assert [p.metadata.name for p in core.list_namespaced_pod("team").items] == []
+    batch.patch_namespaced_job("r-a0", "team", {"metadata": {"annotations": {"x": "y"}}})
+    with pytest.raises(ApiException) as err:
+        core.list_node()
+    body = _status(err.value)
+    assert (err.value.status, body["reason"], body["details"]["kind"]) == (403, "Forbidden", "nodes")
+    assert body["message"] == ('nodes is forbidden: User "alice-token" cannot list resource "nodes" '
+                               'in API group "" at the cluster scope')
+    with pytest.raises(ApiException) as err:
+        batch.delete_namespaced_job("r-a0", "other")
+    assert _status(err.value)["message"] == (
+        'jobs.batch "r-a0" is forbidden: User "alice-token" cannot delete resource "jobs" in API group '
+        '"batch" in the namespace "other"')
+    view = fake_api.as_user("viewer-token", role="view", namespace="team")
+    with pytest.raises(ApiException) as err:
+        client.BatchV1Api(view).delete_namespaced_job("r-a0", "team")
+    assert err.value.status == 403
+    assert client.CoreV1Api(view).list_namespaced_pod("team").items == []
+    from .conftest import make_client
+    with pytest.raises(ApiException) as err:
+        client.CoreV1Api(make_client(fake_api.server.url)).list_namespaced_pod("team")
+    assert err.value.status == 403 and 'User "system:anonymous"' in _status(err.value)["message"]
+    with pytest.raises(ApiException) as err:
+        client.CoreV1Api(make_client(fake_api.server.url, "stolen")).list_namespaced_pod("team")
+    assert err.value.status == 401
+
+
+def test_sim_rbac_runs_before_routing_so_an_absent_crd_is_403_not_404(fake_api):
+    """Simulation: without Volcano installed, a user not allowed podgroups gets 403 (the
+    authorisation filter runs before the mux: requestinfo.go resolves the resource from the path
+    alone); a user allowed everything gets the mux's 404; with the CRD installed, 200."""
+    custom = lambda c: client.CustomObjectsApi(c)  # noqa: E731
+    alice = fake_api.as_user("alice-token", role="admin", namespace="team")
+    root = fake_api.as_user("root-token", role="cluster-admin")
+    for who, code in ((alice, 403), (root, 404)):
+        with pytest.raises(ApiException) as err:
+            custom(who).delete_namespaced_custom_object("scheduling.volcano.sh", "v1beta1", "team",
+                                                        "podgroups", "r-a0")
+        assert err.value.status == code
+    fake_api.api.crds.add("podgroups.scheduling.volcano.sh")
+    assert custom(root).list_namespaced_custom_object("scheduling.volcano.sh", "v1beta1", "team",
+                                                      "podgroups")["items"] == []
+
+
+@pytest.mark.parametrize("how", ["machine dies", "kubelet reports NotReady"])
+def test_sim_node_lifecycle_marks_pods_not_ready(fake_api, how):
+    """Simulation of MarkPodsNotReady: once a node is Ready=Unknown (its kubelet went silent past
+    the grace period) or Ready=False (reported by a live kubelet), the node lifecycle controller's
+    next pass flips its pods' Ready condition to False, with no reason; ContainersReady stays
+    True (only the kubelet changes that)."""
+    core = client.CoreV1Api(fake_api.client)
+    c = fake_api.cluster
+    c.default_script.run_seconds = None
+    core.create_namespaced_pod("default", _pod("p", node="node-a"))
+    assert c.run_until(lambda: core.read_namespaced_pod("p", "default").status.phase == "Running")
+    if how == "machine dies":
+        c.kill_node("node-a")
+    else:
+        c.set_node_ready("node-a", False)
+
+    def conds():
+        return {x.type: x for x in core.read_namespaced_pod("p", "default").status.conditions}
+    assert c.run_until(lambda: conds()["Ready"].status == "False")
+    assert conds()["Ready"].reason is None and conds()["ContainersReady"].status == "True"
+
+
+def test_sim_ttl_after_finished_deletes_the_job_its_pods_and_owned_objects(fake_api):
+    """Simulation of the TTL-after-finished controller: a Complete Job with
+    ttlSecondsAfterFinished is deleted (Foreground: pods first) once the (scaled) TTL has
+    passed; the garbage collector then deletes the Service it owns; the Job controller's
+    "Completed" Event stays."""
+    core, batch = client.CoreV1Api(fake_api.client), client.BatchV1Api(fake_api.client)
+    svc, job = attempt_manifests("t", 0, nodes=1)
+    job["spec"]["ttlSecondsAfterFinished"] = 100          # 0.5 s at the test scale
+    created = batch.create_namespaced_job("default", job)
+    svc["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": "t-a0",
+                                           "uid": created.metadata.uid}]
+    core.create_namespaced_service("default", svc)
+    c = fake_api.cluster
+    assert c.run_until(lambda: any(w == "job_complete" for _, w, _ in c.timeline))
+    assert fake_api.store.exists("jobs", "default", "t-a0")      # not before the TTL
+    assert c.run_until(lambda: not fake_api.store.list("jobs")[0] and not fake_api.store.list("pods")[0]
+                       and not fake_api.store.list("services")[0])
+    events = core.list_namespaced_event("default", field_selector="involvedObject.kind=Job,involvedObject.name=t-a0")
+    assert [(e.type, e.reason, e.message) for e in events.items] == [("Normal", "Completed", "Job completed")]
+
+
+def test_sim_pod_log_rotation_timestamps_and_since(fake_api):
+    """Simulation of kubelet log files: after a rotation a new request reads only the newest
+    file; a stream that was following goes on with the new file from its start; `timestamps`
+    prefixes RFC3339Nano and a space; `sinceSeconds` drops older lines and must be >= 1."""
+    core = client.CoreV1Api(fake_api.client)
+    c = fake_api.cluster
+    c.script(when=lambda p: p["metadata"]["name"] == "p", run_seconds=None)
+    core.create_namespaced_pod("default", _pod("p", node="node-a"))
+    c.start()
+    assert c.run_until(lambda: core.read_namespaced_pod("p", "default").status.phase == "Running")
+    api = fake_api.api
+    for line in ("one", "two"):
+        api.append_log("default", "p", "c", line)
+    resp = core.read_namespaced_pod_log("p", "default", follow=True, _preload_content=False)
+    got = []
+    for line in watch.watch.iter_resp_lines(resp):
+        got.append(line)
+        if line == "two":
+            api.rotate_log("default", "p", "c")
+            api.append_log("default", "p", "c", "three")
+        if line == "three":
+            break
+    resp.release_conn()
+    assert got == ["one", "two", "three"]
+    assert core.read_namespaced_pod_log("p", "default") == "three\n"      # only the newest file
+    stamped = core.read_namespaced_pod_log("p", "default", timestamps=True)
+    stamp, _, text = stamped.rstrip("\n").partition(" ")
+    assert text == "three" and stamp.endswith("Z") and "T" in stamp
+    assert core.read_namespaced_pod_log("p", "default", since_seconds=5) == "three\n"
+    fake_api.api.logs[("default", "p", "c")][-1][0] = (time.time_ns() - 60 * 10**9, "three")
+    assert core.read_namespaced_pod_log("p", "default", since_seconds=5) == ""
+    with pytest.raises(ApiException) as err:
+        core.read_namespaced_pod_log("p", "default", since_seconds=0)
+    assert err.value.status == 422
+
+
+def test_sim_job_failure_target_comes_first_and_failed_waits_for_terminating_pods(fake_api):
+    """Simulation of the 1.31+ Job controller: a pod fails past backoffLimit 0 -> FailureTarget
+    at once, the other pod is deleted; while that pod stays terminating (its node died, no
+    kubelet confirms) there is no Failed condition; once it is gone, Failed with the same reason
+    and the controller's Warning Event."""
+    batch = client.BatchV1Api(fake_api.client)
+    c = fake_api.cluster
+    s0 = c.script(job="f-a0", index=0, run_seconds=None)
+    s1 = c.script(job="f-a0", index=1, run_seconds=None)
+    _, job = attempt_manifests("f", 0, nodes=2)
+    batch.create_namespaced_job("default", job)
+    c.start()
+
+    def pods():
+        return {p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]: p
+                for p in fake_api.store.list("pods")[0]}
+
+    def conds():
+        return {x.type: x for x in batch.read_namespaced_job("f-a0", "default").status.conditions or []}
+    assert c.run_until(lambda: [p["status"]["phase"] for p in pods().values()] == ["Running"] * 2)
+    assert s0.run_seconds is None
+    c.kill_node(pods()["0"]["spec"]["nodeName"])
+    s1.run_seconds, s1.exit_code = 0.0, 1
+    assert c.run_until(lambda: "FailureTarget" in conds() and pods()["0"]["metadata"].get("deletionTimestamp"))
+    for _ in range(10):
+        c.tick()
+    assert "Failed" not in conds() and conds()["FailureTarget"].reason == "BackoffLimitExceeded"
+    client.CoreV1Api(fake_api.client).delete_namespaced_pod(pods()["0"]["metadata"]["name"], "default",
+                                                            grace_period_seconds=0)
+    assert c.run_until(lambda: "Failed" in conds())
+    assert conds()["Failed"].reason == "BackoffLimitExceeded"
+    events = client.CoreV1Api(fake_api.client).list_namespaced_event("default").items
+    assert [(e.type, e.reason) for e in events] == [("Warning", "BackoffLimitExceeded")]

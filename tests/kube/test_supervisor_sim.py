@@ -23,6 +23,8 @@ from orchestrator.state import RunRecord
 from orchestrator.supervisor import Supervisor
 from orchestrator.vendors import load_profile
 
+from .manifests import watcher_rbac, without_nodes
+
 pytestmark = pytest.mark.timeout(90)
 
 
@@ -30,25 +32,42 @@ def progress(event: str, step: int) -> str:
     return f'WMCTL-PROGRESS {{"event":"{event}","step":{step}}}'
 
 
-def test_sim_supervisor_replaces_an_attempt_that_lost_a_node(fake_api, tmp_path, monkeypatch):
+@pytest.mark.parametrize("who", ["unrestricted", "rbac-watcher", "rbac-watcher-without-nodes", "edit-role"])
+def test_sim_supervisor_replaces_an_attempt_that_lost_a_node(fake_api, tmp_path, monkeypatch, who):
+    """The supervisor sees node 1's machine die, tears attempt 0 down (the pod stuck on the dead
+    node included) and resumes attempt 1 elsewhere: with every permission; under exactly the
+    rules of manifests/rbac-watcher.yaml (not one request refused); under those rules without
+    the Node ClusterRole, and as a user with the built-in namespace `edit` role (Nodes cannot be
+    read: the pods' own conditions tell the loss; only the Node reads are refused)."""
     monkeypatch.setenv("WMCTL_HOME", str(tmp_path))
+    from .fakeapi.rbac import User, request_attributes
+
+    namespace = "default" if who == "unrestricted" else "training"
     spec = from_dict({
         "name": "sup", "nodes": 2, "image": {"vendor": "cpu", "tag": "registry.example.com/wm:v3"},
         "command": ["python", "train.py"], "resources": {"cpu": 1, "memory": "2Gi", "shm": "1Gi"},
         "volumes": [{"name": "ckpt", "mount": "/ckpt", "pvc": "wm-ckpt"}], "checkpoint": {"dir": "/ckpt"},
         "restart": {"max_attempts": 3, "backoff": "0s", "heartbeat_timeout": "60s"},
+        "kubernetes": {"namespace": namespace},
     })
+    sa = User.service_account("training", "wmctl-watcher")
+    api_client = {
+        "unrestricted": lambda: fake_api.client,
+        "rbac-watcher": lambda: fake_api.as_user("sa-token", sa, manifests=watcher_rbac()),
+        "rbac-watcher-without-nodes": lambda: fake_api.as_user("sa-token", sa, manifests=without_nodes(watcher_rbac())),
+        "edit-role": lambda: fake_api.as_user("alice-token", role="edit", namespace="training"),
+    }[who]()
     profile = load_profile("cpu")
     cluster = fake_api.cluster
     cluster.script(job="sup-a0", run_seconds=None)       # attempt 0 runs until its node dies
     cluster.script(job="sup-a0", index=0, run_seconds=None,
                    logs=[(0.0, progress("start", 0)), (0.05, progress("checkpoint", 10)), (0.1, progress("step", 12))])
-    cluster.script(job="sup-a1", run_seconds=0.6)
-    cluster.script(job="sup-a1", index=0, run_seconds=0.8,
+    cluster.script(job="sup-a1", run_seconds=1.2)
+    cluster.script(job="sup-a1", index=0, run_seconds=1.5,
                    logs=[(0.0, progress("resume", 10)), (0.2, progress("checkpoint", 20)), (0.4, progress("step", 25))])
     cluster.start()
 
-    backend = KubernetesBackend(fake_api.client, watch_timeout=2)
+    backend = KubernetesBackend(api_client, watch_timeout=2, namespace=namespace)
     store = RunStore(spec.name)
     record = RunRecord(run=spec.name, backend="kubernetes", spec_path="sup.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=True)
@@ -78,6 +97,14 @@ def test_sim_supervisor_replaces_an_attempt_that_lost_a_node(fake_api, tmp_path,
     assert (a0.outcome, a0.failed_node, a0.failed_host, a0.decision) == ("node_lost", 1, dead, "retry_elsewhere")
     assert (a1.outcome, a1.excluded_nodes, a1.resumed_from_step) == ("succeeded", [dead], 10)
     # attempt 0 is gone entirely, the pod stuck on the dead node included
+    refused = {(r["verb"], request_attributes(r["verb"], r["path"], r["query"]).resource)
+               for r in fake_api.refused(403)}
+    if who in ("unrestricted", "rbac-watcher"):
+        assert not refused
+    else:
+        assert refused and {path for _, path in refused} == {"nodes"}, refused
+        lost = [ln for ln in lines if "node_lost" in ln]
+        assert lost and "not ready" in lost[0], lines       # told by the pod's Ready condition
     assert not [j for j in fake_api.store.list("jobs")[0] if j["metadata"]["name"] == "sup-a0"]
     assert not [p for p in fake_api.store.list("pods")[0] if p["metadata"]["labels"].get("job-name") == "sup-a0"]
     # attempt 1 was placed away from the dead node, and told to resume

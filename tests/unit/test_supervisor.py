@@ -69,6 +69,7 @@ class ScriptedBackend:
         self.clock, self.scripts = clock, scripts
         self.calls: list[tuple] = []
         self.submitted: dict[int, object] = {}
+        self.notes: dict[int, list[str]] = {}     # attempt -> what its teardown went on without
 
     def plan(self, spec, profile, ctx) -> FakePlan:
         return FakePlan(spec.name, ctx.attempt, ctx)
@@ -97,6 +98,9 @@ class ScriptedBackend:
     def release(self, ref: b.AttemptRef) -> None:
         self.calls.append(("release", ref.attempt))
 
+    def teardown_notes(self, ref: b.AttemptRef) -> list[str]:
+        return list(self.notes.get(ref.attempt, []))
+
     def attempts(self, run: str) -> list[b.AttemptRef]:
         return [b.AttemptRef(self.name, run, a) for a in sorted(self.submitted)]
 
@@ -116,7 +120,8 @@ def home(tmp_path, monkeypatch):
     return tmp_path
 
 
-def supervise(scripts, *, restart=None, auto_resume=True, places_nodes=True, on_sleep=None, clock_box=None):
+def supervise(scripts, *, restart=None, auto_resume=True, places_nodes=True, on_sleep=None, clock_box=None,
+              notes=None):
     spec = spec_from({"name": "sup", "nodes": 2, "command": ["python", "t.py"],
                       "restart": {"max_attempts": 4, "backoff": "0s", "heartbeat_timeout": "60s", **(restart or {})}})
     clock = Clock(on_sleep)
@@ -124,6 +129,7 @@ def supervise(scripts, *, restart=None, auto_resume=True, places_nodes=True, on_
         clock_box["clock"] = clock
     backend = ScriptedBackend(clock, scripts)
     backend.places_nodes = places_nodes
+    backend.notes = notes or {}
     store = RunStore(spec.name)
     record = RunRecord(run=spec.name, backend=backend.name, spec_path="sup.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=auto_resume)
@@ -149,6 +155,17 @@ def test_node_loss_tears_down_then_resumes_elsewhere_and_succeeds(home):
     assert (a0.outcome, a0.decision, a0.failed_host) == ("node_lost", "retry_elsewhere", "host-1")
     assert (a1.outcome, a1.resumed_from_step) == ("succeeded", 10)
     assert "steps redone per failure: [2]" in record.final_report
+
+
+def test_what_a_teardown_went_on_without_is_said(home):
+    """A step the backend could not do (a forbidden delete) is shown, and the run goes on."""
+    note = "cannot delete Service ns/sup-a0: 403 services is forbidden"
+    outcome, _, _, lines, _ = supervise({
+        0: [([progress("checkpoint", 10), b.Event(b.NODE_LOST, START + 1, 1, "host-1")], running())],
+        1: [([progress("resume", 10)], running()), ([progress("step", 20)], done())],
+    }, notes={0: [note]})
+    assert outcome.exit_code == 0
+    assert f"attempt 0 teardown went on without a step: {note}" in lines
 
 
 def test_app_error_stops_without_a_retry(home):

@@ -1,5 +1,10 @@
 """Pure functions: Kubernetes Pod / Node / Job objects (JSON dicts) -> backend Events.
 
+Without read access to Nodes (the built-in ``edit``/``admin`` roles grant none), a lost node
+is judged from its pods alone (``pod_loss_evidence``): the taint manager's or pod GC's
+DisruptionTarget, the node lifecycle controller's MarkPodsNotReady (Ready=False while the
+kubelet last said ContainersReady=True), or a deletion its kubelet never confirms.
+
 Each event comes with a *fact key*: the backend emits an event only the first time its fact is
 seen, so a re-list after a dropped watch or a 410 Gone re-derives the same facts without
 duplicating events, and derives any fact it missed without losing one. One pod loss is one fact
@@ -9,6 +14,10 @@ the taint manager, or the pod vanishing.
 
 from __future__ import annotations
 
+import datetime as dt
+import math
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..base import (
@@ -20,9 +29,23 @@ FactKey = tuple[str, str]
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 
-# waiting reasons that mean the image will not come
-IMAGE_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
-                      "RegistryUnavailable"}
+# waiting reasons that mean the image will not come, whatever the message
+IMAGE_NEVER_REASONS = {"InvalidImageName", "ErrImageNeverPull"}
+# A failed pull (pkg/kubelet/images/image_manager.go) is ErrImagePull with the runtime's error as
+# its message, then ImagePullBackOff ('Back-off pulling image "x"', no cause) until the kubelet
+# tries again, which it keeps doing. Only a missing image or refused credentials never fix
+# themselves; a registry's 429, a 5xx or a timeout does, so those are waited out (the heartbeat
+# clock has not started while a node is Pending).
+PERMANENT_PULL_ERROR = re.compile(r"not found|manifest unknown|code = NotFound|unauthorized|pull access denied|"
+                                  r"authentication required|denied: |401 Unauthorized|403 Forbidden",
+                                  re.IGNORECASE)
+
+
+def image_pull_permanent(reason: str, message: str) -> bool:
+    """Will this waiting reason and message never turn into a pulled image?"""
+    if reason in IMAGE_NEVER_REASONS:
+        return True
+    return reason == "ErrImagePull" and bool(PERMANENT_PULL_ERROR.search(message or ""))
 # DisruptionTarget reason -> event kind
 DISRUPTION_KIND = {
     "DeletionByTaintManager": NODE_LOST,     # the node went unreachable / not-ready
@@ -33,6 +56,9 @@ DISRUPTION_KIND = {
 }
 # container terminated reason -> event kind (anything else: NODE_EXITED)
 TERMINATED_KIND = {"OOMKilled": OOM_KILLED}
+# A deletion is due at deletionTimestamp (deletion time + grace period); a live kubelet kills
+# the containers then and confirms within seconds. This much later, no kubelet will.
+TERMINATION_SLACK_S = 15.0
 
 
 def pod_index(pod: Obj) -> int | None:
@@ -99,9 +125,47 @@ def exit_info(pod: Obj) -> tuple[int | None, str | None]:
     return int(t.get("exitCode") or 0), t.get("reason")
 
 
-def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True,
+def _rfc3339(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def pod_loss_evidence(pod: Obj, now: float, *,
+                      slack_s: float = TERMINATION_SLACK_S) -> tuple[str, str] | None:
+    """(reason, message) when the pod itself shows that its node is lost, else None. What a
+    watcher without access to Nodes goes by; it arrives no earlier than the Node's own
+    condition (the node lifecycle controller marks pods on its next pass, every 5 s)."""
+    if exit_info(pod)[0] is not None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None
+    host = (pod.get("spec") or {}).get("nodeName")
+    if not host:
+        return None
+    disruption = _condition(pod, "DisruptionTarget")
+    if disruption is not None and DISRUPTION_KIND.get(disruption.get("reason") or "") == NODE_LOST:
+        return disruption.get("reason") or "DisruptionTarget", disruption.get("message") or ""
+    conds = {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or []}
+    ready, containers = conds.get("Ready") or {}, conds.get("ContainersReady") or {}
+    # pkg/controller/util/node/controller_utils.go MarkPodsNotReady flips only Ready to False,
+    # keeping no reason; the kubelet (pkg/kubelet/status/generate.go) never sets Ready=False
+    # without a reason, and flips ContainersReady with it.
+    if ready.get("status") == "False" and not ready.get("reason") and containers.get("status") == "True":
+        return "NodeNotReady", f"pod marked not ready by the node lifecycle controller: node {host} is not ready"
+    due = _rfc3339((pod.get("metadata") or {}).get("deletionTimestamp"))
+    if due is not None and now > due + slack_s:
+        return "TerminationUnconfirmed", (f"pod still terminating {now - due:.0f} s past its grace period: "
+                                          f"no kubelet on {host} confirms it")
+    return None
+
+
+def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True, node_access: bool = True,
                now: float | None = None) -> list[tuple[FactKey, Event]]:
-    """Every fact the pod's current state (and its node's) implies, as (key, event)."""
+    """Every fact the pod's current state (and its node's) implies, as (key, event).
+
+    ``node_access`` False: Nodes cannot be read (403), so the pod's own evidence decides."""
     uid, idx = pod_uid(pod), pod_index(pod)
     host = (pod.get("spec") or {}).get("nodeName")
     status = pod.get("status") or {}
@@ -115,7 +179,7 @@ def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True,
             "running" in ((cs.get("state") or {})) for cs in status.get("containerStatuses") or []):
         out.append((("started", uid), Event(NODE_STARTED, **kw)))
     for waiting, msg in _waiting_reasons(pod):
-        if waiting in IMAGE_PULL_REASONS:
+        if image_pull_permanent(waiting, msg):
             out.append((("image", uid), Event(IMAGE_PULL_FAILED, reason=waiting, message=msg, **kw)))
             break
     code, reason = exit_info(pod)
@@ -142,6 +206,10 @@ def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True,
             out.append((("lost", uid), Event(
                 NODE_LOST, reason=why or ("NodeStatusUnknown" if ready == "Unknown" else "NodeNotReady"),
                 message=f"node {host} Ready={ready}", **kw)))
+        elif not node_access and now is not None:
+            evidence = pod_loss_evidence(pod, now)
+            if evidence is not None:
+                out.append((("lost", uid), Event(NODE_LOST, reason=evidence[0], message=evidence[1], **kw)))
     first: dict[FactKey, Event] = {}
     for key, ev in out:
         first.setdefault(key, ev)      # one event per fact: the most specific comes first
@@ -166,12 +234,37 @@ def pod_deleted_event(pod: Obj, *, cancelled: bool, job_finished: str | None, fa
                                           message="pod was deleted", **kw))
 
 
+# Since 1.31 (pkg/controller/job/job_controller.go delayTerminalCondition) the controller first
+# sets the interim FailureTarget / SuccessCriteriaMet and deletes the remaining pods; Failed /
+# Complete follow once no pod is terminating (a pod stuck on a dead node holds them off). The
+# interim condition already decides the Job's end.
+JOB_END_CONDITIONS = {"Complete": "Complete", "SuccessCriteriaMet": "Complete",
+                      "Failed": "Failed", "FailureTarget": "Failed"}
+
+
 def job_finished(job: Obj | None) -> str | None:
-    """'Complete' / 'Failed' once the Job has that condition, else None."""
+    """'Complete' / 'Failed' once the Job has that condition or its interim one, else None."""
     for c in ((job or {}).get("status") or {}).get("conditions") or []:
-        if c.get("type") in ("Complete", "Failed") and c.get("status") == "True":
-            return c["type"]
+        if c.get("type") in JOB_END_CONDITIONS and c.get("status") == "True":
+            return JOB_END_CONDITIONS[c["type"]]
     return None
+
+
+# pkg/controller/job/job_controller.go recordJobFinished: "Completed" (Normal) on success, else a
+# Warning with the Failed condition's reason.
+JOB_FAILED_REASONS = {"BackoffLimitExceeded", "DeadlineExceeded", "PodFailurePolicy", "FailedIndexes",
+                      "MaxFailedIndexesExceeded"}
+
+
+def job_end_event(events: list[Obj]) -> tuple[str, str, str] | None:
+    """('Complete' | 'Failed', reason, message) from the Job controller's Events on a Job, the
+    newest first; None when none says how it ended."""
+    ends = [e for e in events if e.get("reason") == "Completed" and e.get("type") == "Normal"
+            or e.get("reason") in JOB_FAILED_REASONS and e.get("type") == "Warning"]
+    if not ends:
+        return None
+    last = max(ends, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return ("Complete" if last["reason"] == "Completed" else "Failed"), last["reason"], last.get("message") or ""
 
 
 def _created(pod: Obj) -> tuple[str, str]:
@@ -219,3 +312,55 @@ def node_statuses(pods: list[Obj], completions: int, lost: set[str],
         else:
             out.append(NodeStatus(idx, UNKNOWN, host))
     return out
+
+
+# --- rank 0's log, followed across dropped streams and kubelet log rotation ---------------------
+# After a rotation the kubelet serves only the newest file (pkg/kubelet/kuberuntime/logs/logs.go
+# reads the container's current log path; pkg/kubelet/logs/container_log_manager.go renames the
+# old one away), so counting lines to skip what was already read skips new lines instead. The
+# stream is resumed by time: ``timestamps`` prefixes each line with the runtime's RFC3339Nano
+# timestamp, ``since_seconds`` asks for no more than the lines since the newest one read, and
+# lines at or before that timestamp are dropped here (a line at exactly that time only if it was
+# read). Margin: ``since_seconds`` is measured on this machine's clock against the node's, so a
+# skew under SINCE_MARGIN_S costs a few repeated (and dropped) lines, never a lost one.
+SINCE_MARGIN_S = 10
+
+
+def split_timestamp(raw: str) -> tuple[int | None, str]:
+    """('2026-12-04T15:10:00.123456789Z text') -> (unix nanoseconds, 'text'); (None, raw) if the
+    line carries no timestamp."""
+    head, sep, text = raw.partition(" ")
+    if not sep or not head.endswith("Z") or "T" not in head:
+        return None, raw
+    whole, _, frac = head[:-1].partition(".")
+    try:
+        secs = dt.datetime.fromisoformat(whole).replace(tzinfo=dt.timezone.utc).timestamp()
+        nanos = int((frac + "000000000")[:9]) if frac else 0
+    except ValueError:
+        return None, raw
+    return int(secs) * 1_000_000_000 + nanos, text
+
+
+@dataclass
+class LogCursor:
+    """Where a followed log has been read up to: the newest timestamp and the lines read at it."""
+
+    last: int | None = None
+    at_last: set[str] = field(default_factory=set)
+
+    def fresh(self, stamp: int | None, text: str) -> bool:
+        """Is this line new? Records it if so."""
+        if stamp is None:
+            return True
+        if self.last is not None and (stamp < self.last or stamp == self.last and text in self.at_last):
+            return False
+        if stamp != self.last:
+            self.last, self.at_last = stamp, set()
+        self.at_last.add(text)
+        return True
+
+    def since_seconds(self, now: float) -> int | None:
+        """The ``since_seconds`` of a resumed read (None: read from the start)."""
+        if self.last is None:
+            return None
+        return max(1, math.ceil(now - self.last / 1e9) + SINCE_MARGIN_S)

@@ -20,18 +20,19 @@ from typing import Any, Iterator
 
 from ... import labels as L
 from ...adaptors import kubernetes as sdk
-from ...errors import BackendError, RunNotFound
+from ...errors import BackendError, EngineUnavailable, RunNotFound
 from ...plan import AttemptContext, HostFacts, Plan
 from ...runtime.protocol import parse_progress
 from ...serialize import dump
 from ...state import open_store
 from .. import base as b
-from ..base import CANCELLED, NODE_EXITED, NODE_STARTED, PROGRESS, AttemptRef, Event, Observation
+from ..base import (CANCELLED, LOST, NODE_EXITED, NODE_LOST, NODE_STARTED, PROGRESS, SUCCEEDED, AttemptRef,
+                    Event, NodeStatus, Observation)
 from .check import volume_problems
-from .classify import (job_finished, newest_per_index, node_healthy, node_statuses, pod_deleted_event,
-                       pod_events, pod_index)
+from .classify import (JOB_END_CONDITIONS, LogCursor, job_end_event, job_finished, newest_per_index, node_healthy,
+                       node_statuses, pod_deleted_event, pod_events, pod_index, pod_loss_evidence, split_timestamp)
 from .client import call, call_json
-from .kinds import KINDS, create_order
+from .kinds import KINDS, Kind, create_order
 from .render import KubernetesRequest, render_kubernetes
 from .watch import ResourceWatcher
 
@@ -67,10 +68,13 @@ class _AttemptState:
     container: str | None
     lock: threading.RLock = field(default_factory=threading.RLock)
     pods: dict[str, Obj] = field(default_factory=dict)      # uid -> latest pod
-    gone: dict[int, Obj] = field(default_factory=dict)      # index -> last state of a deleted pod
     nodes: dict[str, Obj] = field(default_factory=dict)
     nodes_synced: bool = False
+    node_access: bool = True        # False once listing Nodes was forbidden: pods' own evidence decides
     job: Obj | None = None
+    job_absent: bool = False        # the Job watch listed no Job, or saw it deleted
+    gone: dict[int, Obj] = field(default_factory=dict)      # index -> last state of a deleted pod
+    resolved: list[NodeStatus] | None = None   # how an attempt found gone ended (resolve_gone)
     emitted: set[tuple[str, str]] = field(default_factory=set)
     lost: set[str] = field(default_factory=set)
     failure_seen: bool = False      # a fact that explains a Failed Job was emitted
@@ -86,6 +90,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
     name = "kubernetes"
     places_nodes = True      # the scheduler honours a node anti-affinity
     namespaced = True
+    resolves_gone = True     # _resolve_gone: the Job it saw finish, or the Job controller's Event
 
     @classmethod
     def create(cls, options: b.BackendOptions) -> "KubernetesBackend":
@@ -123,6 +128,10 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         self._states: dict[tuple[str, int, str], _AttemptState] = {}
         # (run, attempt, namespace) -> (completions, container name), learnt from the Job
         self._shapes: dict[tuple[str, int, str], tuple[int, str | None]] = {}
+        # what each attempt's teardown could not do (forbidden or unserved steps), one line each
+        self._notes: dict[tuple[str, int, str], list[str]] = {}
+        # (run, attempt, namespace) -> the PodGroup the Job's pods join (None: no Volcano)
+        self._gangs: dict[tuple[str, int, str], str | None] = {}
         self._lock = threading.Lock()
 
     # --- client ------------------------------------------------------------------------
@@ -158,18 +167,56 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                                hint="render manifests with wmctl's renderer")
         attempt = int(attempt_raw)
         namespace = (job.get("metadata") or {}).get("namespace") or plan.request.namespace or self.namespace
-        for m in sorted(manifests, key=lambda m: create_order(m.get("kind"))):
-            self._create_or_adopt(m, namespace, run, attempt)
+        made = [(m, self._create_or_adopt(m, namespace, run, attempt))
+                for m in sorted(manifests, key=lambda m: create_order(m.get("kind")))]
+        self._own(made, namespace)
         ref = AttemptRef(self.name, run, attempt, namespace)
         self._learn_shape(ref, job)
         self._state(ref)          # start watching at once so nothing is missed
         return ref
+
+    def _own(self, made: list[tuple[Obj, Obj]], namespace: str) -> None:
+        """Make the Job the owner of the attempt's other objects (the kinds table says which).
+        They are created before the Job (DNS and the gang must exist before its pods), so the
+        reference is patched in once the Job has a uid. Best effort: an object left unowned is
+        still deleted by cancel; only the TTL's cleanup would miss it."""
+        ApiException = sdk.api_exception()
+        job = next((obj for m, obj in made if m.get("kind") == "Job"), None)
+        meta = (job or {}).get("metadata") or {}
+        if not meta.get("uid"):
+            return
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]}
+        for m, obj in made:
+            kind = KINDS.get(m.get("kind") or "")
+            refs = ((obj.get("metadata") or {}).get("ownerReferences")) or []
+            if kind is None or not kind.owned or any(r.get("uid") == owner["uid"] for r in refs):
+                continue
+            name = obj["metadata"]["name"]
+            try:
+                call(self._patcher(kind, m), name, namespace, {"metadata": {"ownerReferences": [*refs, owner]}},
+                     what=f"set the owner of {kind.kind} {namespace}/{name}")
+            except ApiException:
+                pass        # 403 (no patch verb) or 404 (already gone): see the docstring
+
+    def _patcher(self, kind: Kind, m: Obj):
+        """patch(name, namespace, body) for a kind, from the kinds table."""
+        if kind.api is not None:
+            api = getattr(sdk.sdk(), kind.api)(self.api_client)
+            return getattr(api, f"patch_namespaced_{kind.method}")
+        group, version = m["apiVersion"].split("/")
+        custom, plural = self._custom(), kind.plural
+        return lambda n, ns, body: custom.patch_namespaced_custom_object(group, version, ns, plural, n, body)
 
     def _learn_shape(self, ref: AttemptRef, job: Obj) -> None:
         spec = job.get("spec") or {}
         containers = (((spec.get("template") or {}).get("spec") or {}).get("containers") or [{}])
         key = (ref.run, ref.attempt, ref.namespace or self.namespace)
         self._shapes[key] = (int(spec.get("completions") or 1), containers[0].get("name"))
+        # the Volcano PodGroup its pods join, if the spec asked for Volcano (render.py)
+        tmeta = (spec.get("template") or {}).get("metadata") or {}
+        self._gangs[key] = ((tmeta.get("annotations") or {}).get(L.VOLCANO_GROUP)
+                            if ((spec.get("template") or {}).get("spec") or {}).get("schedulerName") == "volcano"
+                            else None)
 
     def _shape(self, ref: AttemptRef) -> tuple[int, str | None]:
         """How many nodes the attempt's Job has, and its container's name (0, None: unknown, as for
@@ -243,7 +290,8 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         st.watchers = [
             ResourceWatcher(core.list_node, {}, lambda items: self._nodes_sync(st, items),
                             lambda t, o: self._node_event(st, t, o), name="nodes",
-                            watch_timeout=self.watch_timeout),
+                            watch_timeout=self.watch_timeout,
+                            on_forbidden=lambda exc: self._nodes_forbidden(st)),
             ResourceWatcher(batch.list_namespaced_job,
                             {"namespace": ns, "field_selector": f"metadata.name={st.ref.attempt_name}"},
                             lambda items: self._job_sync(st, items),
@@ -280,7 +328,8 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         if st.cancelled:
             return
         node = st.nodes.get((pod.get("spec") or {}).get("nodeName") or "")
-        self._emit(st, pod_events(pod, node, nodes_known=st.nodes_synced, now=time.time()),
+        self._emit(st, pod_events(pod, node, nodes_known=st.nodes_synced, node_access=st.node_access,
+                                  now=time.time()),
                    terminating=bool(pod["metadata"].get("deletionTimestamp")))
 
     def _deleted(self, st: _AttemptState, pod: Obj) -> None:
@@ -322,6 +371,15 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
             for p in list(st.pods.values()):
                 self._evaluate(st, p)
 
+    def _nodes_forbidden(self, st: _AttemptState) -> None:
+        """This user may not read Nodes (the built-in edit/admin roles): judge node loss from the
+        pods' own conditions from now on (classify.pod_loss_evidence)."""
+        with st.lock:
+            if st.node_access:
+                st.node_access = False
+                for p in list(st.pods.values()):
+                    self._evaluate(st, p)
+
     def _node_event(self, st: _AttemptState, etype: str, node: Obj) -> None:
         with st.lock:
             name = node["metadata"]["name"]
@@ -336,6 +394,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
     def _job_sync(self, st: _AttemptState, items: list[Obj]) -> None:
         with st.lock:
             st.job = items[0] if items else st.job
+            st.job_absent = not items
             if st.job and not st.completions:
                 st.completions = int((st.job.get("spec") or {}).get("completions") or 1)
 
@@ -343,6 +402,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         with st.lock:
             if etype != "DELETED":
                 st.job = job
+            st.job_absent = etype == "DELETED"
             intent = ((job.get("metadata") or {}).get("annotations") or {}).get(L.CANCEL_REQUESTED)
             if intent and not st.cancelled:
                 # Another machine's `wmctl cancel` (its run folder is not ours): the Job says so.
@@ -352,15 +412,14 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 st.completions = int((job.get("spec") or {}).get("completions") or 1)
 
     def _follow_rank0(self, st: _AttemptState) -> None:
-        """Follow index 0's log for WMCTL-PROGRESS lines; resume after drops without repeats."""
+        """Follow index 0's log for WMCTL-PROGRESS lines; resume after drops without repeats or
+        gaps, by timestamp (classify.LogCursor), across kubelet log rotations."""
         ApiException = sdk.api_exception()
         iter_resp_lines = sdk.iter_resp_lines
-
-
         core = self._core()
         ns = st.ref.namespace or self.namespace
         uid_done: set[str] = set()
-        consumed: dict[str, int] = {}
+        cursors: dict[str, LogCursor] = {}
         output_at: dict[int, float] = {}
         while not st.stop.is_set():
             with st.lock:
@@ -373,28 +432,24 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 st.stop.wait(0.05)
                 continue
             uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
-            kwargs: dict[str, Any] = {"follow": True, "_preload_content": False}
+            cursor = cursors.setdefault(uid, LogCursor())
+            kwargs: dict[str, Any] = {"follow": True, "timestamps": True, "_preload_content": False}
+            since = cursor.since_seconds(time.time())
+            if since is not None:
+                kwargs["since_seconds"] = since
             if st.container:
                 kwargs["container"] = st.container
             try:
                 resp = core.read_namespaced_pod_log(name, ns, **kwargs)
                 st.log_resp = resp
+                if st.stop.is_set():
+                    # close() ran while the request was on its way: it had no response to shut,
+                    # and a quiet log would block this read for as long as the pod runs
+                    st.log_resp = None
+                    resp.release_conn()
+                    break
                 try:
-                    n = 0
-                    for line in iter_resp_lines(resp):
-                        n += 1
-                        if n <= consumed.get(uid, 0):
-                            continue            # already seen before a reconnect
-                        consumed[uid] = n
-                        prog = parse_progress(line)
-                        host = pod["spec"].get("nodeName")
-                        sign = None if prog is not None else b.output_event(output_at, 0, host, line)
-                        if prog is not None or sign is not None:
-                            with st.lock:
-                                if not st.cancelled:
-                                    st.events.append(sign or Event(PROGRESS, node=0, host=host, progress=prog))
-                        if st.stop.is_set():
-                            break
+                    self._read_rank0(st, iter_resp_lines(resp), pod["spec"].get("nodeName"), cursor, output_at)
                 finally:
                     st.log_resp = None
                     resp.release_conn()
@@ -410,17 +465,79 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                     uid_done.add(uid)
                 st.stop.wait(0.05 if sdk.api_status(exc) in (400, 404) else 0.5)
             except sdk.connection_errors():
-                st.stop.wait(0.05)   # dropped stream: reconnect, skipping consumed lines
+                st.stop.wait(0.05)   # dropped stream: reconnect from the cursor
             except ValueError:
                 st.stop.wait(0.05)
+
+    def _read_rank0(self, st: _AttemptState, lines: Iterator[str], host: str | None, cursor: LogCursor,
+                    output_at: dict[int, float]) -> None:
+        """Turn the new lines of one log stream into PROGRESS (or, without progress lines,
+        OUTPUT heartbeat) events."""
+        for raw in lines:
+            stamp, line = split_timestamp(raw)
+            if not cursor.fresh(stamp, line):
+                continue            # read before a reconnect
+            prog = parse_progress(line)
+            sign = None if prog is not None else b.output_event(output_at, 0, host, line)
+            if prog is not None or sign is not None:
+                with st.lock:
+                    if not st.cancelled:
+                        st.events.append(sign or Event(PROGRESS, node=0, host=host, progress=prog))
+            if st.stop.is_set():
+                break
 
     def poll(self, ref: AttemptRef) -> Observation:
 
         st = self._state(ref)
         with st.lock:
+            if not st.node_access:
+                # a deletion no kubelet confirms changes nothing on the pod: time tells
+                for p in list(st.pods.values()):
+                    self._evaluate(st, p)
+            unseen = (st.job_absent and not st.pods and not st.gone
+                      and st.resolved is None and not st.cancelled and st.watchers[2].synced.is_set())
+        if unseen:
+            self._resolve_gone(st)
+        with st.lock:
             events, st.events = st.events, []
-            nodes = node_statuses(list(st.pods.values()), st.completions, st.lost, st.gone)
+            nodes = (st.resolved if st.resolved is not None else
+                     node_statuses(list(st.pods.values()), st.completions, st.lost, st.gone))
         return Observation(events, nodes)
+
+    def _resolve_gone(self, st: _AttemptState) -> None:
+        """The attempt has no Job and no pod, and this watcher never saw them: the
+        TTL-after-finished controller removed a finished Job (with its pods) while nobody
+        watched, or someone deleted it. The Job controller's own Event on the Job says how it
+        ended while the API server keeps Events (--event-ttl, 1 h by default); else the end is
+        unknown and reported as a loss (a watcher with --auto-resume resumes from the newest
+        checkpoint)."""
+        ApiException = sdk.api_exception()
+        ns, name = st.ref.namespace or self.namespace, st.ref.attempt_name
+        with st.lock:
+            seen = job_finished(st.job)       # seen finished, then deleted before its pods were listed
+            cond: Obj = next((c for c in ((st.job or {}).get("status") or {}).get("conditions") or []
+                         if JOB_END_CONDITIONS.get(c.get("type") or "") == seen), {})
+        end: tuple[str, str, str] | None = (seen, cond.get("reason") or "", cond.get("message") or "") if seen else None
+        if end is None:
+            try:
+                items = call_json(self._core().list_namespaced_event, namespace=ns,
+                                  field_selector=f"involvedObject.kind=Job,involvedObject.name={name}",
+                                  what=f"list the Events of Job {ns}/{name}")["items"]
+            except ApiException:
+                items = []          # Events not readable here (403): the end stays unknown
+            end = job_end_event(items)
+        n = max(st.completions, 1)
+        gone = "its Job and pods are gone (ttlSecondsAfterFinished, or deleted outside wmctl)"
+        with st.lock:
+            if end is not None and end[0] == "Complete":
+                st.resolved = [NodeStatus(i, SUCCEEDED, None, 0, "Completed") for i in range(n)]
+                st.events.append(Event(NODE_EXITED, node=0, exit_code=0, reason="Completed",
+                                       message=f"the Job completed; {gone}"))
+                return
+            why = (f"the Job failed ({end[1]}: {end[2]}) and {gone} before a watcher saw why" if end
+                   else f"{gone}, and no Event says how it ended")
+            st.resolved = [NodeStatus(i, LOST, None, None, "JobGone") for i in range(n)]
+            st.events.append(Event(NODE_LOST, reason="JobGone", message=why))
 
     def watch_stats(self, ref: AttemptRef) -> dict[str, dict[str, int]]:
         st = self._state(ref)
@@ -479,8 +596,11 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
 
     # --- cancel --------------------------------------------------------------------------------
     def release(self, ref: AttemptRef) -> None:
-        """A finished Job stays for `kubectl` and pod logs until ttlSecondsAfterFinished (the spec's
-        kubernetes.ttl_seconds_after_finished) lets the cluster remove it; nothing to do here."""
+        """A finished Job stays for `kubectl` until ttlSecondsAfterFinished (the spec's
+        kubernetes.ttl_seconds_after_finished) lets the cluster remove it, its pods and (owned by
+        it) its Service and PodGroup. Its logs go with the pods: keep each node's tail in the
+        run folder now, so `wmctl logs` still works after the TTL."""
+        self._archive_logs(ref)
 
     def note_cancel(self, ref: AttemptRef, intent: dict[str, Any]) -> None:
         """Annotate the attempt's Job with the cancel intent (a merge patch on metadata only), so
@@ -499,7 +619,12 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
     def cancel(self, ref: AttemptRef, graceful: bool = False) -> None:
         """Keep each node's log tail, then delete the Job (Foreground: its pods go first), the
         Service and any PodGroup, and force-delete pods on lost nodes (their kubelet can never
-        confirm a graceful delete)."""
+        confirm a graceful delete).
+
+        Best effort per step: a step answered 404 is already done; 403 or 405 (RBAC grants less,
+        a kind not served) is noted (``teardown_notes``) and the remaining steps still run. Only
+        a Job that could not be deleted fails the teardown, after every other step was tried:
+        its pods would keep running beside the next attempt."""
         ApiException = sdk.api_exception()
 
         ns = ref.namespace or self.namespace
@@ -513,41 +638,79 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                     st.cancelled = True
                     st.events.append(Event(CANCELLED, message=f"{name} cancelled"))
         core, batch = self._core(), self._batch()
+        notes: list[str] = []
+        fatal: list[str] = []
 
-        def gone_ok(fn, *args, what: str, **kw) -> None:
+        def step(what: str, fn, *args, essential: bool = False, **kw) -> Any:
             try:
-                call_json(fn, *args, what=what, **kw)
+                return call_json(fn, *args, what=what, **kw)
             except ApiException as exc:
-                if exc.status != 404:
-                    raise BackendError(f"cannot {what}: {exc.status} {_reason(exc)}") from None
+                if exc.status == 404:
+                    return None               # already gone: that step is done
+                line = f"cannot {what}: {exc.status} {_reason(exc)}"
+                (fatal if essential or exc.status not in (403, 405) else notes).append(line)
+            except EngineUnavailable:
+                raise                         # no API at all: no later step could run either
+            except BackendError as exc:       # transient failures outlasted call()'s retries
+                fatal.append(exc.message)
+            return None
 
         self._archive_logs(ref)
-        gone_ok(batch.delete_namespaced_job, name, ns, propagation_policy="Foreground",
-                what=f"delete Job {ns}/{name}")
-        gone_ok(core.delete_namespaced_service, name, ns, what=f"delete Service {ns}/{name}")
-        try:
-            call_json(self._custom().delete_namespaced_custom_object, "scheduling.volcano.sh",
-                 "v1beta1", ns, "podgroups", name, what=f"delete PodGroup {ns}/{name}")
-        except ApiException as exc:
-            if exc.status not in (404, 405):
-                raise BackendError(f"cannot delete PodGroup {ns}/{name}: {_reason(exc)}") from None
+        step(f"delete Job {ns}/{name}", batch.delete_namespaced_job, name, ns,
+             propagation_policy="Foreground", essential=True)
+        step(f"delete Service {ns}/{name}", core.delete_namespaced_service, name, ns)
+        group = self._gangs.get(key)
+        if group:      # only a spec that asked for Volcano has one: without its CRD the call is a 403
+            podgroup = KINDS["PodGroup"]
+            api_group, version = (podgroup.api_version or "").split("/")
+            step(f"delete PodGroup {ns}/{group}", self._custom().delete_namespaced_custom_object,
+                 api_group, version, ns, podgroup.plural, group)
         # pods: graceful on healthy nodes; grace 0 where no kubelet will ever confirm
-        pods = call_json(core.list_namespaced_pod, namespace=ns,
-                         label_selector=attempt_selector(ref.run, ref.attempt),
-                         what=f"list pods of {name}")["items"]
-        nodes = {n["metadata"]["name"]: n
-                 for n in call_json(core.list_node, what="list nodes")["items"]}
+        listed = step(f"list pods of {name}", core.list_namespaced_pod, namespace=ns,
+                      label_selector=attempt_selector(ref.run, ref.attempt))
+        pods = (listed or {}).get("items") or []
+        lost = self._on_lost_nodes(pods)
         for p in pods:
-            host = p["spec"].get("nodeName")
-            lost = bool(host) and not node_healthy(nodes.get(host))
-            if lost and self.force_delete_lost:
-                gone_ok(core.delete_namespaced_pod, p["metadata"]["name"], ns,
-                        grace_period_seconds=0, what=f"force-delete pod {p['metadata']['name']}")
+            pname = p["metadata"]["name"]
+            if p["metadata"]["uid"] in lost and self.force_delete_lost:
+                step(f"force-delete pod {ns}/{pname}", core.delete_namespaced_pod, pname, ns,
+                     grace_period_seconds=0)
             elif not p["metadata"].get("deletionTimestamp"):
-                gone_ok(core.delete_namespaced_pod, p["metadata"]["name"], ns,
-                        what=f"delete pod {p['metadata']['name']}")
+                step(f"delete pod {ns}/{pname}", core.delete_namespaced_pod, pname, ns)
+        with self._lock:
+            self._notes[key] = notes
         if st is not None:
             self._stop_state(st, join=False)
+        if fatal:
+            raise BackendError(f"teardown of {ns}/{name} is incomplete: " + "; ".join(fatal + notes),
+                               hint="grant the verbs of manifests/rbac-watcher.yaml, or delete it by hand: "
+                               f"kubectl -n {ns} delete job {name} --cascade=foreground")
+
+    def teardown_notes(self, ref: AttemptRef) -> list[str]:
+        with self._lock:
+            return list(self._notes.get((ref.run, ref.attempt, ref.namespace or self.namespace), []))
+
+    def _on_lost_nodes(self, pods: list[Obj]) -> set[str]:
+        """Uids of the pods whose node is lost: from the Nodes when this user may list them, else
+        from the pods' own evidence (classify.pod_loss_evidence)."""
+        ApiException = sdk.api_exception()
+        nodes: dict[str, Obj] | None = None
+        try:
+            nodes = {n["metadata"]["name"]: n
+                     for n in call_json(self._core().list_node, what="list nodes")["items"]}
+        except ApiException as exc:
+            if exc.status != 403:
+                raise BackendError(f"cannot list nodes: {exc.status} {_reason(exc)}") from None
+        now = time.time()
+        out = set()
+        for p in pods:
+            host = p["spec"].get("nodeName")
+            if not host:
+                continue
+            if (not node_healthy(nodes.get(host)) if nodes is not None
+                    else pod_loss_evidence(p, now) is not None):
+                out.add(p["metadata"]["uid"])
+        return out
 
     def _archive_logs(self, ref: AttemptRef) -> None:
         """Copy each node's log tail into the run folder before anything is deleted: a failed
@@ -562,12 +725,11 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
             pods = call_json(core.list_namespaced_pod, namespace=ns,
                              label_selector=attempt_selector(ref.run, ref.attempt),
                              what=f"list pods of {ref.attempt_name}")["items"]
-            nodes = {n["metadata"]["name"]: n for n in call_json(core.list_node, what="list nodes")["items"]}
+            lost = self._on_lost_nodes(pods)
         except (ApiException, BackendError):
             return          # teardown reports these itself when it lists the same objects
         # no kubelet serves the log of a pod on a lost node: asking would only wait
-        readable = [p for p in pods if _container_started(p)
-                    and node_healthy(nodes.get(p["spec"].get("nodeName")))]
+        readable = [p for p in pods if _container_started(p) and p["metadata"]["uid"] not in lost]
         newest = newest_per_index(readable)
         readers = [threading.Thread(target=self._archive_log, args=(ref, i, p), daemon=True,
                                     name=f"wmctl-archive-{p['metadata']['name']}")

@@ -18,13 +18,17 @@ class Kind:
     api: str | None = None           # typed API class (CoreV1Api, BatchV1Api); None: a custom resource
     method: str | None = None        # typed method suffix: create_namespaced_<method>
     plural: str | None = None        # custom resource plural
+    api_version: str | None = None   # custom resource group/version, as wmctl renders it
+    owned: bool = False              # gets an ownerReference to the attempt's Job, so it goes with it
 
 
 KINDS: dict[str, Kind] = {k.kind: k for k in (
     # The Service (DNS for the rendezvous) and a PodGroup (gang) exist before the Job's pods.
-    Kind("Service", 0, api="CoreV1Api", method="service"),
-    Kind("ConfigMap", 0, api="CoreV1Api", method="config_map"),
-    Kind("PodGroup", 1, plural="podgroups"),
+    # Each is owned by the Job (set once the Job exists and has a uid): whoever deletes the Job,
+    # the TTL-after-finished controller included, the garbage collector deletes them too.
+    Kind("Service", 0, api="CoreV1Api", method="service", owned=True),
+    Kind("ConfigMap", 0, api="CoreV1Api", method="config_map", owned=True),
+    Kind("PodGroup", 1, plural="podgroups", api_version="scheduling.volcano.sh/v1beta1", owned=True),
     Kind("Job", 2, api="BatchV1Api", method="job"),
 )}
 

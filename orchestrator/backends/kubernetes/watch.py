@@ -20,14 +20,20 @@ from .client import is_transient
 
 Obj = dict[str, Any]
 
+# How long a forbidden list/watch waits before asking again (permissions may be granted later).
+FORBIDDEN_RETRY_S = 30.0
+
 
 class ResourceWatcher:
     def __init__(self, list_fn: Callable[..., Any], kwargs: dict[str, Any],
                  on_sync: Callable[[list[Obj]], None],
                  on_event: Callable[[str, Obj], None], *, name: str,
-                 watch_timeout: int = 30, retry_delay: float = 0.05):
+                 watch_timeout: int = 30, retry_delay: float = 0.05,
+                 on_forbidden: Callable[[BaseException], None] | None = None):
         self.list_fn, self.kwargs = list_fn, dict(kwargs)
         self.on_sync, self.on_event = on_sync, on_event
+        # told when the list or watch is forbidden (403: RBAC grants no list/watch here)
+        self.on_forbidden = on_forbidden
         self.name, self.watch_timeout, self.retry_delay = name, watch_timeout, retry_delay
         self.resource_version: str | None = None
         self.relists = 0          # lists after the first (410 Gone)
@@ -103,8 +109,12 @@ class ResourceWatcher:
                     self.resource_version = None      # too old: list again
                     continue
                 self.reconnects += 1
-                # transient: retry soon; anything else (403, 404): back off harder
-                self._stop.wait(self.retry_delay if is_transient(exc) else 1.0)
+                if api_status(exc) == 403 and self.on_forbidden is not None:
+                    self.on_forbidden(exc)
+                # transient: retry soon; anything else (404): back off harder; 403 (RBAC grants no
+                # list/watch: Nodes for a namespace-only user) rarely changes, so ask rarely
+                self._stop.wait(self.retry_delay if is_transient(exc) else
+                                FORBIDDEN_RETRY_S if api_status(exc) == 403 else 1.0)
             except connection_errors() as exc:
                 self.last_error = exc
                 self.reconnects += 1

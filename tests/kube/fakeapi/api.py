@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ class Resource:
     plural: str
     kind: str
     namespaced: bool = True
+    crd: bool = False          # served only once its CustomResourceDefinition is installed
 
     @property
     def api_version(self) -> str:
@@ -39,7 +41,7 @@ RESOURCES: dict[tuple[str, str], Resource] = {
         Resource("v1", "nodes", "Node", namespaced=False),
         Resource("v1", "namespaces", "Namespace", namespaced=False),
         Resource("batch/v1", "jobs", "Job"),
-        Resource("scheduling.volcano.sh/v1beta1", "podgroups", "PodGroup"),
+        Resource("scheduling.volcano.sh/v1beta1", "podgroups", "PodGroup", crd=True),
     ]
 }
 
@@ -110,10 +112,13 @@ def json_patch(obj: Obj, ops: list[Obj]) -> Obj:
 @dataclass
 class Api:
     store: Store
-    # pod logs: (namespace, pod, container) -> lines (no newline)
-    logs: dict[tuple[str, str, str], list[str]] = field(default_factory=dict)
+    # pod logs: (namespace, pod, container) -> files, oldest first, of (unix ns, line without newline)
+    logs: dict[tuple[str, str, str], list[list[tuple[int, str]]]] = field(default_factory=dict)
     requests: list[Obj] = field(default_factory=list)
     requests_lock: threading.Lock = field(default_factory=threading.Lock)
+    # installed CustomResourceDefinitions, by name (<plural>.<group>): a cluster without Volcano
+    # serves no podgroups (the apiextensions-apiserver registers a CRD's paths when it is created)
+    crds: set[str] = field(default_factory=set)
 
     # --- admission and defaulting ------------------------------------------------
     def _admit(self, res: Resource, obj: Obj) -> None:
@@ -274,14 +279,31 @@ class Api:
             return self.store.update("pods", namespace, name, mark)
 
     # --- logs ----------------------------------------------------------------------
+    # A container's log is a series of files, as the kubelet keeps it: the runtime writes every
+    # line with its timestamp (CRI log format) to the current file; rotation
+    # (pkg/kubelet/logs/container_log_manager.go rotateLatestLog: rename 0.log to
+    # 0.log.<time>, ReopenContainerLog) starts a new one. pods/log serves the current file only
+    # (pkg/kubelet/kuberuntime/logs/logs.go ReadLogs opens the container's LogPath); a stream
+    # that follows it reopens the new file after a rotation and reads it from its start.
     def append_log(self, namespace: str, pod: str, container: str, line: str) -> None:
         with self.store.cond:
-            self.logs.setdefault((namespace, pod, container), []).append(line)
+            files = self.logs.setdefault((namespace, pod, container), [[]])
+            files[-1].append((time.time_ns(), line))
             self.store.cond.notify_all()
 
-    def log_lines(self, namespace: str, pod: str, container: str) -> list[str]:
+    def rotate_log(self, namespace: str, pod: str, container: str) -> None:
         with self.store.cond:
-            return list(self.logs.get((namespace, pod, container), []))
+            self.logs.setdefault((namespace, pod, container), [[]]).append([])
+            self.store.cond.notify_all()
+
+    def log_file(self, namespace: str, pod: str, container: str) -> tuple[int, list[tuple[int, str]]]:
+        """(generation, entries) of the current file: what pods/log can read."""
+        with self.store.cond:
+            files = self.logs.get((namespace, pod, container)) or [[]]
+            return len(files) - 1, list(files[-1])
+
+    def log_lines(self, namespace: str, pod: str, container: str) -> list[str]:
+        return [line for _, line in self.log_file(namespace, pod, container)[1]]
 
     def record(self, entry: Obj) -> None:
         with self.requests_lock:

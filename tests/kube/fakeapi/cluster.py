@@ -30,6 +30,7 @@ OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 class Timings:
     scale: float = 0.01                     # real seconds per Kubernetes second
     node_monitor_grace_period: float = 40.0  # Kubernetes seconds (50 from 1.32)
+    node_monitor_period: float = 5.0         # how often the node lifecycle controller looks
     image_pull_backoff_after: float = 10.0   # ErrImagePull -> ImagePullBackOff
 
     def real(self, k8s_seconds: float) -> float:
@@ -178,11 +179,15 @@ class Cluster:
         self.nodes: dict[str, NodeState] = {}
         self.pods: dict[str, PodRuntime] = {}
         self.bad_images: set[str] = set()
+        self.rate_limited_images: dict[str, float] = {}     # image -> real seconds its pulls get 429
         self.default_script = PodScript()
         self._scripts: list[tuple[Callable[[Obj], bool], PodScript]] = []
         self._job_pods: dict[str, dict[str, bool]] = {}   # job uid -> pod uid -> counted failed
+        self._marked_not_ready: set[str] = set()          # nodes whose pods MarkPodsNotReady flipped
+        self._finished_at: dict[str, float] = {}           # job uid -> when the TTL controller saw it finish
         self.timeline: list[tuple[float, str, str]] = []   # (time.time(), what, detail)
         self._lock = threading.RLock()
+        self.error: BaseException | None = None            # what killed the controller thread
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -301,6 +306,9 @@ class Cluster:
                     self.tick()
                 except ApiError:
                     continue      # raced with a client's delete; the next tick converges
+                except BaseException as exc:     # a bug in the fake: say so in run_until, not silently
+                    self.error = exc
+                    raise
         self._thread = threading.Thread(target=loop, name="fake-cluster", daemon=True)
         self._thread.start()
         return self
@@ -314,6 +322,7 @@ class Cluster:
     def tick(self) -> None:
         with self._lock:
             self._job_controller()
+            self._ttl_after_finished()
             self._garbage_collector()
             self._scheduler()
             self._kubelets()
@@ -326,6 +335,8 @@ class Cluster:
         """Tick (when no background thread runs) until ``predicate()`` holds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self.error is not None:
+                raise RuntimeError("the fake cluster's controller thread died") from self.error
             if self._thread is None:
                 self.tick()
             if predicate():
@@ -370,15 +381,33 @@ class Cluster:
         new_conds = list(conds)
         if meta.get("deletionTimestamp"):
             return
-        if not finished and n_failed > int(spec.get("backoffLimit", 6)):
-            for ctype in ("FailureTarget", "Failed"):
+        # pkg/controller/job/job_controller.go (1.31+, delayTerminalCondition: JobPodReplacementPolicy
+        # and JobManagedBy on): a failing Job first gets FailureTarget, recorded before its pods'
+        # tracking finalizers are removed (so before any of them can vanish); its active pods are
+        # deleted; Failed (same reason) is added only once none is still terminating
+        # (enactJobFinished). A pod stuck terminating on a dead node holds Failed back.
+        target = next((c for c in conds if c["type"] == "FailureTarget" and c["status"] == "True"), None)
+        if not finished and target is None and n_failed > int(spec.get("backoffLimit", 6)):
+            new_conds = _set_condition(new_conds, {
+                "type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded",
+                "message": "Job has reached the specified backoff limit", "lastProbeTime": now_rfc3339()})
+            target = new_conds[-1]
+            self.store.update("jobs", ns, name, lambda j: j["status"].__setitem__("conditions", new_conds))
+            self.note("job_failure_target", name)
+        if target is not None and not finished:
+            for p in active:
+                self.api.delete_pod(ns, p["metadata"]["name"], None)
+            active = []
+            left, _ = self.store.list("pods", ns, lambda p: any(
+                r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or []))
+            if not [p for p in left if p["metadata"].get("deletionTimestamp") and not _is_terminal(p)]:
                 new_conds = _set_condition(new_conds, {
-                    "type": ctype, "status": "True", "reason": "BackoffLimitExceeded",
-                    "message": "Job has reached the specified backoff limit",
-                    "lastProbeTime": now_rfc3339()})
-            finished = True
-            self.note("job_failed", name)
-        if finished or spec.get("suspend"):
+                    "type": "Failed", "status": "True", "reason": target.get("reason"),
+                    "message": target.get("message"), "lastProbeTime": now_rfc3339()})
+                finished = True
+                self.note("job_failed", name)
+                self._record_job_finished(job, "Warning", target.get("reason") or "", target.get("message") or "")
+        if finished or target is not None or spec.get("suspend"):
             for p in active:
                 self.api.delete_pod(ns, p["metadata"]["name"], None)
             active = []
@@ -404,6 +433,7 @@ class Cluster:
                         "message": "Reached expected number of succeeded pods",
                         "lastProbeTime": now_rfc3339()})
                 self.note("job_complete", name)
+                self._record_job_finished(job, "Normal", "Completed", "Job completed")
         new_status: Obj = {
             "active": len(active), "succeeded": len(succeeded_idx), "failed": n_failed,
             "ready": sum(1 for p in active if (p.get("status") or {}).get("phase") == "Running"),
@@ -420,6 +450,40 @@ class Cluster:
                 new_status.pop(k)      # the real controller omits zero counters
         if new_status != {k: v for k, v in status.items()}:
             self.store.update("jobs", ns, name, lambda j: j.__setitem__("status", new_status))
+
+    def _record_job_finished(self, job: Obj, etype: str, reason: str, message: str) -> None:
+        """pkg/controller/job/job_controller.go recordJobFinished: a Normal "Completed" / "Job
+        completed" Event, or a Warning with the Failed condition's reason and message. Events
+        outlive their Job for the apiserver's --event-ttl (1 h by default); the fake keeps them."""
+        meta, now = job["metadata"], now_rfc3339()
+        self.api.create(RESOURCES[("v1", "events")], meta["namespace"], {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "reason": reason, "message": message, "type": etype, "count": 1,
+            "source": {"component": "job-controller"}, "firstTimestamp": now, "lastTimestamp": now})
+
+    # --- TTL-after-finished controller ------------------------------------------------------
+    def _ttl_after_finished(self) -> None:
+        """pkg/controller/ttlafterfinished/ttlafterfinished_controller.go: a finished Job (Complete
+        or Failed) with spec.ttlSecondsAfterFinished, not already being deleted, is deleted with
+        Foreground propagation (its pods first) once finish time + TTL has passed. Upstream takes
+        the finish time from the condition's lastTransitionTime; the fake's timestamps have 1 s
+        resolution, so it uses the moment it first saw the condition (scaled like every duration)."""
+        now = time.monotonic()
+        jobs, _ = self.store.list("jobs")
+        for job in jobs:
+            meta, spec = job["metadata"], job["spec"]
+            ttl = spec.get("ttlSecondsAfterFinished")
+            finished = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+                           for c in (job.get("status") or {}).get("conditions") or [])
+            if ttl is None or not finished or meta.get("deletionTimestamp"):
+                continue
+            seen = self._finished_at.setdefault(meta["uid"], now)
+            if now - seen >= self.timings.real(float(ttl)):
+                self._try(lambda m=meta: self.api.delete(RESOURCES[("batch/v1", "jobs")], m["namespace"],
+                                                         m["name"], None, "Foreground"))
+                self.note("ttl_deleted", meta["name"])
 
     def _pod_from_template(self, job: Obj, idx: int) -> Obj:
         import copy
@@ -465,6 +529,17 @@ class Cluster:
                                                                p["metadata"]["name"], None))
             if not deps:
                 self._try(lambda: self.store.remove("jobs", m["namespace"], m["name"]))
+        # pkg/controller/garbagecollector/garbagecollector.go attemptToDeleteItem: an object whose
+        # every owner (by uid) is gone is deleted (Background): the Service and PodGroup wmctl
+        # makes the Job's dependents go with it, whoever deletes the Job (the TTL controller).
+        for plural in ("services", "podgroups", "configmaps"):
+            deps, _ = self.store.list(plural)
+            for d in deps:
+                owners = [r for r in d["metadata"].get("ownerReferences") or [] if r.get("kind") == "Job"]
+                if owners and not any(r.get("uid") in live for r in owners):
+                    self._try(lambda d=d, plural=plural: self.store.remove(
+                        plural, d["metadata"]["namespace"], d["metadata"]["name"]))
+                    self.note("gc_deleted", f"{plural}/{d['metadata']['name']}")
         for p in pods:
             refs = [r for r in p["metadata"].get("ownerReferences") or [] if r.get("kind") == "Job"]
             if refs and not any(r["uid"] in live for r in refs) and not p["metadata"].get("deletionTimestamp"):
@@ -577,6 +652,19 @@ class Cluster:
             return
         container = p["spec"]["containers"][0]["name"]
         if status.get("phase") == "Pending":
+            image = p["spec"]["containers"][0].get("image") or ""
+            if image in self.rate_limited_images and now - rt.bound_at < self.rate_limited_images[image]:
+                # pkg/kubelet/images/image_manager.go: a failed pull is ErrImagePull with the
+                # runtime's error as the message, then ImagePullBackOff ('Back-off pulling image')
+                # until the next try; the kubelet keeps retrying. A registry's 429 (containerd's
+                # wording) passes once the registry lets the node in again.
+                msg = (f'rpc error: code = Unknown desc = failed to pull and unpack image "{image}": failed to '
+                       f'copy: httpReadSeeker: failed open: unexpected status code https://{image.split("/")[0]}'
+                       "/v2/: 429 Too Many Requests - Server message: toomanyrequests: retry later")
+                wait = {"waiting": {"reason": "ErrImagePull", "message": msg}}
+                self.store.update("pods", ns, name, lambda o: o["status"].__setitem__(
+                    "containerStatuses", self._container_statuses(o, wait, False)))
+                return
             if any(c.get("image") in self.bad_images for c in p["spec"]["containers"]):
                 rt.pull_failed_at = rt.pull_failed_at or now
                 late = now - rt.pull_failed_at >= self.timings.real(self.timings.image_pull_backoff_after)
@@ -635,30 +723,51 @@ class Cluster:
 
     # --- node lifecycle controller --------------------------------------------------------------
     def _node_lifecycle(self) -> None:
+        """pkg/controller/nodelifecycle/node_lifecycle_controller.go monitorNodeHealth: a node
+        whose kubelet stopped posting for node-monitor-grace-period goes Ready=Unknown; on a
+        node that is not Ready (Unknown, or False as a live kubelet reported), the next pass
+        (every node-monitor-period) marks its pods not ready (MarkPodsNotReady)."""
         now = time.monotonic()
         grace = self.timings.real(self.timings.node_monitor_grace_period)
         for name, st in list(self.nodes.items()):
             if st.alive:
                 st.last_heartbeat = now
-                continue
             try:
                 node = self.store.get("nodes", None, name)
             except ApiError:
                 continue
             ready = next((c for c in node["status"].get("conditions") or [] if c["type"] == "Ready"), {})
-            if ready.get("status") != "Unknown" and now - st.last_heartbeat > grace:
+            if not st.alive and ready.get("status") != "Unknown" and now - st.last_heartbeat > grace:
                 self._update_node_ready(name, "Unknown", "NodeStatusUnknown",
                                         "Kubelet stopped posting node status.")
                 self.note("node_unknown", name)
-                # MarkPodsNotReady
-                pods, _ = self.store.list("pods", None, lambda p: p["spec"].get("nodeName") == name)
-                for p in pods:
-                    if _is_terminal(p):
-                        continue
-                    self.store.update("pods", p["metadata"]["namespace"], p["metadata"]["name"],
-                                      lambda o: o["status"].__setitem__("conditions", _set_condition(
-                                          o["status"].get("conditions") or [],
-                                          {"type": "Ready", "status": "False"})))
+                ready = {"status": "Unknown"}
+            since = st.taint_times.get(UNREACHABLE if ready.get("status") == "Unknown" else NOT_READY)
+            if ready.get("status") in ("Unknown", "False") and since is not None \
+                    and now - since >= self.timings.real(self.timings.node_monitor_period) \
+                    and name not in self._marked_not_ready:
+                self._mark_pods_not_ready(name)
+            elif ready.get("status") == "True":
+                self._marked_not_ready.discard(name)
+
+    def _mark_pods_not_ready(self, name: str) -> None:
+        """pkg/controller/util/node/controller_utils.go MarkPodsNotReady: only an existing Ready
+        condition flips to False (UpdateStatus), its reason untouched; nothing else changes."""
+        self._marked_not_ready.add(name)
+        pods, _ = self.store.list("pods", None, lambda p: p["spec"].get("nodeName") == name)
+        for p in pods:
+            if _is_terminal(p) or not any(c.get("type") == "Ready" for c in p["status"].get("conditions") or []):
+                continue
+
+            def flip(o: Obj) -> None:
+                conds = []
+                for c in o["status"].get("conditions") or []:
+                    if c.get("type") == "Ready" and c.get("status") != "False":
+                        c = {**c, "status": "False", "lastTransitionTime": now_rfc3339()}
+                    conds.append(c)
+                o["status"]["conditions"] = conds
+            self._try(lambda p=p: self.store.update("pods", p["metadata"]["namespace"], p["metadata"]["name"], flip))
+        self.note("pods_marked_not_ready", name)
 
     # --- taint manager -------------------------------------------------------------------------
     def _taint_manager(self) -> None:

@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from .api import RESOURCES, Api, Resource
 from .faults import Faults
+from .rbac import Rbac, request_attributes
 from .selectors import SelectorError, field_matcher, label_matcher
 from .store import ApiError, Gone, Obj, Store
 
@@ -27,8 +28,9 @@ class _Dropped(Exception):
     """The connection was cut on purpose (fault injection)."""
 
 
-def parse_path(path: str) -> tuple[Resource, str | None, str | None, str | None]:
-    """-> (resource, namespace, name, subresource); ApiError 404 for unknown paths."""
+def parse_path(path: str, crds: set[str] | None = None) -> tuple[Resource, str | None, str | None, str | None]:
+    """-> (resource, namespace, name, subresource); ApiError 404 for unknown paths and for a
+    custom resource whose CRD is not installed (``crds``: installed <plural>.<group> names)."""
     parts = [p for p in path.split("/") if p]
     if parts[:2] == ["api", "v1"]:
         gv, rest = "v1", parts[2:]
@@ -42,7 +44,8 @@ def parse_path(path: str) -> tuple[Resource, str | None, str | None, str | None]
     if not rest:
         raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
     res = RESOURCES.get((gv, rest[0]))
-    if res is None:
+    if res is None or (res.crd and crds is not None
+                       and f"{res.plural}.{res.group_version.split('/')[0]}" not in crds):
         raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
     name = rest[1] if len(rest) > 1 else None
     sub = rest[2] if len(rest) > 2 else None
@@ -75,6 +78,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, payload: Any, content_type: str = "application/json") -> None:
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self._entry["code"] = code
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
@@ -82,6 +86,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _start_stream(self, content_type: str) -> None:
+        self._entry["code"] = 200
         self.send_response(200)
         self.send_header("Content-Type", content_type)
         self.send_header("Transfer-Encoding", "chunked")
@@ -121,6 +126,7 @@ class Handler(BaseHTTPRequestHandler):
     # --- dispatch ------------------------------------------------------------------
     def _dispatch(self, verb: str) -> None:
         api: Api = self.server.api
+        self._entry: Obj = {}
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         is_watch = verb == "GET" and query.get("watch") in ("true", "1")
@@ -130,8 +136,9 @@ class Handler(BaseHTTPRequestHandler):
         except ApiError as err:
             self._send(err.code, err.status())
             return
-        api.record({"verb": verb, "path": url.path, "query": query, "body": body,
-                    "time": time.time()})
+        self._entry = {"verb": verb, "path": url.path, "query": query, "body": body,
+                            "time": time.time(), "code": None}
+        api.record(self._entry)
         if url.path in ("/version", "/version/"):
             self._send(200, {"major": "1", "minor": "34", "gitVersion": "v1.34.0-fake"})
             return
@@ -142,7 +149,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         lose = rule is not None and rule.action == "lose_response"
         try:
-            res, ns, name, sub = parse_path(url.path)
+            self._authorize(verb, url.path, query)
+            res, ns, name, sub = parse_path(url.path, api.crds)
             if verb == "GET" and sub == "log":
                 if lose:
                     self._drop()
@@ -166,6 +174,17 @@ class Handler(BaseHTTPRequestHandler):
             self._drop()
             return
         self._send(code, payload)
+
+    def _authorize(self, verb: str, path: str, query: dict[str, str]) -> None:
+        """Authentication, then RBAC, before any routing (see rbac.py): a forbidden request for a
+        resource that is not served is 403, not 404."""
+        rbac: Rbac | None = self.server.rbac
+        attrs = request_attributes(verb, path, query)
+        if rbac is None or attrs is None:
+            return
+        user = rbac.authenticate(self.headers.get("Authorization"))
+        self._entry["user"] = user.name
+        rbac.authorize(user, attrs)
 
     def _handle(self, verb: str, res: Resource, ns: str | None, name: str | None,
                 sub: str | None, query: dict[str, str], body: Any) -> tuple[int, Obj]:
@@ -297,40 +316,76 @@ class Handler(BaseHTTPRequestHandler):
         if not _container_started(pod, container):
             raise ApiError(400, "BadRequest", f'container "{container}" in pod "{name}" is '
                            "waiting to start: ContainerCreating")
-        lines = api.log_lines(ns or "default", name or "", container)
+        key = (ns or "default", name or "", container)
+        # pkg/apis/core/validation ValidatePodLogOptions: sinceSeconds >= 1, not with sinceTime
+        since_s, since_t = query.get("sinceSeconds"), query.get("sinceTime")
+        if since_s is not None and int(since_s) < 1:
+            raise ApiError(422, "Invalid", "PodLogOptions \"\" is invalid: sinceSeconds: Invalid value: "
+                           f"{since_s}: must be greater than 0")
+        if since_s is not None and since_t is not None:
+            raise ApiError(422, "Invalid", "PodLogOptions \"\" is invalid: : Forbidden: at most one of "
+                           "`sinceTime` or `sinceSeconds` may be specified")
+        since_ns = (time.time_ns() - int(since_s) * 1_000_000_000 if since_s is not None
+                    else _parse_rfc3339_ns(since_t) if since_t else None)
+        stamps = query.get("timestamps") in ("true", "1")
+
+        def render(entries: list[tuple[int, str]]) -> bytes:
+            # logs.go: drop lines before `since`; with timestamps, prefix RFC3339Nano and a space
+            return b"".join(((rfc3339nano(t) + " " if stamps else "") + line + "\n").encode()
+                            for t, line in entries if since_ns is None or t >= since_ns)
+
+        generation, snapshot = api.log_file(*key)
         tail = query.get("tailLines")
-        if tail is not None:
-            lines = lines[-int(tail):] if int(tail) else []
+        entries = snapshot if tail is None else snapshot[-int(tail):] if int(tail) else []
         if query.get("follow") not in ("true", "1"):
-            self._send(200, "".join(l + "\n" for l in lines).encode(), "text/plain")
+            self._send(200, render(entries), "text/plain")
             return
         self._start_stream("text/plain")
-        sent = len(api.log_lines(ns or "default", name or "", container)) - len(lines)
-        generation = self.server.faults.watch_generation
+        sent = len(snapshot) - len(entries)      # the loop sends from here on
+        faults_generation = self.server.faults.watch_generation
         try:
             while not self.server.stopping.is_set():
-                if self.server.faults.watch_generation != generation:
+                if self.server.faults.watch_generation != faults_generation:
                     self._drop()
                     return
                 with api.store.cond:
-                    all_lines = api.log_lines(ns or "default", name or "", container)
+                    current, now_entries = api.log_file(*key)
                     try:
                         cur = api.store.get("pods", ns, name or "")
                         done = _container_terminated(cur, container)
                     except ApiError:
                         done = True
                     seen = api.store.rv
-                for line in all_lines[sent:]:
-                    self._chunk(line.encode() + b"\n")
-                sent = len(all_lines)
+                if current != generation:          # rotated: reopen, read the new file from its start
+                    generation, sent = current, 0
+                data = render(now_entries[sent:])
+                if data:
+                    self._chunk(data)
+                sent = len(now_entries)
                 if done:
                     break
                 with api.store.cond:
-                    if len(api.log_lines(ns or "default", name or "", container)) == sent:
+                    if api.log_file(*key) == (generation, now_entries):
                         api.store.cond.wait(0.05) if api.store.rv == seen else None
             self._end_stream()
         except (BrokenPipeError, ConnectionResetError, OSError):
             self.close_connection = True
+
+
+def rfc3339nano(unix_ns: int) -> str:
+    """Go's time.RFC3339Nano in UTC: trailing zeros of the fraction dropped."""
+    secs, frac = divmod(unix_ns, 1_000_000_000)
+    base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs))
+    digits = f"{frac:09d}".rstrip("0")
+    return f"{base}.{digits}Z" if digits else f"{base}Z"
+
+
+def _parse_rfc3339_ns(text: str) -> int:
+    import datetime as dt
+
+    head, _, frac = text.rstrip("Z").partition(".")
+    secs = int(dt.datetime.fromisoformat(head).replace(tzinfo=dt.timezone.utc).timestamp())
+    return secs * 1_000_000_000 + int((frac + "000000000")[:9] if frac else 0)
 
 
 def _container_status(pod: Obj, container: str) -> Obj | None:
@@ -359,6 +414,7 @@ class FakeApiServer(ThreadingHTTPServer):
         super().__init__((host, port), Handler)
         self.api = Api(Store(history_limit=history_limit))
         self.faults = Faults()
+        self.rbac: Rbac | None = None      # None: no authentication or authorisation at all
         self.stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
