@@ -416,6 +416,14 @@ def runs() -> list[RunView]:
     return out
 
 
+def metrics(run: str, attempt: int | None = None) -> list[dict[str, Any]]:
+    """Every progress event a watcher kept for ``run`` (oldest first), or one attempt's."""
+    store = open_store(run)
+    store.load()
+    events = store.metrics()
+    return events if attempt is None else [e for e in events if e.get("attempt") == attempt]
+
+
 def watcher_log(run: str) -> Iterator[str]:
     """What a detached watcher of ``run`` printed."""
     store = open_store(run)

@@ -1,0 +1,60 @@
+"""`wmctl metrics RUN`: the progress events a watcher kept (run folder's metrics.jsonl), as a table,
+CSV or JSON, for a spreadsheet, a plot or a dashboard.
+
+The columns are fixed (METRICS_COLUMNS): time (when the job printed the line, else when the
+watcher saw it), attempt, event, step, loss, samples, the step time split (step_s, data, compute,
+comm: shares of the step), the checkpoint (path, seconds) and the resume's step and exactness.
+An unknown value is empty in CSV, null in JSON and - in the table."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+import click
+
+from .. import api
+
+METRICS_COLUMNS = ("time", "attempt", "event", "step", "loss", "samples", "step_s", "data", "compute", "comm",
+                   "path", "seconds", "exact")
+
+
+def flat(event: dict[str, Any]) -> dict[str, Any]:
+    """One event in the fixed columns."""
+    timing = event.get("timing") or {}     # runtime.timing.classify's fields
+    return {
+        "time": event.get("time", event.get("seen")), "attempt": event.get("attempt"), "event": event.get("event"),
+        "step": event.get("step", event.get("damaged_step")), "loss": event.get("loss"),
+        "samples": event.get("samples"), "step_s": timing.get("step_s"),
+        "data": timing.get("data_share"), "compute": timing.get("compute_share"), "comm": timing.get("comm_share"),
+        "path": event.get("path"), "seconds": event.get("seconds"), "exact": event.get("exact"),
+    }
+
+
+@click.command("metrics", help="Print the progress events kept for a run (steps, loss, timing, checkpoints).")
+@click.argument("run")
+@click.option("--attempt", type=click.IntRange(min=0), default=None, help="Only this attempt's events.")
+@click.option("-o", "--output", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+def command(run, attempt, output):
+    rows = [flat(e) for e in api.metrics(run, attempt)]
+    if output == "json":
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if output == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=METRICS_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: "" if v is None else v for k, v in row.items()})
+        click.echo(buf.getvalue(), nl=False)
+        return
+    shown = ("attempt", "event", "step", "loss", "samples", "step_s", "seconds")
+    table = [tuple(c.upper() for c in shown)]
+    for row in rows:
+        table.append(tuple("-" if row[c] is None else (f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]))
+                           for c in shown))
+    widths = [max(len(r[i]) for r in table) for i in range(len(shown))]
+    for r in table:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
