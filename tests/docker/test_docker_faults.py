@@ -45,13 +45,18 @@ def image(docker_client, base_image, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def _no_stale_runs(docker_client):
-    """Runs of an earlier, interrupted session on this engine would be refused as someone else's."""
+    """Runs of an earlier, interrupted session on this engine would be refused as someone else's
+    (an unwatched run that succeeded keeps its containers until a watcher or `wmctl delete`).
+    Every Docker test module's runs: dkf- (faults, pasted line), dkl- (lifecycle)."""
+    def ours(run: str) -> bool:
+        return run.startswith(("dkf-", "dkl-"))
+
     def sweep():
         for c in docker_client.containers.list(all=True, filters={"label": [L.RUN]}):
-            if c.labels.get(L.RUN, "").startswith("dkf-"):
+            if ours(c.labels.get(L.RUN, "")):
                 c.remove(force=True)
         for net in docker_client.networks.list(filters={"label": [L.RUN]}):
-            if (net.attrs.get("Labels") or {}).get(L.RUN, "").startswith("dkf-"):
+            if ours((net.attrs.get("Labels") or {}).get(L.RUN, "")):
                 net.remove()
     sweep()
     yield
