@@ -115,6 +115,17 @@ def require(condition: bool, field: str, message: str) -> None:
 
 
 @contextlib.contextmanager
+def interrupted_watch(run: str) -> Iterator[None]:
+    """Ctrl-C stops the watcher, not the run: say so, and how to re-attach or stop it (exit 130)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo(f"\nstopped watching {run}; the run goes on, and nothing will resume it if it fails. "
+                   f"Re-attach: wmctl watch {run} --auto-resume; stop it: wmctl cancel {run}", err=True)
+        raise SystemExit(130) from None
+
+
+@contextlib.contextmanager
 def display_for(watching: bool) -> Iterator[Any]:
     """The watcher's display: a live panel on a terminal while it watches, plain lines otherwise."""
     from ..display import make_display

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .. import api
-from ._common import backend_option, display_for, load, overrides_from, plan_document, spec_options
+from ._common import backend_option, display_for, interrupted_watch, load, overrides_from, plan_document, spec_options
 
 
 @click.command("submit", help="Submit a job spec as a run. --dry-run prints what would be submitted.")
@@ -34,7 +34,7 @@ def command(spec_path, set_flags, nodes, image_tag, vendor, namespace, backend, 
         return
     watching = (request.auto_resume if watch is None else watch) and not detach
     run = job.spec.name
-    with display_for(watching) as display:
+    with interrupted_watch(run), display_for(watching) as display:
         code = api.schedule(request, watch=watching, echo=display, show_state=display.state, replace=replace)
         if code == 0 and not watching:
             if request.auto_resume:

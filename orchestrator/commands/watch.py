@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .. import api
-from ._common import display_for
+from ._common import display_for, interrupted_watch
 
 
 @click.command("watch", help="Supervise a run. With --auto-resume, a failed node's attempt is torn down at "
@@ -15,6 +15,6 @@ from ._common import display_for
               help="Resubmit on retryable failures (default: as chosen at submit).")
 def command(run, auto_resume):
 
-    with display_for(True) as display:
+    with interrupted_watch(run), display_for(True) as display:
         code = api.watch(run, auto_resume=auto_resume, echo=display, show_state=display.state)
     raise SystemExit(code)

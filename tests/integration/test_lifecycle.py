@@ -452,3 +452,19 @@ def test_resume_from_another_run_on_purpose(home):
     bad = wmctl(home, "submit", str(_tiny_spec(home, "orphan", shared)), "--resume-from", "nosuchrun")
     assert bad.returncode == 2 and "--resume-from" in bad.stderr and "Traceback" not in bad.stderr
     assert not h.run_folder(home, "orphan").exists()
+
+
+def test_ctrl_c_stops_the_watcher_not_the_run_and_says_how_to_reattach(home):
+    import signal
+    run = "ctrl-c"
+    spec = h.write_spec(home, run, nodes=2, steps=60, every=5, sleep=0.1)
+    w = h.Watch(spec, home)
+    h.wait_step(home, run, 0, 3)
+    os.kill(w.proc.pid, signal.SIGINT)
+    assert w.wait(timeout=60) == 130, w.output
+    assert f"wmctl watch {run} --auto-resume" in w.output and f"wmctl cancel {run}" in w.output
+    assert "Traceback" not in w.output
+    assert h.node_pids(run, 0, 0) and h.node_pids(run, 0, 1), "Ctrl-C on the watcher stopped the run"
+    again = wmctl(home, "watch", run, "--auto-resume", timeout=240)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert h.record(home, run)["status"] == "succeeded" and submitted_attempts(home, run) == [0]
