@@ -17,7 +17,7 @@ _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 DOMAIN = re.compile(rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9A-Fa-f:.]+\])(?::[0-9]+)?")
 TAG = re.compile(r"[\w][\w.-]{0,127}", re.ASCII)
 DIGEST = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}")
-# go-digest: the registered algorithms fix the length of the hex part.
+# go-digest (algorithm.go): the registered algorithms, each with a fixed length of lowercase hex.
 DIGEST_HEX_LENGTH = {"sha256": 64, "sha384": 96, "sha512": 128}
 NAME_TOTAL_LENGTH_MAX = 255
 EXAMPLE = "registry.example.com/team/worldmodel:v3"
@@ -34,8 +34,12 @@ def problem(ref: str) -> str | None:
                     "e.g. @sha256:<64 hex digits> as `docker images --digests` prints")
         algorithm, _, hex_part = digest.partition(":")
         want = DIGEST_HEX_LENGTH.get(algorithm)
-        if want is not None and len(hex_part) != want:
-            return f"a {algorithm} digest has {want} hex digits, this one {len(hex_part)}"
+        if want is None:
+            return (f"digest algorithm {algorithm!r} is not one registries use "
+                    f"({', '.join(DIGEST_HEX_LENGTH)}); e.g. @sha256:<64 hex digits>")
+        if len(hex_part) != want or hex_part != hex_part.lower():
+            return (f"a {algorithm} digest is {want} lowercase hex digits, this one is "
+                    f"{hex_part[:16]!r}... ({len(hex_part)})")
     slash = name.rfind("/")
     colon = name.rfind(":")
     tag = None

@@ -4,7 +4,11 @@ A string stays a string for every YAML reader. PyYAML quotes what YAML 1.1 would
 another type (``yes``, ``0777``, ``1_000``, ``12:30``) but not what only YAML 1.2 reads so
 (``1e-4``, ``0o17``, ``.5e3``), and kubectl, Helm and go-yaml v3 read YAML 1.2: ``--lr 1e-4``
 would reach the container as the number 0.0001. ``needs_quotes`` adds the YAML 1.2 core schema
-(https://yaml.org/spec/1.2.2/#1032-tag-resolution) and the forms go-yaml v2 also resolves.
+(https://yaml.org/spec/1.2.2/#1032-tag-resolution) and the forms go-yaml v2 also resolves (its
+resolve.go: y/Y/n/N and yes/on/no/off are booleans there, and sigs.k8s.io/yaml, which kubectl
+reads manifests with, is built on it).
+
+Lines are never folded (a folded `docker_run` line pasted into a shell runs as two commands).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ _NUMBER_LIKE = re.compile(
       | [-+]?0[xX][0-9a-fA-F_]+ | [-+]?0[oO][0-7_]+ | [-+]?0[bB][01_]+      # 0x1F, 0o17, 0b101
       | [-+]?\.(?:inf|Inf|INF) | \.(?:nan|NaN|NAN)                           # .inf, .nan
       | ~ | null | Null | NULL | true | True | TRUE | false | False | FALSE
+      | y | Y | n | N | yes | Yes | YES | no | No | NO | on | On | ON | off | Off | OFF   # go-yaml v2's bools
     )$""", re.VERBOSE)
 
 
@@ -57,5 +62,6 @@ def dump(data: Any, output: str, *, stream: bool = True) -> str:
     import yaml
 
     if isinstance(data, list) and stream:
-        return yaml.dump_all(data, Dumper=_no_alias_dumper(), sort_keys=False, allow_unicode=False, width=1000)
-    return yaml.dump(data, Dumper=_no_alias_dumper(), sort_keys=False, allow_unicode=False, width=1000)
+        return yaml.dump_all(data, Dumper=_no_alias_dumper(), sort_keys=False, allow_unicode=False,
+                             width=float("inf"))
+    return yaml.dump(data, Dumper=_no_alias_dumper(), sort_keys=False, allow_unicode=False, width=float("inf"))

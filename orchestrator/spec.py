@@ -46,7 +46,7 @@ ANNOTATIONS_MAX_BYTES = 256 * 1024
 ANNOTATIONS_WMCTL_RESERVE = 8 * 1024   # what wmctl adds itself (spec hash, cancel intent, ...)
 # An NFS server is a host name or an address: a comma would add Docker mount options (rw,exec,suid).
 NFS_SERVER = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
-                        r"[A-Za-z0-9])?)*|\[?[0-9A-Fa-f:.]+\]?)$")
+                        r"[A-Za-z0-9])?)*\.?|[0-9A-Fa-f:.]+|\[[0-9A-Fa-f:.]+\])$")
 # Env names that usually hold credentials: plain values there end up in manifests and `docker inspect`.
 SECRET_ENV = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)($|_)|"
                         r"_KEY$", re.IGNORECASE)

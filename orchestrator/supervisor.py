@@ -267,6 +267,10 @@ class Supervisor:
                 self.sleep(self.poll_interval)
                 continue
             failure = tracker.failure(now, timeout)
+            if failure is not None and failure.kind == F.CANCELLED and cancelled is None and self._cancelled():
+                # The backend saw the cancel (a Job's annotation) after this round read no intent
+                # here: the next round reads it, and a graceful one waits for the checkpoint.
+                continue
             if failure is not None:
                 return tracker, failure
             if tracker.succeeded:

@@ -1,11 +1,15 @@
 """The one YAML loader for what a user writes (job specs, --set values): strict and bounded.
 
 - A key given twice in one mapping is an error naming both lines. PyYAML keeps the last one
-  silently, so ``nodes: 1`` ... ``nodes: 3`` ran on 3 nodes without a word.
-- Aliases may not expand past ``MAX_VALUES`` values. PyYAML shares an aliased object instead of
-  copying it, so a 1 KB "billion laughs" document loads at once, and then whatever walks it
-  (validation, an error that quotes it, a render) walks every expansion: 60 s and a 34.7 MB
-  error message before this bound.
+  silently, so ``nodes: 1`` ... ``nodes: 3`` ran on 3 nodes without a word. Checked on the
+  composed node graph, before anything is built: an aliased key (``{&k a: 1, *k : 2}``) and the
+  mappings a merge key (``<<``) points at are checked too, and a merge's own override of a
+  merged key is not a duplicate.
+- Aliases may not expand past ``MAX_VALUES`` values or ``MAX_BYTES`` of scalar text. PyYAML shares
+  an aliased object instead of copying it, so a 1 KB "billion laughs" document loads at once, and
+  then whatever walks it (validation, an error that quotes it, a render) walks every expansion:
+  60 s and a 34.7 MB error message before this bound; a 1 MB string aliased 300 times printed a
+  602 MB plan.
 - Nesting is bounded too (libyaml stops at 1000 levels; the pure-Python parser has no limit
   and would overflow the interpreter's stack).
 """
@@ -16,7 +20,9 @@ import functools
 from typing import Any
 
 MAX_VALUES = 100_000      # a real spec holds well under a thousand values; a bomb holds billions
+MAX_BYTES = 8 * 2**20     # of scalar text once every alias is expanded; a real spec is a few KB
 MAX_DEPTH = 200           # a spec nests about 5 deep
+MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class YamlProblem(Exception):
@@ -40,51 +46,47 @@ def _loader_class() -> Any:
 
     class StrictLoader(base):  # type: ignore[misc, valid-type]
         def construct_document(self, node: Any) -> Any:
-            _check_size(node)
+            _check_graph(node)
             return super().construct_document(node)
-
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            if isinstance(node, yaml.MappingNode):
-                seen: dict[Any, Any] = {}
-                for key_node, _ in node.value:
-                    if key_node.tag == "tag:yaml.org,2002:merge":
-                        continue
-                    key = self.construct_object(key_node, deep=True)
-                    try:
-                        first = seen.setdefault(key, key_node)
-                    except TypeError:
-                        continue   # an unhashable key: SafeConstructor reports it itself
-                    if first is not key_node:
-                        raise YamlProblem(f"key {_excerpt(key)} is given twice (first at "
-                                          f"{_where(first.start_mark)}); keep one", _where(key_node.start_mark))
-            return super().construct_mapping(node, deep=deep)
 
     return StrictLoader
 
 
-def _check_size(root: Any) -> None:
-    """Count the values ``root`` expands to (an alias counts its whole target again), without
-    expanding anything: each node's count is computed once, iteratively."""
-    counts: dict[int, int] = {}
+def _check_graph(root: Any) -> None:
+    """One pass over the composed document: the values and bytes it expands to (an alias counts
+    its whole target again; each node's totals are computed once), its depth, and duplicate keys
+    in every mapping."""
+    import yaml
+
+    totals: dict[int, tuple[int, int]] = {}      # id(node) -> (values, scalar bytes) expanded
+    aliased = False
     stack: list[tuple[Any, int]] = [(root, 0)]
     while stack:
         node, depth = stack.pop()
-        if id(node) in counts:
+        if id(node) in totals:
+            aliased = True                        # reached again: an alias
             continue
         if depth > MAX_DEPTH:
             raise YamlProblem(f"values nest more than {MAX_DEPTH} levels deep", _where(node.start_mark))
         children = _children(node)
-        pending = [c for c in children if id(c) not in counts]
+        pending = [c for c in children if id(c) not in totals]
         if pending:
             stack.append((node, depth))
             stack.extend((c, depth + 1) for c in pending)
             continue
-        total = 1 + sum(counts[id(c)] for c in children)
-        if total > MAX_VALUES:
-            raise YamlProblem(f"the document expands to more than {MAX_VALUES:,} values through aliases "
-                              "(*name); a job spec needs far fewer: write the values out or drop the aliases",
+        aliased = aliased or len({id(c) for c in children}) < len(children)
+        if isinstance(node, yaml.MappingNode):
+            _check_duplicate_keys(node)
+        own = len(node.value) if isinstance(node, yaml.ScalarNode) else 0
+        values = 1 + sum(totals[id(c)][0] for c in children)
+        nbytes = own + sum(totals[id(c)][1] for c in children)
+        if values > MAX_VALUES or nbytes > MAX_BYTES:
+            how = " through aliases (*name)" if aliased else ""
+            raise YamlProblem(f"the document expands to more than {MAX_VALUES:,} values or {MAX_BYTES // 2**20} MiB "
+                              f"of text{how}; a job spec needs far less"
+                              + (": write the values out or drop the aliases" if aliased else ""),
                               _where(node.start_mark))
-        counts[id(node)] = total
+        totals[id(node)] = (values, nbytes)
 
 
 def _children(node: Any) -> list[Any]:
@@ -95,6 +97,20 @@ def _children(node: Any) -> list[Any]:
             out.extend(item if isinstance(item, tuple) else (item,))
         return out
     return []
+
+
+def _check_duplicate_keys(node: Any) -> None:
+    import yaml
+
+    seen: dict[tuple[str, str], Any] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == MERGE_TAG or not isinstance(key_node, yaml.ScalarNode):
+            continue
+        key = (key_node.tag, key_node.value)
+        first = seen.setdefault(key, key_node)
+        if first is not key_node or sum(1 for k, _ in node.value if k is key_node) > 1:
+            raise YamlProblem(f"key {_excerpt(key_node.value)} is given twice (first at "
+                              f"{_where(first.start_mark)}); keep one", _where(key_node.start_mark))
 
 
 def _excerpt(value: Any, limit: int = 40) -> str:

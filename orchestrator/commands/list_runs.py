@@ -22,7 +22,7 @@ def row(item: api.RunView) -> dict[str, Any]:
     rec = item.record
     if rec is None:
         return {"run": item.run, "backend": None, "status": "damaged", "attempts": None, "step": None,
-                "watcher": {"state": "unknown"}, "problem": item.problem}
+                "watcher": watcher_data(item), "problem": item.problem}
     last = rec.attempts[-1] if rec.attempts else None
     return {"run": rec.run, "backend": rec.backend, "status": rec.status, "attempts": len(rec.attempts),
             "step": None if last is None else last.last_step, "watcher": watcher_data(item), "problem": None}

@@ -34,7 +34,9 @@ def command(run, output):
 
 
 def watcher_data(view: api.RunView) -> dict:
+    """The watcher in a fixed shape: state, pid, host, beat_age_s (null when nobody watches)."""
     if view.lease is None:
-        return {"state": "unwatched"}
+        return {"state": "unwatched" if view.record is not None else "unknown", "pid": None, "host": None,
+                "beat_age_s": None}
     return {"state": "watched", "pid": view.lease.pid, "host": view.lease.host,
             "beat_age_s": round(view.lease.age(time.time()), 1)}

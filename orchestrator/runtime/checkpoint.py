@@ -451,7 +451,7 @@ def enospc_in(exc: BaseException) -> OSError | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):   # a full disk or quota
             return e
         if isinstance(e, BaseException):
             stack += [e.__cause__, e.__context__]
@@ -680,8 +680,8 @@ class CheckpointManager:
         self._sharded: ShardedState | None = None     # set by register() for an FSDP model
         refusal = None
         if self.rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
             try:
+                self.root.mkdir(parents=True, exist_ok=True)
                 # One writer per root: rank 0 holds <root>/.lock for the manager's life.
                 self._lock = _RootLock.acquire(self.root, self.run, self.attempt)
                 if self.attempt is not None:
@@ -691,9 +691,15 @@ class CheckpointManager:
             except CheckpointError as err:
                 refusal = str(err)
             except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-                refusal = _no_space_message(Path(exc.filename or self.root), self.root, None, "")
+                # Every rank must hear it (alone, rank 0 would leave the rest waiting below).
+                full = enospc_in(exc)
+                refusal = (_no_space_message(Path(exc.filename or self.root), self.root, None, "") if full else
+                           f"checkpoint folder {self.root} cannot be used: {exc.strerror or exc}"
+                           f"{f' ({exc.filename})' if exc.filename else ''}; point checkpoint.dir at a "
+                           "folder every rank can write")
+            if refusal is not None and self._lock is not None:
+                self._lock.release()      # a retry in this process must not find its own lock
+                self._lock = None
         # Every rank fails with rank 0's refusal (alone, rank 0 would leave the rest waiting).
         refusal = dist.broadcast_object(refusal)
         if refusal:
@@ -783,24 +789,43 @@ class CheckpointManager:
                 args=(target, final, step, rank_payload, shared_payload, meta, started, shards), daemon=True)
             self._thread.start()
         else:
-            self._write_files(target, rank_payload, shared_payload, meta,
-                              functools.partial(sharded.save, shards_dir) if sharded is not None else None)
-            dist.barrier()
-            failure: BaseException | None = None
-            if self.rank == 0:
-                try:
-                    self._commit(target, final, step, started)
-                except Exception as err:  # re-raised below, after every rank has heard of it
-                    failure = err
-            # Nobody moves on (and maybe exits) before the checkpoint is committed, and a commit
-            # rank 0 could not make (refused, disk full) fails every rank, not only rank 0.
-            if dist.all_reduce_max(1 if failure else 0):
-                if failure is not None:
-                    raise failure
-                raise CheckpointError(f"checkpoint {final} not committed: rank 0 failed to commit it (see its error)")
+            self._save_sync(target, final, step, started, rank_payload, shared_payload, meta,
+                            functools.partial(sharded.save, shards_dir) if sharded is not None else None)
         self.last_saved_step = step
         self.last_blocking_s = time.perf_counter() - started
         return final
+
+    def _save_sync(self, target: Path, final: Path, step: int, started: float, rank_payload: dict[str, Any],
+                   shared_payload: dict[str, Any] | None, meta: dict[str, Any],
+                   shards: Callable[[], dict[str, dict[str, Any]]] | None) -> None:
+        """Every rank writes its part, then rank 0 commits; a failure anywhere fails every rank."""
+        from orchestrator.runtime import dist
+
+        wrote: BaseException | None = None
+        try:
+            self._write_files(target, rank_payload, shared_payload, meta, shards)
+        except Exception as err:  # re-raised below, after every rank has heard of it
+            wrote = err
+        # A rank that could not write its part (a full disk) fails every rank here; alone it
+        # would leave the others waiting in the barrier until the process group's timeout.
+        if dist.all_reduce_max(1 if wrote else 0):
+            if wrote is not None:
+                raise wrote
+            raise CheckpointError(f"checkpoint {final} not saved: another rank could not write its part "
+                                  "(see its error)")
+        dist.barrier()
+        failure: BaseException | None = None
+        if self.rank == 0:
+            try:
+                self._commit(target, final, step, started)
+            except Exception as err:  # re-raised below, after every rank has heard of it
+                failure = err
+        # Nobody moves on (and maybe exits) before the checkpoint is committed, and a commit
+        # rank 0 could not make (refused, disk full) fails every rank, not only rank 0.
+        if dist.all_reduce_max(1 if failure else 0):
+            if failure is not None:
+                raise failure
+            raise CheckpointError(f"checkpoint {final} not committed: rank 0 failed to commit it (see its error)")
 
     def _prepare_folder(self, final: Path, step: int) -> Path:
         """Rank 0: the folder this save writes (``final``, or beside a committed ``final``)."""

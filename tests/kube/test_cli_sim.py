@@ -113,9 +113,6 @@ def test_sim_cli_detach_then_cancel_deletes_in_the_runs_namespace(fake_api, tmp_
     assert sub.returncode == 0, sub.stdout + sub.stderr
     jobs = lambda: [j["metadata"]["name"] for j in fake_api.store.list("jobs")[0]]  # noqa: E731
     assert jobs() == ["clicancel-a0"]
-    graceful = wmctl("cancel", "clicancel", "--graceful")
-    assert graceful.returncode == 2 and "cannot cancel gracefully" in graceful.stderr, graceful.stderr
-    assert jobs() == ["clicancel-a0"] and not (tmp_path / "home" / "runs" / "clicancel" / "cancel.json").exists()
     cancel = wmctl("cancel", "clicancel")
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     assert fake_api.cluster.run_until(lambda: not jobs() and not fake_api.store.list("services")[0])
@@ -338,3 +335,51 @@ def test_sim_cli_status_of_a_run_the_ttl_removed_unwatched_is_its_real_end(fake_
         return data["status"] != "running"
     assert cluster.run_until(settled, timeout=60, interval=0.2)
     assert seen[-1] == ("succeeded", "succeeded"), seen
+
+
+def test_sim_graceful_cancel_suspends_the_job_and_waits_for_the_sigterm_checkpoint(fake_api, tmp_path):
+    """`wmctl cancel --graceful` on Kubernetes: the Job is suspended, so the Job controller deletes
+    its pods with their grace period and starts no new one; each pod gets SIGTERM, rank 0 writes
+    its checkpoint and exits 83; the watcher (another process) sees that checkpoint, then the
+    teardown removes the rest. The run ends cancelled (8) with the checkpoint named."""
+    kubeconfig = tmp_path / "kubeconfig"
+    write_kubeconfig(kubeconfig, fake_api.server.url)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "cligrace", "nodes": 2, "image": {"vendor": "cpu", "tag": "registry.example.com/wm:v3"},
+        "command": ["python", "train.py"], "kubernetes": {"namespace": "training"},
+        "volumes": [{"name": "ckpt", "mount": "/ckpt", "pvc": "wm-ckpt"}], "checkpoint": {"dir": "/ckpt"},
+        "restart": {"max_attempts": 3, "backoff": "0s"},
+    }))
+    step = 'WMCTL-PROGRESS {"event":"step","step":%d,"loss":1.0,"samples":8}'
+    fake_api.cluster.script(job="cligrace-a0", run_seconds=None,
+                            logs=[(0.05 * i, step % i) for i in range(1, 8)],
+                            sigterm_seconds=0.4, sigterm_exit_code=83,
+                            sigterm_logs=[(0.2, 'WMCTL-PROGRESS {"event":"checkpoint","step":7,"path":"/ckpt/x",'
+                                                '"seconds":0.1}'),
+                                          (0.3, 'WMCTL-PROGRESS {"event":"preempted","step":7}')])
+    fake_api.cluster.start()
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "WMCTL_HOME": str(tmp_path / "home"),
+           "PYTHONPATH": str(REPO)}
+    watcher = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "submit", str(spec), "-b", "kubernetes",
+                                "--context", "sim", "--auto-resume"], env=env, cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        run_dir = tmp_path / "home" / "runs" / "cligrace"
+        assert fake_api.cluster.run_until(
+            lambda: (run_dir / "metrics.jsonl").exists() and '"step":7' in (run_dir / "metrics.jsonl").read_text(),
+            timeout=60)
+        cancel = subprocess.run([sys.executable, "-m", "orchestrator.cli", "cancel", "cligrace", "--graceful"],
+                                env=env, cwd=tmp_path, capture_output=True, text=True, timeout=90)
+        out, _ = watcher.communicate(timeout=90)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert watcher.returncode == 8, out
+    patches = [r for r in fake_api.api.sent("PATCH", "/jobs/cligrace-a0")]
+    assert any(((r.get("body") or {}).get("spec") or {}).get("suspend") is True for r in patches), patches
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "cancelled" and [a["attempt"] for a in record["attempts"]] == [0]
+    assert "gracefully" in record["final_report"] and "newest checkpoint is step 7" in record["final_report"], out
+    assert not fake_api.store.list("jobs")[0] and not fake_api.store.list("pods")[0]

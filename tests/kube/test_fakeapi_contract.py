@@ -497,3 +497,30 @@ def test_sim_job_failure_target_comes_first_and_failed_waits_for_terminating_pod
     assert conds()["Failed"].reason == "BackoffLimitExceeded"
     events = client.CoreV1Api(fake_api.client).list_namespaced_event("default").items
     assert [(e.type, e.reason) for e in events] == [("Warning", "BackoffLimitExceeded")]
+
+
+def test_sim_a_graceful_delete_gives_the_container_its_sigterm_and_grace(fake_api):
+    """Simulation: deleting a running pod with a grace period (kuberuntime_container.go
+    killContainer) keeps it Running and terminating while its container handles SIGTERM, lets
+    what it prints reach its log, and records its own exit code; a container that ignores
+    SIGTERM is killed (137) when the (scaled) grace period ends."""
+    core = client.CoreV1Api(fake_api.client)
+    c = fake_api.cluster
+    c.script(when=lambda p: p["metadata"]["name"] == "saver", run_seconds=None, sigterm_seconds=0.3,
+             sigterm_exit_code=83, sigterm_logs=[(0.1, "saving checkpoint"), (0.2, "saved")])
+    c.script(when=lambda p: p["metadata"]["name"] == "deaf", run_seconds=None, sigterm_seconds=None)
+    for name in ("saver", "deaf"):
+        core.create_namespaced_pod("default", _pod(name, node="node-a"))
+    assert c.run_until(lambda: all(core.read_namespaced_pod(n, "default").status.phase == "Running"
+                                   for n in ("saver", "deaf")))
+    core.delete_namespaced_pod("saver", "default", grace_period_seconds=200)   # 2 s at the sim scale
+    core.delete_namespaced_pod("deaf", "default", grace_period_seconds=200)
+    c.tick()
+    saver = core.read_namespaced_pod("saver", "default")
+    assert saver.metadata.deletion_timestamp and saver.status.phase == "Running"   # handling SIGTERM
+    assert c.run_until(lambda: "saved" in fake_api.api.log_lines("default", "saver", "c"), timeout=5), (c.timeline, fake_api.api.logs)
+    assert fake_api.api.log_lines("default", "saver", "c") == ["saving checkpoint", "saved"]
+    assert c.run_until(lambda: not fake_api.store.exists("pods", "default", "saver"), timeout=5)
+    assert c.run_until(lambda: not fake_api.store.exists("pods", "default", "deaf"), timeout=5)
+    exits = dict(detail.split() for _, what, detail in c.timeline if what == "pod_stopped")
+    assert exits == {"saver": "83", "deaf": "137"}, c.timeline

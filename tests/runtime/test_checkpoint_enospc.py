@@ -5,6 +5,7 @@ rank's error as storage_full (stop, with the path), not as a bug in train.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -92,3 +93,47 @@ def test_a_full_disk_behind_dcps_own_exception_is_found() -> None:
     except RuntimeError as outer:
         assert enospc_in(outer) is full
     assert enospc_in(CheckpointException("other", {0: (ValueError("x"), traceback.StackSummary())})) is None
+
+
+# Two gloo ranks; rank 1's write of step 4 fails with ENOSPC (its torch.save raises it, as a full
+# disk under rank 1's files would). Every rank must leave save() with an error at once, not rank 0
+# waiting in the barrier for a rank that gave up, and step 2 stays the newest checkpoint.
+ONE_RANK_FULL = """
+import errno, json, sys, time
+import torch
+from orchestrator.runtime import dist
+from orchestrator.runtime.checkpoint import CheckpointError, CheckpointManager, latest_complete
+dist.init_from_env(timeout_s=600)
+root = sys.argv[1]
+model = torch.nn.Linear(2, 2)
+m = CheckpointManager(root)
+m.register(model=model)
+m.save(2)
+if dist.rank() == 1:
+    real = torch.save
+    def full(obj, f, *a, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device", f"{root}/step-00000004/rank-00001.pt")
+    torch.save = full
+started = time.monotonic()
+try:
+    m.save(4)
+    outcome = "saved"
+except CheckpointError as err:
+    outcome = str(err)
+print(json.dumps({"rank": dist.rank(), "outcome": outcome, "seconds": time.monotonic() - started,
+                  "latest": latest_complete(root).step}), flush=True)
+dist.barrier()
+dist.destroy()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_full_disk_on_one_rank_fails_every_rank_at_once(tmp_path: Path) -> None:
+    from tests.runtime.conftest import run_gloo_ranks
+
+    done = run_gloo_ranks(ONE_RANK_FULL, tmp_path, str(tmp_path / "ckpt"))
+    assert all(p.returncode == 0 for p in done), [p.stderr[-3000:] for p in done]
+    results = {r["rank"]: r for r in (json.loads(p.stdout.splitlines()[-1]) for p in done)}
+    assert "No space left on device" in results[1]["outcome"] and "rank 1 needed about" in results[1]["outcome"]
+    assert "another rank could not write its part" in results[0]["outcome"]
+    assert results[0]["latest"] == results[1]["latest"] == 2

@@ -60,6 +60,9 @@ CASES = {
     "annotations-300-KiB": (BASE + "kubernetes: {annotations: {big: '" + "a" * 300 * 1024 + "'}}\n", "kubernetes",
                             "kubernetes.annotations"),
     "value-300-KiB-in-tag": (BASE.replace("wm:1", "wm:" + "x" * 300 * 1024), "docker", "image.tag"),
+    "string-aliased-200-times": ("env: {BIG: &s '" + "x" * 100_000 + "'}\n"
+                                 + BASE.replace("command: [python, train.py]", "command: [python" + ", *s" * 200 + "]"),
+                                 "docker", "through aliases"),
     "thousands-of-unknown-keys": (BASE + "".join(f"bogus{i}: 1\n" for i in range(3000)), "local", "bogus0"),
 }
 
@@ -170,7 +173,23 @@ def test_credentials_are_scrubbed_from_git_remotes(url, clean):
 # Strings a YAML 1.1 reader (PyYAML) or a YAML 1.2 reader (kubectl's, ruamel) reads as another type.
 TYPED_LOOKING = ["1e-4", "1e3", "0o17", "0x1F", "1_000", "12:30", "yes", "no", "on", "off", "null", "~", "true",
                  "False", ".inf", "-.inf", ".nan", "+1", "-2.5", ".5", "1.", "0b101", "007", "", "2026-12-04",
-                 "=", "<<"]
+                 "=", "<<", "y", "Y", "n", "N", "On", "OFF"]
+# go-yaml v2's resolve.go bool table (sigs.k8s.io/yaml, kubectl's reader, is built on it): neither
+# PyYAML nor ruamel reads these as booleans, so the parse below cannot catch them; needs_quotes must.
+GO_YAML_V2_BOOLS = ["y", "Y", "yes", "Yes", "YES", "on", "On", "ON", "true", "True", "TRUE",
+                    "n", "N", "no", "No", "NO", "off", "Off", "OFF", "false", "False", "FALSE"]
+
+
+def test_go_yaml_v2_booleans_are_quoted():
+    from orchestrator.serialize import dump, needs_quotes
+    assert all(needs_quotes(word) for word in GO_YAML_V2_BOOLS)
+    assert dump({"args": GO_YAML_V2_BOOLS}, "yaml").count("'") == 2 * len(GO_YAML_V2_BOOLS)
+
+
+def test_long_lines_are_never_folded():
+    from orchestrator.serialize import dump
+    line = "docker run " + " ".join(f"-e K{i}=v{i}" for i in range(400))
+    assert dump({"docker_run": line}, "yaml") == f"docker_run: {line}\n"
 
 
 @pytest.mark.parametrize("reader", ["yaml-1.1", "yaml-1.2"])
@@ -200,3 +219,4 @@ def test_printed_plans_keep_every_string_a_string(reader, backend, tmp_path, cap
     assert argv[-len(TYPED_LOOKING):] == TYPED_LOOKING
     assert [env[f"V{i}"] for i in range(len(TYPED_LOOKING))] == TYPED_LOOKING
     assert all(isinstance(a, str) for a in argv)
+

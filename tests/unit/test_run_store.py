@@ -96,7 +96,9 @@ def test_a_damaged_record_is_reported_by_status_and_listed_by_list(home, content
         import yaml
         listed = {r["run"]: r for r in (json.loads(out) if output == "json" else yaml.safe_load(out))}
         assert listed["good"] == {"run": "good", "backend": "local", "status": "failed", "attempts": 0, "step": None,
-                                  "watcher": {"state": "unwatched"}, "problem": None}
+                                  "watcher": {"state": "unwatched", "pid": None, "host": None, "beat_age_s": None},
+                                  "problem": None}
+        assert listed["bad"]["watcher"] == {"state": "unknown", "pid": None, "host": None, "beat_age_s": None}
         assert listed["bad"]["status"] == "damaged" and listed["bad"]["problem"] and listed["bad"]["backend"] is None
 
 

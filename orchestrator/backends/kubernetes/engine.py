@@ -80,15 +80,31 @@ class _AttemptState:
     failure_seen: bool = False      # a fact that explains a Failed Job was emitted
     events: list[Event] = field(default_factory=list)
     cancelled: bool = False
+    cancel_seen: bool = False       # the Job's cancel annotation was reported
     watchers: list[Any] = field(default_factory=list)
     log_thread: threading.Thread | None = None
     stop: threading.Event = field(default_factory=threading.Event)
     log_resp: Any = None
 
 
+# How long a graceful cancel waits past the pods' grace period for the kubelets to report them
+# ended (their status reaches the API server after the container exits).
+GRACEFUL_MARGIN_S = 15.0
+GRACEFUL_POLL_S = 0.5
+
+
+def _graceful_intent(intent: str) -> bool:
+    try:
+        data = json.loads(intent)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("graceful") is True
+
+
 class KubernetesBackend(b.Backend[KubernetesRequest]):
     name = "kubernetes"
     places_nodes = True      # the scheduler honours a node anti-affinity
+    graceful_cancel = True   # suspend the Job: SIGTERM with the pods' grace period, then the teardown
     namespaced = True
     resolves_gone = True     # _resolve_gone: the Job it saw finish, or the Job controller's Event
 
@@ -404,9 +420,11 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 st.job = job
             st.job_absent = etype == "DELETED"
             intent = ((job.get("metadata") or {}).get("annotations") or {}).get(L.CANCEL_REQUESTED)
-            if intent and not st.cancelled:
+            if intent and not st.cancelled and not st.cancel_seen:
                 # Another machine's `wmctl cancel` (its run folder is not ours): the Job says so.
-                st.cancelled = True
+                # A graceful one keeps the attempt's news coming: its SIGTERM checkpoint is next.
+                st.cancel_seen = True
+                st.cancelled = not _graceful_intent(intent)
                 st.events.append(Event(CANCELLED, message=f"cancel requested on the Job: {intent}"))
             if not st.completions:
                 st.completions = int((job.get("spec") or {}).get("completions") or 1)
@@ -630,6 +648,10 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         ns = ref.namespace or self.namespace
         name = ref.attempt_name
         key = (ref.run, ref.attempt, ns)
+        notes: list[str] = []
+        if graceful:
+            # Before the attempt is marked cancelled here: its SIGTERM checkpoint is news.
+            notes += self._stop_gracefully(ref, ns, name)
         with self._lock:
             st = self._states.get(key)
         if st is not None:
@@ -638,7 +660,6 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                     st.cancelled = True
                     st.events.append(Event(CANCELLED, message=f"{name} cancelled"))
         core, batch = self._core(), self._batch()
-        notes: list[str] = []
         fatal: list[str] = []
 
         def step(what: str, fn, *args, essential: bool = False, **kw) -> Any:
@@ -685,6 +706,37 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
             raise BackendError(f"teardown of {ns}/{name} is incomplete: " + "; ".join(fatal + notes),
                                hint="grant the verbs of manifests/rbac-watcher.yaml, or delete it by hand: "
                                f"kubectl -n {ns} delete job {name} --cascade=foreground")
+
+    def _stop_gracefully(self, ref: AttemptRef, ns: str, name: str) -> list[str]:
+        """``cancel --graceful``: suspend the Job. The Job controller then deletes its active pods
+        with their termination grace period and creates none (KEP-2232; job_controller.go
+        manageJob on a suspended Job), each kubelet sends SIGTERM, and the job writes its SIGTERM
+        checkpoint and exits. Wait for every pod to end, at most the grace period plus a margin;
+        the teardown then removes what is left. What could not be done is returned as notes (a
+        user who may not patch Jobs gets the plain teardown, itself a graceful pod delete)."""
+        ApiException = sdk.api_exception()
+        try:
+            job = call_json(self._batch().patch_namespaced_job, name, ns, {"spec": {"suspend": True}},
+                            what=f"suspend Job {ns}/{name}")
+        except ApiException as exc:
+            if exc.status == 404:
+                return []
+            return [f"cannot suspend Job {ns}/{name} for a graceful stop: {exc.status} {_reason(exc)}; "
+                    "its pods were deleted with their grace period instead, without waiting for them"]
+        grace = float(((job.get("spec") or {}).get("template") or {}).get("spec", {})
+                      .get("terminationGracePeriodSeconds") or 30)
+        deadline = time.monotonic() + grace + GRACEFUL_MARGIN_S
+        selector = attempt_selector(ref.run, ref.attempt)
+        while time.monotonic() < deadline:
+            try:
+                pods = call_json(self._core().list_namespaced_pod, namespace=ns, label_selector=selector,
+                                 what=f"list pods of {name}")["items"]
+            except ApiException as exc:
+                return [f"cannot watch the pods of {name} end: {exc.status} {_reason(exc)}"]
+            if all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods):
+                return []
+            time.sleep(GRACEFUL_POLL_S)
+        return [f"pods of {name} still running {grace + GRACEFUL_MARGIN_S:.0f} s after SIGTERM; deleted"]
 
     def teardown_notes(self, ref: AttemptRef) -> list[str]:
         with self._lock:

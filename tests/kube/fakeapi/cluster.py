@@ -47,6 +47,10 @@ class PodScript:
     logs: list[tuple[float, str]] = field(default_factory=list)   # (offset s, line)
     start_delay: float = 0.0                 # bound -> running
     sigterm_exit_code: int = 143
+    # After SIGTERM (a graceful delete): how long the container takes to exit (real seconds; None:
+    # it ignores SIGTERM and is killed when the grace period ends) and what it prints meanwhile.
+    sigterm_seconds: float | None = 0.0
+    sigterm_logs: list[tuple[float, str]] = field(default_factory=list)   # (offset after SIGTERM, line)
 
 
 @dataclass
@@ -63,6 +67,8 @@ class PodRuntime:
     started_at: float | None = None
     logs_sent: int = 0
     pull_failed_at: float | None = None
+    sigterm_at: float | None = None
+    sigterm_logs_sent: int = 0
 
 
 _QTY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
@@ -637,7 +643,11 @@ class Cluster:
             # graceful deletion: stop containers, report a terminal phase, confirm removal
             if not _is_terminal(p):
                 running = status.get("phase") == "Running"
-                code = s.sigterm_exit_code if running else 0
+                ended = self._after_sigterm(p, rt, now) if running else "exited"
+                if ended is None:
+                    return
+                code = (s.sigterm_exit_code if ended == "exited" else 137) if running else 0
+                self.note("pod_stopped", f"{name} {code}")
                 term = {"terminated": {"exitCode": code, "reason": "Error" if code else "Completed",
                                        "startedAt": now_rfc3339(), "finishedAt": now_rfc3339()}}
 
@@ -720,6 +730,28 @@ class Cluster:
             o["status"]["conditions"] = conds
         self.store.update("pods", ns, name, finish)
         self.note("pod_exited", f"{name} {code} {reason}")
+
+    def _after_sigterm(self, p: Obj, rt: PodRuntime, now: float) -> str | None:
+        """A running container of a pod being deleted gracefully: the kubelet stops it with the
+        image's stop signal (SIGTERM) and waits up to the pod's grace period before SIGKILL
+        (pkg/kubelet/kuberuntime/kuberuntime_container.go killContainer: StopContainer with the
+        grace period as its timeout). What the container prints meanwhile reaches its log.
+        None while it runs, then "exited" (by itself) or "killed" (at the end of the grace)."""
+        s = rt.script
+        if rt.sigterm_at is None:
+            rt.sigterm_at = now
+        since = now - rt.sigterm_at
+        grace = float(p["metadata"].get("deletionGracePeriodSeconds")
+                      or (p.get("spec") or {}).get("terminationGracePeriodSeconds") or 30)
+        exited = s.sigterm_seconds is not None and since >= s.sigterm_seconds
+        killed = since >= self.timings.real(grace)
+        container = p["spec"]["containers"][0]["name"]
+        while rt.sigterm_logs_sent < len(s.sigterm_logs) and (
+                exited or s.sigterm_logs[rt.sigterm_logs_sent][0] <= since) and not (killed and not exited):
+            self.api.append_log(p["metadata"]["namespace"], p["metadata"]["name"], container,
+                                s.sigterm_logs[rt.sigterm_logs_sent][1])
+            rt.sigterm_logs_sent += 1
+        return "exited" if exited else "killed" if killed else None
 
     # --- node lifecycle controller --------------------------------------------------------------
     def _node_lifecycle(self) -> None:
