@@ -195,7 +195,7 @@ def test_status_of_a_run_nobody_watches_is_the_truth(home, outcome):
     assert status.returncode == 0 and "None" not in status.stdout
     assert "watcher: unwatched" in status.stdout
     data = json.loads(wmctl(home, "status", run, "-o", "json").stdout)
-    assert data["watcher"] == {"state": "unwatched"}
+    assert data["watcher"] == {"state": "unwatched", "pid": None, "host": None, "beat_age_s": None}
     attempt = data["attempts"][0]
     want_outcome = {"succeeded": "succeeded", "app_error": "app_error", "killed": "node_lost",
                     "cancelled": "cancelled", "running": None}[outcome]
