@@ -79,6 +79,16 @@ def other_runs_marker(ckpt: Path) -> None:
     (ckpt / COMMIT_MARKER).write_text(json.dumps(marker))
 
 
+def run_damaged(pristine: dict, tmp: Path, damage) -> tuple[Path, tuple[int, str, Path]]:
+    """A copy of the pristine checkpoints (without the finished run's final.json), damaged, then
+    the run resubmitted on it to step 12: the copy's root and what run() returned."""
+    root = tmp / "ckpt" / RUN
+    shutil.copytree(pristine["root"], root)
+    (root / "final.json").unlink()
+    damage(root)
+    return root, run(tmp, tmp / "ckpt", steps=12)
+
+
 NEWEST = "step-00000010"
 # case -> (damage to the copied root, the step the run resumes from)
 FALLBACK = {
@@ -95,11 +105,7 @@ FALLBACK = {
 @pytest.mark.parametrize("case", sorted(FALLBACK))
 def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(case, pristine, tmp_path):
     damage, expected = FALLBACK[case]
-    root = tmp_path / "ckpt" / RUN
-    shutil.copytree(pristine["root"], root)
-    (root / "final.json").unlink()
-    damage(root)
-    code, out, home = run(tmp_path, tmp_path / "ckpt", steps=12)
+    root, (code, out, home) = run_damaged(pristine, tmp_path, damage)
     assert code == 0, out
     events = h.progress(home, RUN, 0)
     resumed = [e for e in events if e["event"] == "resume"]
@@ -125,11 +131,7 @@ STOPS = {
 @pytest.mark.parametrize("case", sorted(STOPS))
 def test_what_cannot_be_resumed_safely_stops_and_says_why(case, pristine, tmp_path):
     damage, says = STOPS[case]
-    root = tmp_path / "ckpt" / RUN
-    shutil.copytree(pristine["root"], root)
-    (root / "final.json").unlink()
-    damage(root)
-    code, out, home = run(tmp_path, tmp_path / "ckpt", steps=12)
+    root, (code, out, home) = run_damaged(pristine, tmp_path, damage)
     assert code == 7, out
     assert says in out, out
     assert not (root / "final.json").exists(), "the job must not have trained from scratch"

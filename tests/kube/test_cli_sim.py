@@ -25,6 +25,15 @@ def progress(event: str, step: int) -> str:
     return f'WMCTL-PROGRESS {{"event":"{event}","step":{step}}}'
 
 
+def sim_env(fake_api, tmp_path: Path) -> dict[str, str]:
+    """The environment of a wmctl process that finds the fake API through its own kubeconfig,
+    with its own WMCTL_HOME under ``tmp_path``."""
+    kubeconfig = tmp_path / "kubeconfig"
+    write_kubeconfig(kubeconfig, fake_api.server.url)
+    return {**os.environ, "KUBECONFIG": str(kubeconfig), "WMCTL_HOME": str(tmp_path / "home"),
+            "PYTHONPATH": str(REPO)}
+
+
 def write_kubeconfig(path: Path, url: str) -> None:
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "other",
@@ -37,8 +46,6 @@ def write_kubeconfig(path: Path, url: str) -> None:
 
 
 def test_sim_cli_submit_auto_resume_status_and_logs(fake_api, tmp_path):
-    kubeconfig = tmp_path / "kubeconfig"
-    write_kubeconfig(kubeconfig, fake_api.server.url)
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump({
         "name": "clisim", "nodes": 2, "image": {"vendor": "cpu", "tag": "registry.example.com/wm:v3"},
@@ -55,8 +62,7 @@ def test_sim_cli_submit_auto_resume_status_and_logs(fake_api, tmp_path):
                    logs=[(0.0, progress("resume", 10)), (0.2, progress("checkpoint", 20))])
     cluster.start()
 
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "WMCTL_HOME": str(tmp_path / "home"),
-           "PYTHONPATH": str(REPO)}
+    env = sim_env(fake_api, tmp_path)
 
     def wmctl(*args: str, **kw) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=tmp_path,
@@ -93,8 +99,6 @@ def test_sim_cli_submit_auto_resume_status_and_logs(fake_api, tmp_path):
 
 
 def test_sim_cli_detach_then_cancel_deletes_in_the_runs_namespace(fake_api, tmp_path):
-    kubeconfig = tmp_path / "kubeconfig"
-    write_kubeconfig(kubeconfig, fake_api.server.url)
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump({
         "name": "clicancel", "nodes": 2, "image": {"vendor": "cpu", "tag": "registry.example.com/wm:v3"},
@@ -102,8 +106,7 @@ def test_sim_cli_detach_then_cancel_deletes_in_the_runs_namespace(fake_api, tmp_
     }))
     fake_api.cluster.script(job="clicancel-a0", run_seconds=None)
     fake_api.cluster.start()
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "WMCTL_HOME": str(tmp_path / "home"),
-           "PYTHONPATH": str(REPO)}
+    env = sim_env(fake_api, tmp_path)
 
     def wmctl(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=tmp_path,
@@ -125,8 +128,6 @@ def test_sim_cancel_annotates_the_job_before_teardown_and_a_watcher_elsewhere_ob
     """`wmctl cancel` writes its intent on the Job (an annotation) before deleting anything; a
     watcher on another machine, which shares no run folder with the canceller, reads the intent
     from the cluster, ends the run cancelled (exit 8) and submits no attempt 1."""
-    kubeconfig = tmp_path / "kubeconfig"
-    write_kubeconfig(kubeconfig, fake_api.server.url)
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump({
         "name": "clicross", "nodes": 2, "image": {"vendor": "cpu", "tag": "registry.example.com/wm:v3"},
@@ -136,8 +137,7 @@ def test_sim_cancel_annotates_the_job_before_teardown_and_a_watcher_elsewhere_ob
     }))
     fake_api.cluster.script(job="clicross-a0", run_seconds=None)
     fake_api.cluster.start()
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "WMCTL_HOME": str(tmp_path / "home"),
-           "PYTHONPATH": str(REPO)}
+    env = sim_env(fake_api, tmp_path)
     watcher = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "submit", str(spec), "-b", "kubernetes",
                                 "--context", "sim", "--auto-resume"], env=env, cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -163,8 +163,6 @@ def test_sim_cancel_annotates_the_job_before_teardown_and_a_watcher_elsewhere_ob
 
 
 def test_sim_cli_cancel_patches_the_intent_before_any_delete(fake_api, tmp_path):
-    kubeconfig = tmp_path / "kubeconfig"
-    write_kubeconfig(kubeconfig, fake_api.server.url)
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump({
         "name": "cliorder", "nodes": 1, "image": {"vendor": "cpu", "tag": "registry.example.com/wm:v3"},
@@ -172,8 +170,7 @@ def test_sim_cli_cancel_patches_the_intent_before_any_delete(fake_api, tmp_path)
     }))
     fake_api.cluster.script(job="cliorder-a0", run_seconds=None)
     fake_api.cluster.start()
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "WMCTL_HOME": str(tmp_path / "home"),
-           "PYTHONPATH": str(REPO)}
+    env = sim_env(fake_api, tmp_path)
     run = lambda *a: subprocess.run([sys.executable, "-m", "orchestrator.cli", *a], env=env, cwd=tmp_path,  # noqa: E731
                                     capture_output=True, text=True, timeout=60)
     assert run("submit", str(spec), "-b", "kubernetes", "--context", "sim", "--detach").returncode == 0
@@ -187,8 +184,6 @@ def test_sim_cli_cancel_patches_the_intent_before_any_delete(fake_api, tmp_path)
 @pytest.mark.parametrize("outcome", ["succeeded", "app_error", "killed", "cancelled", "running"])
 def test_sim_status_of_a_run_nobody_watches_is_read_from_the_cluster(fake_api, tmp_path, outcome):
     """A plain `submit` (no watcher); after the outcome, `status` and `list` ask the cluster."""
-    kubeconfig = tmp_path / "kubeconfig"
-    write_kubeconfig(kubeconfig, fake_api.server.url)
     run = f"unw-{outcome.replace('_', '-')}"
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump({
@@ -210,8 +205,7 @@ def test_sim_status_of_a_run_nobody_watches_is_read_from_the_cluster(fake_api, t
                              (0.01, '[rank1]:   File "/workspace/train.py", line 7, in <module>'),
                              (0.02, "[rank1]: ValueError: bad shape")])
     cluster.start()
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "WMCTL_HOME": str(tmp_path / "home"),
-           "PYTHONPATH": str(REPO)}
+    env = sim_env(fake_api, tmp_path)
 
     def wmctl(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=tmp_path,
@@ -249,10 +243,7 @@ def test_sim_status_of_a_run_nobody_watches_is_read_from_the_cluster(fake_api, t
 
 
 def _cli(fake_api, tmp_path):
-    kubeconfig = tmp_path / "kubeconfig"
-    write_kubeconfig(kubeconfig, fake_api.server.url)
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "WMCTL_HOME": str(tmp_path / "home"),
-           "PYTHONPATH": str(REPO)}
+    env = sim_env(fake_api, tmp_path)
 
     def wmctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], env=env, cwd=tmp_path,
@@ -342,8 +333,6 @@ def test_sim_graceful_cancel_suspends_the_job_and_waits_for_the_sigterm_checkpoi
     its pods with their grace period and starts no new one; each pod gets SIGTERM, rank 0 writes
     its checkpoint and exits 83; the watcher (another process) sees that checkpoint, then the
     teardown removes the rest. The run ends cancelled (8) with the checkpoint named."""
-    kubeconfig = tmp_path / "kubeconfig"
-    write_kubeconfig(kubeconfig, fake_api.server.url)
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump({
         "name": "cligrace", "nodes": 2, "image": {"vendor": "cpu", "tag": "registry.example.com/wm:v3"},
@@ -359,8 +348,7 @@ def test_sim_graceful_cancel_suspends_the_job_and_waits_for_the_sigterm_checkpoi
                                                 '"seconds":0.1}'),
                                           (0.3, 'WMCTL-PROGRESS {"event":"preempted","step":7}')])
     fake_api.cluster.start()
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "WMCTL_HOME": str(tmp_path / "home"),
-           "PYTHONPATH": str(REPO)}
+    env = sim_env(fake_api, tmp_path)
     watcher = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "submit", str(spec), "-b", "kubernetes",
                                 "--context", "sim", "--auto-resume"], env=env, cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -12,11 +12,11 @@ import yaml
 from orchestrator.adaptors.docker import engine_is_local
 from orchestrator.backends import host_paths
 from orchestrator.backends.docker.engine import _create_bind_sources
-from orchestrator.cli import main
 from orchestrator.errors import SpecError
 from orchestrator.layout import node_exit_file, run_dir
 
 from .helpers import spec_from
+from .test_cli import run_main
 
 BASE = {"name": "hp", "command": ["python", "t.py"]}
 
@@ -89,16 +89,6 @@ def test_docker_submit_creates_writable_bind_sources_only(tmp_path, monkeypatch)
     assert not rw2.exists()
 
 
-def _run(argv, capsys):
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def _docker_spec(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump({**BASE, "image": {"tag": "r/x:1"}, "volumes": _volumes()}))
@@ -111,7 +101,7 @@ def test_docker_dry_run_and_submit_refuse_a_missing_read_only_folder_with_exit_2
     spec = _docker_spec(tmp_path)
     for argv in (["submit", spec, "-b", "docker", "--dry-run"], ["submit", spec, "-b", "docker"],
                  ["render", spec, "-b", "docker"]):
-        code, _, err = _run(argv, capsys)
+        code, _, err = run_main(argv, capsys)
         assert code == 2 and "volumes[1].host_path:" in err and "Traceback" not in err, (argv, err)
     assert not (tmp_path / "out").exists()              # a dry run creates nothing; nor does a refusal
     assert not run_dir("hp").exists()                   # nothing recorded, nothing submitted
@@ -120,7 +110,7 @@ def test_docker_dry_run_and_submit_refuse_a_missing_read_only_folder_with_exit_2
 def test_a_remote_docker_engine_s_folders_are_not_checked_here(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WMCTL_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("DOCKER_HOST", "tcp://10.1.2.3:2375")
-    code, _, err = _run(["submit", _docker_spec(tmp_path), "-b", "docker", "--dry-run"], capsys)
+    code, _, err = run_main(["submit", _docker_spec(tmp_path), "-b", "docker", "--dry-run"], capsys)
     assert code == 0, err
 
 
@@ -131,7 +121,7 @@ def test_local_submit_notes_the_checkpoint_folder_it_creates(tmp_path, monkeypat
         "name": "hp-local", "command": ["python", "-c", "print('ok')"],
         "volumes": [{"name": "ckpt", "mount": "/workspace/ckpt", "host_path": "ckpt/hp"}],
         "checkpoint": {"dir": "/workspace/ckpt"}}))
-    code, out, err = _run(["submit", str(path), "-b", "local"], capsys)
+    code, out, err = run_main(["submit", str(path), "-b", "local"], capsys)
     assert code == 0, err
     assert (tmp_path / "ckpt" / "hp").is_dir()
     assert f"note: created the missing checkpoint folder {tmp_path / 'ckpt' / 'hp'}" in out

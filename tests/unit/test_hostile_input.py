@@ -12,8 +12,9 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.build.context import strip_userinfo
-from orchestrator.cli import main
 from orchestrator.yamlsafe import MAX_VALUES
+
+from .test_cli import run_main
 
 MAX_MESSAGE = 2048
 BASE = "name: wm\nimage: {vendor: cpu, context: ., tag: 'reg.io/team/wm:1'}\ncommand: [python, train.py]\n"
@@ -68,13 +69,9 @@ CASES = {
 
 
 def _run(argv: list[str], capsys) -> tuple[int, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out + out.err
+    """The exit code and everything printed (stdout and stderr together)."""
+    code, out, err = run_main(argv, capsys)
+    return code, out + err
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

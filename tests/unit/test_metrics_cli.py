@@ -9,9 +9,10 @@ import json
 
 import pytest
 
-from orchestrator.cli import main
 from orchestrator.commands.metrics import METRICS_COLUMNS
 from orchestrator.state import LocalRunStore, RunRecord
+
+from .test_cli import run_main
 
 EVENTS = [
     {"attempt": 0, "event": "start", "time": 10.0, "world_size": 2},
@@ -21,16 +22,6 @@ EVENTS = [
     {"attempt": 1, "event": "resume", "step": 1, "exact": True, "time": 20.0},
     {"attempt": 1, "event": "step", "step": 2, "loss": 2.0, "samples": 16, "seen": 21.0, "timing": {}},
 ]
-
-
-def run_main(argv, capsys):
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture
