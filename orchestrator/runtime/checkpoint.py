@@ -75,7 +75,8 @@ try:
 except ImportError:  # not POSIX: no advisory locks
     fcntl = None  # type: ignore[assignment]
 
-from .checkpoint_sharded import DCP_METADATA, LAYOUT, SHARDED_DIR, ShardedState, is_sharded_model, local_state
+from .checkpoint_sharded import (DCP_METADATA, LAYOUT, SHARDED_DIR, ShardedState, is_sharded_model, load_failures,
+                                 local_state)
 from .protocol import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN, ENV_SPEC_HASH, ENV_TEST_SLEEP_BEFORE_COMMIT
 
 STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
@@ -1170,7 +1171,7 @@ class CheckpointManager:
         assert self._sharded is not None
         try:
             return self._sharded.load(ckpt / SHARDED_DIR), None
-        except Exception as err:  # DCP raises the failure of any rank on every rank
+        except load_failures() as err:  # DCP raises the failure of any rank on every rank
             return None, _why(err)
 
     def _check_layout(self, ckpt: Path, meta: dict[str, Any]) -> None:

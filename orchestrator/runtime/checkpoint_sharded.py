@@ -51,6 +51,15 @@ def fsdp_classes() -> tuple[type, ...]:
                  if isinstance(c, type))
 
 
+def load_failures() -> tuple[type[BaseException], ...]:
+    """What a failed shard load raises: DCP reports any rank's failure on every rank as a
+    CheckpointException, which derives from BaseException, not Exception; anything else a
+    damaged shard causes (a bad pickle, a short read) is an Exception."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
 def is_sharded_model(model: Any) -> bool:
     """Whether any module of ``model`` is FSDP-sharded (FSDP1 wrapper or FSDP2 ``fully_shard``)."""
     classes = fsdp_classes()

@@ -239,3 +239,23 @@ def test_the_preemption_save_waits_for_the_sharded_async_save_in_flight(tmp_path
     assert all(r["in_flight"] and r["two"] and r["three"] and r["blocking"] > 0 for r in results), results
     assert verify_checkpoint(tmp_path / "ckpt" / step_dir_name(2)) is None
     assert verify_checkpoint(tmp_path / "ckpt" / step_dir_name(3)) is None
+
+
+def test_a_shard_load_that_dcp_refuses_is_a_damaged_checkpoint_not_a_crash(tmp_path: Path) -> None:
+    """DCP reports a failed load as CheckpointException, a BaseException: it must be read as this
+    checkpoint being unusable (restore falls back past it), not escape as an uncaught exception."""
+    import traceback
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from orchestrator.runtime.checkpoint import CheckpointManager
+
+    class RefusingShards:
+        def load(self, folder: Path) -> dict:
+            raise CheckpointException("load failed", {1: (ValueError("size mismatch for layers.0.w"),
+                                                          traceback.StackSummary())})
+
+    mgr = CheckpointManager(tmp_path / "ckpt")
+    mgr._sharded = RefusingShards()      # type: ignore[assignment]  (the DCP path without a process group)
+    loaded, why = mgr._load_shards(tmp_path / "ckpt" / "step-00000004")
+    assert loaded is None and why is not None and why.startswith("CheckpointException")
