@@ -12,6 +12,21 @@ Prints, per trial and as median/max: detection (API report -> NODE_LOST polled),
 (cancel), resubmission (submit returned), total; and, for information, until the new pods run.
 
     PYTHONPATH=. python bench/bench_kube_recovery.py [--trials 5]
+
+Part two (``--timeline``, included by default): machine death -> first resumed step, with the
+real supervisor, under Kubernetes' real default timings played SCALE_TIMELINE times faster and
+printed back in Kubernetes seconds: node-monitor grace period 40 s (and 50 s, 1.32+) with a
+5 s monitor period, the survivors' termination grace 90 s (blocked in a collective, they ignore
+SIGTERM until SIGKILL), restart.backoff 30 s, one pod per node (the survivor's node is taken
+until its pod ends), the image cached, and RESTART_S from a pod's start to its first resumed
+step (container start, imports, rendezvous, checkpoint load: an assumption, --restart-s), counted
+from the moment every pod of the next attempt runs (rendezvous needs them all).
+Compared: the Kubernetes signals alone (a job without the runtime), the runtime's node beat
+(restart.node_silence_timeout 15 s; rank 0 reports 3 s after the last beat, as liveness.py
+does), the beat with restart.backoff 0 s, and rank 0's own node dying (pod 1's runtime, the
+witness, reports it on pod 1's log, which the backend follows for that alone). The supervisor's
+20 ms poll and the API's latencies are magnified by 1/SCALE_TIMELINE in the printed figures
+(about 0.5 s).
 """
 
 from __future__ import annotations
@@ -25,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.backends import base  # noqa: E402
-from orchestrator.backends.kubernetes import KubernetesBackend  # noqa: E402
+from orchestrator.backends.kubernetes.engine import KubernetesBackend  # noqa: E402
 from tests.kube.conftest import make_client  # noqa: E402
 from tests.kube.fakeapi.cluster import Cluster, Timings  # noqa: E402
 from tests.kube.fakeapi.server import FakeApiServer  # noqa: E402
@@ -75,10 +90,164 @@ def trial() -> dict[str, float]:
         server.stop()
 
 
+SCALE_TIMELINE = 0.04     # real seconds per Kubernetes second in the timeline trials
+
+
+def timeline_trial(*, beat: bool, backoff_s: float, grace_period: float = 40.0,
+                   restart_s: float = 10.0, cut_grace: bool = True, dead_index: int = 1) -> dict[str, float]:
+    """One machine death under scaled real timings; figures in Kubernetes seconds. The machine
+    of pod ``dead_index`` dies: 1, a node rank 0 reads the beat of; 0, rank 0's own (the store's
+    host), whose silence pod 1's runtime witnesses on its own log."""
+    import threading
+
+    from orchestrator.runtime.protocol import format_progress
+    from orchestrator.spec import from_dict
+    from orchestrator.state import LocalRunStore, RunRecord
+    from orchestrator.supervisor import Supervisor
+    from orchestrator.vendors import load_profile
+
+    S = SCALE_TIMELINE
+    server = FakeApiServer().start()
+    cluster = Cluster(server.api, Timings(scale=S, node_monitor_grace_period=grace_period))
+    for n in ("node-a", "node-b", "node-c"):
+        cluster.add_node(n, capacity={"cpu": "1"})          # one pod per node
+    spec = from_dict({
+        "name": "tl", "nodes": 2, "image": {"vendor": "cpu", "tag": "registry.example.com/wm:v3"},
+        "command": ["python", "train.py"], "resources": {"cpu": 1, "memory": "2Gi", "shm": "1Gi"},
+        "volumes": [{"name": "ckpt", "mount": "/ckpt", "pvc": "wm-ckpt"}], "checkpoint": {"dir": "/ckpt"},
+        "restart": {"max_attempts": 3, "heartbeat_timeout": "10m"},
+    })
+    # the spec's durations are the supervisor's own (real) seconds: scale them like the cluster's
+    spec.restart.backoff = backoff_s * S
+    spec.restart.node_silence_timeout = 15.0 * S          # the default, 15 s
+    def steps(t0: float, n: int) -> list[tuple[float, str]]:
+        return [(t0 + i * 1.0 * S, format_progress("step", step=12 + i)) for i in range(n)]
+    # attempt 0: survivors blocked in a collective ignore SIGTERM (killed at the end of the grace)
+    cluster.script(job="tl-a0", run_seconds=None, sigterm_seconds=None)
+    cluster.script(job="tl-a0", index=0, run_seconds=None, sigterm_seconds=None,
+                   logs=[(0.0, format_progress("checkpoint", step=10)), *steps(0.05, 3)])
+    cluster.script(job="tl-a1", run_seconds=(restart_s + 2) * S)
+    cluster.script(job="tl-a1", index=0, run_seconds=(restart_s + 2) * S,
+                   logs=[(restart_s * S, format_progress("resume", step=10)),
+                         (restart_s * S + 0.5 * S, format_progress("step", step=11))])
+    cluster.start()
+    backend = KubernetesBackend(make_client(server.url), watch_timeout=30)
+    if not cut_grace:          # main before this change: the survivors kept their full grace period
+        backend.cut_grace = lambda ref, dead_hosts: None      # type: ignore[method-assign]
+    # Detection ends when the teardown starts: the "attempt N failed" line is printed after it.
+    cancels: list[float] = []
+    real_cancel = backend.cancel
+
+    def timed_cancel(ref, graceful=False):
+        cancels.append(time.time())
+        return real_cancel(ref, graceful=graceful)
+    backend.cancel = timed_cancel      # type: ignore[method-assign]
+    store = LocalRunStore(spec.name)
+    record = RunRecord(run=spec.name, backend="kubernetes", spec_path="tl.yaml", overrides={},
+                       spec_hash=spec.spec_hash(), auto_resume=True)
+    lines: list[tuple[float, str]] = []
+    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, auto_resume=True,
+                     echo=lambda ln: lines.append((time.time(), ln)), poll_interval=0.02)
+    thread = threading.Thread(target=sup.run, daemon=True)
+    thread.start()
+    stop = threading.Event()
+    try:
+        def running(job: str) -> list[dict]:
+            return [p for p in server.api.store.list("pods")[0]
+                    if p["metadata"]["labels"].get("job-name") == job and p["status"].get("phase") == "Running"]
+        while not (len(running("tl-a0")) == 2 and any("checkpoint" in ln for _, ln in lines)):
+            time.sleep(0.01)
+        by_index = {p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"]: p for p in running("tl-a0")}
+        # the reporter: rank 0 (pod 0) about pod 1's node, or the witness (pod 1) about rank 0's
+        dead = by_index[str(dead_index)]["spec"]["nodeName"]
+        reporter = by_index["1" if dead_index == 0 else "0"]
+        about = {"group_rank": 0, "witness": 1} if dead_index == 0 else {"group_rank": 1}
+        killed = time.time()
+        cluster.kill_node(dead)
+        if beat:       # the reader (liveness.py): SUSPECT_S after the last beat, then every REPORT_S
+            def reader() -> None:
+                silent = 3.0
+                while not stop.wait(silent * S - (time.time() - killed)):
+                    server.api.append_log("default", reporter["metadata"]["name"],
+                                          reporter["spec"]["containers"][0]["name"],
+                                          format_progress("node_silent", host=dead, silent_s=round(silent * S, 3),
+                                                          **about))
+                    silent += 2.0
+            threading.Thread(target=reader, daemon=True).start()
+        def first(pred) -> float:
+            deadline = time.time() + 600 * S
+            while time.time() < deadline:
+                hit = next((t for t, ln in lines if pred(ln)), None)
+                if hit is not None:
+                    return hit
+                time.sleep(0.01)
+            raise RuntimeError("timeline trial did not get there:\n" + "\n".join(ln for _, ln in lines))
+        failed = first(lambda ln: ln.startswith("attempt 0 failed"))
+        submitted = first(lambda ln: ln.startswith("attempt 1 submitted"))
+        # rendezvous completes once every node of attempt 1 runs (the survivor's node is free only
+        # when its old pod has ended); then RESTART_S to the first resumed step
+        seen: set[str] = set()
+        deadline = time.time() + 600 * S
+        while len(seen) < 2 and time.time() < deadline:
+            seen |= {p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] for p in running("tl-a1")}
+            time.sleep(0.005)
+        if len(seen) < 2:
+            raise RuntimeError("attempt 1 never ran:\n" + "\n".join(ln for _, ln in lines))
+        all_running = time.time()
+        decided = cancels[0] if cancels else failed
+        out = {"detect": decided - killed, "teardown+backoff": submitted - decided,
+               "pods_running": all_running - submitted,
+               "total": all_running - killed + restart_s * S}
+        thread.join(timeout=60)          # attempt 1 completes: the supervisor returns
+        return {k: v / S for k, v in out.items()}
+    finally:
+        stop.set()
+        backend.close()
+        cluster.stop()
+        server.stop()
+
+
+def timeline(trials: int, restart_s: float) -> None:
+    import os
+    import tempfile
+
+    print(f"\nmachine death -> first resumed step, Kubernetes' default timings played {1 / SCALE_TIMELINE:.0f}x "
+          f"faster, printed in Kubernetes seconds ({trials} trials each; restart of a pod to its first "
+          f"resumed step assumed {restart_s:g} s, image cached):")
+    cases = [("main before: Kubernetes signals, survivors' full 90 s grace, backoff 30 s",
+              dict(beat=False, backoff_s=30.0, cut_grace=False)),
+             ("Kubernetes signals only (a job without the runtime), grace cut, backoff 30 s",
+              dict(beat=False, backoff_s=30.0)),
+             ("the same, node-monitor grace 50 s (1.32+)", dict(beat=False, backoff_s=30.0, grace_period=50.0)),
+             ("runtime beat, node_silence_timeout 15 s, backoff 30 s (skipped: the lost node is excluded)",
+              dict(beat=True, backoff_s=30.0)),
+             ("runtime beat, node_silence_timeout 15 s, backoff 0 s", dict(beat=True, backoff_s=0.0)),
+             ("runtime witness, rank 0's node dies, node_silence_timeout 15 s",
+              dict(beat=True, backoff_s=30.0, dead_index=0))]
+    for label, kw in cases:
+        rows = []
+        for _ in range(trials):
+            os.environ["WMCTL_HOME"] = tempfile.mkdtemp(prefix="wmctl-bench-")    # a fresh run record
+            rows.append(timeline_trial(restart_s=restart_s, **kw))
+        print(f"  {label}:")
+        for k in rows[0]:
+            vals = [r[k] for r in rows]
+            print(f"    {k:22s} median {statistics.median(vals):6.1f} s  max {max(vals):6.1f} s")
+        worst = max(r["total"] for r in rows)
+        print(f"    goal < 30 s: {'met' if worst < 30 else 'missed'} (worst {worst:.1f} s)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--timeline-trials", type=int, default=2)
+    ap.add_argument("--restart-s", type=float, default=10.0)
+    ap.add_argument("--only", choices=["detect", "timeline"], default=None)
     args = ap.parse_args()
+    if args.only != "detect":
+        timeline(args.timeline_trials, args.restart_s)
+    if args.only == "timeline":
+        return
     rows = []
     for i in range(args.trials):
         r = trial()

@@ -183,3 +183,41 @@ def test_a_failure_target_already_ends_the_job():
     pending = pod("Pending", idx=1, uid="u2", node=None)
     assert pod_deleted_event(pending, cancelled=False, job_finished=job_finished(job("FailureTarget")),
                              failure_seen=True) is None
+
+
+@pytest.mark.parametrize("ready, since_s, tolerations, lost", [
+    ("False", 10, [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                    "tolerationSeconds": 30}], False),        # a blip within node_loss_timeout
+    ("False", 40, [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                    "tolerationSeconds": 30}], True),         # outlasted it
+    ("False", 10, [], True),                                  # no toleration: the taint manager evicts at once
+    ("False", 10_000, [{"operator": "Exists"}], False),       # tolerated for ever
+    ("Unknown", 1, [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                     "tolerationSeconds": 30}], True),        # a silent kubelet is not judged by it
+])
+def test_a_kubelet_reported_not_ready_is_lost_only_past_the_pods_toleration(ready, since_s, tolerations, lost):
+    import datetime as dt
+    now = 1_800_000_000.0
+    stamp = dt.datetime.fromtimestamp(now - since_s, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    n = node(ready, "KubeletNotReady" if ready == "False" else "NodeStatusUnknown")
+    n["status"]["conditions"][0]["lastTransitionTime"] = stamp
+    p = pod(state={"running": {}})
+    p["spec"]["tolerations"] = tolerations
+    kinds = [e.kind for _, e in pod_events(p, n, now=now)]
+    assert (base.NODE_LOST in kinds) == lost
+
+
+def test_a_failed_exit_on_a_node_with_a_problem_condition_is_a_device_fault_with_that_evidence():
+    from orchestrator import failures as F
+    n = node()
+    n["status"]["conditions"].append({"type": "KernelDeadlock", "status": "True", "reason": "DockerHung",
+                                      "message": "task docker:7 blocked for more than 120 seconds."})
+    (ev,) = [e for _, e in pod_events(pod("Failed", state=TERM(1, "Error")), n) if e.kind != base.NODE_STARTED]
+    found = F.classify_event(ev)
+    assert found is not None and found.kind == F.DEVICE_FAULT
+    assert "decided by node n1's node condition KernelDeadlock=True (DockerHung" in found.evidence
+    # the kubelet's own conditions, and a problem condition that is False, are no evidence
+    n["status"]["conditions"][-1]["status"] = "False"
+    n["status"]["conditions"].append({"type": "MemoryPressure", "status": "True"})
+    (ev,) = [e for _, e in pod_events(pod("Failed", state=TERM(1, "Error")), n) if e.kind != base.NODE_STARTED]
+    assert F.classify_event(ev).kind == F.APP_ERROR

@@ -89,3 +89,14 @@ def test_importing_the_backend_does_not_import_kubernetes():
                           "print('kubernetes' in sys.modules)"], capture_output=True, text=True,
                          check=True, cwd=str(__import__('pathlib').Path(__file__).parents[2]))
     assert out.stdout.strip() == "False"
+
+
+def test_a_recorded_kubeconfig_absent_in_a_pod_means_the_service_account(monkeypatch, tmp_path):
+    """`submit --kubeconfig FILE --in-cluster`: the record names the laptop's file, which the watcher
+    pod has not; like the recorded context, it falls back to the pod's service account (here none
+    is mounted, so the in-cluster config is what fails)."""
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    with pytest.raises(EngineUnavailable) as err:
+        load_api_client("sim", kubeconfig=str(tmp_path / "laptop-kubeconfig"))
+    assert "Service token file" in str(err.value) and "no kubeconfig found" not in str(err.value)

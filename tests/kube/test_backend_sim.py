@@ -15,6 +15,7 @@ from kubernetes import client
 from orchestrator.backends import base
 from orchestrator.backends.kubernetes.engine import KubernetesBackend
 from orchestrator.errors import BackendError
+from orchestrator.runtime.protocol import format_progress as progress_line
 
 from .manifests import attempt_manifests, manifest_plan, rendered_plan
 from .simhelpers import Collector
@@ -93,6 +94,44 @@ def test_sim_pods_succeed_and_progress_lines_arrive(fake_api, backend):
     assert sorted(e.node for e in exits) == [0, 1] and {e.exit_code for e in exits} == {0}
     assert len(col.kinds(base.NODE_STARTED)) == 2
     assert list(backend.logs(ref, 0))[0] == "torchrun noise"
+
+
+def test_sim_the_witness_log_gives_only_its_reports_about_group_rank_0(fake_api, backend):
+    """Simulation: index 1's log is followed as rank 0's witness (base.witness_progress). Its
+    ordinary output, its own step line and a node_silent about another group rank give no event
+    (no OUTPUT heartbeat either: that stays rank 0's); its node_silent / node_beat about group
+    rank 0 arrive as PROGRESS of node 1 on pod 1's host. A 1-node attempt opens no second
+    stream; an attempt adopted without its Job's shape opens it once the Job tells 2 nodes."""
+    def witness(event, group_rank, **kw):
+        return progress_line(event, group_rank=group_rank, host="node-x", witness=1, **kw)
+    fake_api.cluster.script(job="sim-a0", index=0, run_seconds=None,
+                            logs=[(0.0, 'WMCTL-PROGRESS {"event":"start","step":0}')])
+    fake_api.cluster.script(job="sim-a0", index=1, run_seconds=None,
+                            logs=[(0.0, "rank 1 says hello"), (0.02, 'WMCTL-PROGRESS {"event":"step","step":3}'),
+                                  (0.04, witness("node_silent", 2, silent_s=3.0)),
+                                  (0.06, witness("node_silent", 0, silent_s=3.0)),
+                                  (0.08, witness("node_beat", 0))])
+    ref, col = _submit(fake_api, backend)
+    assert col.until(lambda c: any(e.node == 1 and e.progress["event"] == "node_beat"
+                                   for e in c.kinds(base.PROGRESS)))
+    host1 = next(n.host for n in col.last.nodes if n.node == 1)
+    from_witness = [(e.kind, (e.progress or {}).get("event"), (e.progress or {}).get("group_rank"), e.host)
+                    for e in col.events if e.node == 1 and e.kind in (base.PROGRESS, base.OUTPUT)]
+    assert from_witness == [(base.PROGRESS, "node_silent", 0, host1), (base.PROGRESS, "node_beat", 0, host1)]
+    assert [e.progress["event"] for e in col.kinds(base.PROGRESS) if e.node == 0] == ["start"]
+    assert sorted(backend._state(ref).log_threads) == [0, 1]
+
+    one = backend.submit(rendered_plan("one", 0, nodes=1))
+    assert sorted(backend._state(one).log_threads) == [0]
+    adopter = KubernetesBackend(fake_api.client, watch_timeout=2)     # a watcher that did not submit
+    try:
+        st = adopter._state(ref)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(st.log_threads) < 2:
+            time.sleep(0.02)
+        assert sorted(st.log_threads) == [0, 1]
+    finally:
+        adopter.close()
 
 
 @pytest.mark.parametrize("script,kind,code,reason", [
@@ -184,7 +223,9 @@ def test_sim_node_lost_from_node_conditions_before_taint_manager(fake_api, backe
 
 
 def test_sim_node_not_ready_reported_by_kubelet(fake_api, backend):
-    """Simulation: a live kubelet posts Ready=False -> NODE_LOST with its reason at once."""
+    """Simulation: a live kubelet posts Ready=False and keeps it: the node is lost once its
+    not-ready taint outlasts the pods' toleration (restart.node_loss_timeout, rendered as
+    tolerationSeconds; the taint manager then evicts), not at the first report."""
     c = fake_api.cluster
     c.default_script.run_seconds = None
     ref, col = _submit(fake_api, backend)
@@ -192,7 +233,26 @@ def test_sim_node_not_ready_reported_by_kubelet(fake_api, backend):
     host = col.last.nodes[0].host
     c.set_node_ready(host, False, reason="KubeletNotReady")
     assert col.until(lambda col: col.kinds(base.NODE_LOST))
-    assert (col.kinds(base.NODE_LOST)[0].node, col.kinds(base.NODE_LOST)[0].reason) == (0, "KubeletNotReady")
+    (lost,) = col.kinds(base.NODE_LOST)
+    assert (lost.node, lost.reason) == (0, "DeletionByTaintManager")
+    when = {w: t for t, w, _ in c.timeline}
+    assert lost.time - when["node_not_ready"] >= c.timings.real(30) * 0.9
+
+
+@pytest.mark.fake_api(scale=0.05)        # the 30 s toleration plays out in 1.5 s
+def test_sim_a_not_ready_blip_shorter_than_node_loss_timeout_is_no_loss(fake_api, backend):
+    """Simulation: a kubelet reports Ready=False (a container runtime restart) and Ready=True
+    again within restart.node_loss_timeout: nothing is lost, nothing torn down or excluded."""
+    c = fake_api.cluster
+    c.default_script.run_seconds = None
+    ref, col = _submit(fake_api, backend)
+    assert col.until(lambda col: [n.phase for n in col.last.nodes] == [base.RUNNING] * 2)
+    host = col.last.nodes[0].host
+    c.set_node_ready(host, False, reason="KubeletNotReady")
+    assert not col.until(lambda col: col.kinds(base.NODE_LOST), timeout=0.5)
+    c.set_node_ready(host, True)
+    assert not col.until(lambda col: col.kinds(base.NODE_LOST), timeout=1.5)
+    assert [n.phase for n in col.last.nodes] == [base.RUNNING] * 2
 
 
 def test_sim_cancel_force_deletes_pod_stuck_terminating_and_next_attempt_runs(fake_api, backend):

@@ -94,7 +94,7 @@ def test_sim_cli_submit_auto_resume_status_and_logs(fake_api, tmp_path):
     assert record["attempts"][1]["excluded_nodes"] == [dead]
     listing = wmctl("list").communicate(timeout=30)[0]
     assert "clisim" in listing and "succeeded" in listing
-    logs = wmctl("logs", "clisim", "--node", "0").communicate(timeout=30)[0]
+    logs = wmctl("logs", "clisim", "--node", "0", "--raw").communicate(timeout=30)[0]
     assert progress("resume", 10) in logs, logs
 
 

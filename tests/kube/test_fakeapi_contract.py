@@ -5,6 +5,7 @@ backend relies on (selectors, resourceVersion, watch timeouts, 410 Gone, 409, fa
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -524,3 +525,172 @@ def test_sim_a_graceful_delete_gives_the_container_its_sigterm_and_grace(fake_ap
     assert c.run_until(lambda: not fake_api.store.exists("pods", "default", "deaf"), timeout=5)
     exits = dict(detail.split() for _, what, detail in c.timeline if what == "pod_stopped")
     assert exits == {"saver": "83", "deaf": "137"}, c.timeline
+
+
+def _job_events(core, ns: str, job: str) -> list:
+    return core.list_namespaced_event(ns, field_selector=f"involvedObject.kind=Job,involvedObject.name={job}").items
+
+
+def test_sim_a_quota_refused_pod_is_a_failedcreate_event_on_the_job(fake_api):
+    """Simulation (resourcequota/controller.go, controller_utils.go, events_cache.go): a pods
+    quota of 1 admits one pod of a 2-node Job; the other is refused with 403, seen only as a
+    Warning FailedCreate Event on the Job, one Event whose count grows as the controller retries."""
+    batch, core = client.BatchV1Api(fake_api.client), client.CoreV1Api(fake_api.client)
+    core.create_namespaced_resource_quota("default", {"metadata": {"name": "compute"}, "spec": {"hard": {"pods": "1"}}})
+    _, job = attempt_manifests("r", 0, nodes=2)
+    fake_api.cluster.script(job="r-a0", run_seconds=None)
+    batch.create_namespaced_job("default", job)
+    c = fake_api.cluster
+    # each refusal names a new generated pod name: ten Events, then one combined Event that counts
+    assert c.run_until(lambda: any(e.count and e.count >= 2 for e in _job_events(core, "default", "r-a0")))
+    assert len(fake_api.store.list("pods")[0]) == 1
+    events = _job_events(core, "default", "r-a0")
+    assert len(events) == 11 and {(e.type, e.reason) for e in events} == {("Warning", "FailedCreate")}
+    for e in events:
+        assert re.fullmatch(r'(\(combined from similar events\): )?Error creating: pods "r-a0-1-\w{5}" is forbidden: '
+                            r"exceeded quota: compute, requested: pods=1, used: pods=1, limited: pods=1", e.message)
+    with pytest.raises(ApiException) as err:          # the same refusal, asked directly
+        core.create_namespaced_pod("default", _pod("extra"))
+    assert err.value.status == 403 and "exceeded quota: compute" in _status(err.value)["message"]
+
+
+def test_sim_pod_security_baseline_refuses_host_path_volumes(fake_api):
+    """Simulation (pod-security-admission check_hostPathVolumes.go): a namespace enforcing
+    baseline refuses a pod with hostPath volumes; the Job shows it as FailedCreate."""
+    batch, core = client.BatchV1Api(fake_api.client), client.CoreV1Api(fake_api.client)
+    core.create_namespace({"metadata": {"name": "locked", "labels": {
+        "pod-security.kubernetes.io/enforce": "baseline"}}})
+    _, job = attempt_manifests("r", 0, nodes=1, namespace="locked")
+    job["metadata"]["namespace"] = "locked"
+    job["spec"]["template"]["spec"]["volumes"].append({"name": "drivers", "hostPath": {"path": "/usr/local/dcmi"}})
+    batch.create_namespaced_job("locked", job)
+    assert fake_api.cluster.run_until(lambda: bool(_job_events(core, "locked", "r-a0")))
+    (ev,) = _job_events(core, "locked", "r-a0")
+    assert ev.reason == "FailedCreate" and \
+        'violates PodSecurity "baseline:latest": hostPath volumes (volume "drivers")' in ev.message
+    assert not fake_api.store.list("pods", "locked")[0]
+    core.create_namespaced_pod("default", {**_pod("ok"), "spec": {**_pod("ok")["spec"], "volumes": [
+        {"name": "drivers", "hostPath": {"path": "/x"}}]}})      # a privileged namespace admits it
+
+
+def test_sim_an_unschedulable_pod_carries_the_schedulers_reasons(fake_api):
+    """Simulation (schedule_one.go handleSchedulingFailure, FitError.Error): PodScheduled=False,
+    reason Unschedulable, with every node's reason counted."""
+    core = client.CoreV1Api(fake_api.client)
+    pod = _pod("p")
+    pod["spec"]["nodeSelector"] = {"gpu": "h200"}
+    core.create_namespaced_pod("default", pod)
+    fake_api.cluster.tick()
+    cond = next(x for x in core.read_namespaced_pod("p", "default").status.conditions if x.type == "PodScheduled")
+    assert (cond.status, cond.reason) == ("False", "Unschedulable")
+    assert cond.message == "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
+
+
+def test_sim_a_kubelet_admission_rejection_fails_the_pod_before_it_starts(fake_api):
+    """Simulation (pkg/kubelet/kubelet.go rejectPod, pkg/kubelet/lifecycle/predicate.go): the
+    kubelet refuses a pod bound to its node: phase Failed, the admit handler's reason, "Pod was
+    rejected: ..." and no container status."""
+    core = client.CoreV1Api(fake_api.client)
+    fake_api.cluster.admission_rejections["node-a"] = (
+        "UnexpectedAdmissionError", "Allocate failed due to no healthy devices present, which is unexpected")
+    core.create_namespaced_pod("default", _pod("p", node="node-a"))
+    fake_api.cluster.tick()
+    st = core.read_namespaced_pod("p", "default").status
+    assert (st.phase, st.reason) == ("Failed", "UnexpectedAdmissionError")
+    assert st.message == "Pod was rejected: Allocate failed due to no healthy devices present, which is unexpected"
+    assert not st.container_statuses
+
+
+def test_sim_an_unhealthy_device_lowers_allocatable_not_capacity(fake_api):
+    """Simulation (devicemanager/manager.go, nodestatus/setters.go): the device plugin marks a
+    GPU unhealthy; the Node's allocatable count drops, its capacity stays."""
+    core = client.CoreV1Api(fake_api.client)
+    fake_api.cluster.set_devices("node-a", "nvidia.com/gpu", 8)
+    fake_api.cluster.set_devices("node-a", "nvidia.com/gpu", 7)
+    st = core.read_node("node-a").status
+    assert (st.capacity["nvidia.com/gpu"], st.allocatable["nvidia.com/gpu"]) == ("8", "7")
+
+
+def test_sim_a_node_problem_detector_condition_shows_on_the_node(fake_api):
+    """Simulation (node-problem-detector condition manager): its condition is on the Node beside
+    the kubelet's Ready, True while the problem lasts."""
+    core = client.CoreV1Api(fake_api.client)
+    fake_api.cluster.set_node_condition("node-a", "KernelDeadlock", "True", "DockerHung",
+                                        "task docker:7 blocked for more than 120 seconds.")
+    conds = {c.type: c for c in core.read_node("node-a").status.conditions}
+    assert conds["KernelDeadlock"].status == "True" and conds["KernelDeadlock"].reason == "DockerHung"
+    assert conds["Ready"].status == "True"
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("priorityClassName", "high", 'is forbidden: no PriorityClass with name high was found'),
+    ("serviceAccountName", "trainer",
+     'is forbidden: error looking up service account default/trainer: serviceaccount "trainer" not found'),
+])
+def test_sim_a_missing_priority_class_or_service_account_is_refused_at_admission(fake_api, field, value, says):
+    """Simulation (plugin/pkg/admission/priority, plugin/pkg/admission/serviceaccount): 403."""
+    core = client.CoreV1Api(fake_api.client)
+    pod = _pod("p")
+    pod["spec"][field] = value
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod("default", pod)
+    assert err.value.status == 403 and _status(err.value)["message"] == f'pods "p" {says}'
+    pod["spec"][field] = {"priorityClassName": "system-node-critical", "serviceAccountName": "default"}[field]
+    core.create_namespaced_pod("default", pod)      # the built-in ones always exist
+def test_sim_node_field_selector_lists_and_watches_one_node(fake_api):
+    """Simulation: Nodes select by metadata.name (NodeToSelectableFields), list and watch; a watch
+    of one node sees that node's changes and nothing of the others; other field labels are 400."""
+    core = client.CoreV1Api(fake_api.client)
+    assert [n.metadata.name for n in core.list_node(field_selector="metadata.name=node-b").items] == ["node-b"]
+    rv = core.list_node(field_selector="metadata.name=node-b").metadata.resource_version
+    fake_api.cluster.set_node_ready("node-a", False)
+    fake_api.cluster.set_node_ready("node-b", False)
+    seen = [(ev["type"], ev["raw_object"]["metadata"]["name"]) for ev in watch.Watch().stream(
+        core.list_node, field_selector="metadata.name=node-b", resource_version=rv, timeout_seconds=1)]
+    assert seen == [("MODIFIED", "node-b")]
+    with pytest.raises(ApiException) as err:
+        core.list_node(field_selector="status.phase=Running")
+    assert err.value.status == 400
+
+
+@pytest.mark.fake_api(nodes=[f"n{i:02d}" for i in range(7)])
+def test_sim_list_pages_with_limit_and_continue(fake_api):
+    """Simulation: limit/continue (ListOptions): pages of at most `limit` in key order, a continue
+    token on every page but the last, all pages under the first page's resourceVersion, and the
+    same items as one unpaginated list."""
+    core = client.CoreV1Api(fake_api.client)
+    pages, token = [], None
+    while True:
+        page = core.list_node(limit=3, _continue=token) if token else core.list_node(limit=3)
+        pages.append(page)
+        token = page.metadata._continue
+        if not token:
+            break
+    assert [len(p.items) for p in pages] == [3, 3, 1]
+    assert len({p.metadata.resource_version for p in pages}) == 1
+    assert [n.metadata.name for p in pages for n in p.items] == \
+        [n.metadata.name for n in core.list_node().items] == [f"n{i:02d}" for i in range(7)]
+    # a selector pages the matching items only
+    assert [n.metadata.name for n in core.list_node(limit=3, field_selector="metadata.name=n05").items] == ["n05"]
+
+
+@pytest.mark.fake_api(nodes=[f"n{i:02d}" for i in range(5)])
+def test_sim_stale_continue_token_is_410_expired(fake_api):
+    """Simulation: a continue token whose revision was compacted is 410 Expired (etcd3 errors.go
+    continueExpired); a garbled token is 400; a token with a resourceVersion other than 0 is 400."""
+    core = client.CoreV1Api(fake_api.client)
+    token = core.list_node(limit=2).metadata._continue
+    assert token
+    with pytest.raises(ApiException) as err:
+        core.list_node(limit=2, _continue=token, resource_version="5")
+    assert err.value.status == 400
+    fake_api.cluster.set_node_ready("n00", False)
+    fake_api.store.compact()
+    with pytest.raises(ApiException) as err:
+        core.list_node(limit=2, _continue=token)
+    body = _status(err.value)
+    assert (err.value.status, body["reason"]) == (410, "Expired")
+    assert "continue parameter is too old" in body["message"]
+    with pytest.raises(ApiException) as err:
+        core.list_node(limit=2, _continue="not-a-token")
+    assert err.value.status == 400

@@ -28,6 +28,11 @@ VARIANTS = {
         {"key": "dedicated", "operator": "Equal", "value": "training", "effect": "NoExecute",
          "tolerationSeconds": 60},
         {"operator": "Exists"}]},
+    "pod-knobs": {"kubernetes.pod_annotations": {"sidecar.istio.io/inject": "false",
+                                                 "k8s.v1.cni.cncf.io/networks": "rdma-net@ib0"},
+                  "kubernetes.extra_resources": {"rdma/hca_shared_devices_a": "1", "hugepages-1Gi": "8Gi"},
+                  "kubernetes.host_network": True, "kubernetes.capabilities": ["IPC_LOCK", "CAP_SYS_NICE"],
+                  "kubernetes.secret_env": {"HF_TOKEN": {"secret": "hf", "key": "token"}}},
 }
 
 
@@ -74,7 +79,7 @@ def test_job_shape_for_supervised_retries():
     assert "job-completion-index" in rank["valueFrom"]["fieldRef"]["fieldPath"]
     shm = next(v for v in pod["volumes"] if v["name"] == "wmctl-dshm")
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
-    assert c["resources"]["limits"]["mthreads.com/gpu"] == 8
+    assert c["resources"]["limits"]["mthreads.com/gpu"] == "8"   # a Quantity is a string (the client refuses an int)
     assert c["resources"]["limits"]["memory"] == "512Gi"
     tol = {t["key"]: t for t in pod["tolerations"]}
     assert tol["node.kubernetes.io/unreachable"]["tolerationSeconds"] == 20
@@ -129,3 +134,12 @@ def test_fractional_cpu_renders_millicores():
     spec = full_spec("cuda", **{"resources.cpu": 0.001})
     job = next(o for o in render_kubernetes(spec, load_profile("cuda")).resources if o["kind"] == "Job")
     assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "1m"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_in_cluster_watcher_deployment_passes_strict_schema(version):
+    from orchestrator.backends.kubernetes.incluster import watcher_manifest
+
+    dep = watcher_manifest("wm-run", "training", "registry.example.com/wmctl:0.9", "wmctl-watcher", ["regcred"])
+    kubernetes_validate.validate(dep, version, strict=True)
+    assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()

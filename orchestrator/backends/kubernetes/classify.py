@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..base import (
-    EVICTED, FAILED, IMAGE_PULL_FAILED, LOST, NODE_EXITED, NODE_LOST, NODE_STARTED,
+    EVICTED, FAILED, IMAGE_PULL_FAILED, LOST, NODE_EXITED, NODE_LOST, NODE_STARTED, NODE_WAITING,
     OOM_KILLED, PENDING, RUNNING, SUCCEEDED, UNKNOWN, Event, NodeStatus)
 
 Obj = dict[str, Any]
@@ -161,6 +161,121 @@ def pod_loss_evidence(pod: Obj, now: float, *,
     return None
 
 
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+# pkg/kubelet/kubelet.go rejectPod: a pod the kubelet's admission refuses is Failed with the
+# admit handler's reason (pkg/kubelet/lifecycle/predicate.go: "UnexpectedAdmissionError" when the
+# device manager cannot allocate, e.g. a GPU fell off the bus; "OutOf<resource>" when the node's
+# own accounting disagrees with the scheduler's; the topology manager's "TopologyAffinityError")
+# and "Pod was rejected: ...". The node is at fault, not the job: lost, retried elsewhere.
+KUBELET_REJECTED = re.compile(r"^(UnexpectedAdmissionError|OutOf[A-Za-z0-9./_-]+|TopologyAffinityError)$")
+
+
+def not_ready_tolerated(pod: Obj, node: Obj, now: float | None) -> bool:
+    """Is the node's Ready=False (its live kubelet's own report: PLEG, a container runtime
+    restart) still within the pod's not-ready toleration (render.py: restart.node_loss_timeout)?
+    The taint manager (pkg/controller/tainteviction/taint_eviction.go) evicts the pod only once
+    the NoExecute not-ready taint outlasts tolerationSeconds; a blip shorter than that is no
+    loss, and the node is not excluded for it. Ready=Unknown (a silent kubelet) is not judged here."""
+    if now is None:
+        return False
+    seconds: float | None = None
+    for t in (pod.get("spec") or {}).get("tolerations") or []:
+        if t.get("effect") in (None, "", "NoExecute") and (t.get("key") == NOT_READY_TAINT
+                                                          or t.get("operator") == "Exists" and not t.get("key")):
+            if t.get("tolerationSeconds") is None:
+                return True                 # tolerated for ever: the taint manager never evicts it
+            seconds = max(seconds or 0.0, float(t["tolerationSeconds"]))
+    if seconds is None:
+        return False
+    cond: Obj = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
+    since = _rfc3339(cond.get("lastTransitionTime"))
+    return since is not None and now - since < seconds
+
+
+# The conditions the kubelet itself reports; any other condition a node carries with status True
+# is a problem a node-problem-detector found (its kernel monitor's KernelDeadlock and
+# ReadonlyFilesystem, config/kernel-monitor.json and readonly-monitor.json; a custom plugin's GPU
+# or Xid condition): NPD sets a condition True while the problem lasts.
+KUBELET_CONDITIONS = {"Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable"}
+
+
+def node_problem(node: Obj | None) -> str | None:
+    """A problem condition on the node (node-problem-detector's), as evidence; else None."""
+    for c in ((node or {}).get("status") or {}).get("conditions") or []:
+        if c.get("type") not in KUBELET_CONDITIONS and c.get("status") == "True":
+            what = ": ".join(x for x in (c.get("reason"), c.get("message")) if x)
+            return f"node condition {c.get('type')}=True" + (f" ({what})" if what else "")
+    return None
+
+
+def _end_facts(pod: Obj, kw: dict[str, Any], node: Obj | None = None) -> list[tuple[FactKey, Event]]:
+    """How the pod ended, once it did: its container's exit, the kubelet refusing it, an eviction.
+    A failed exit on a node with a problem condition is the node's fault (NodeProblem)."""
+    uid, status = pod_uid(pod), pod.get("status") or {}
+    code, reason = exit_info(pod)
+    problem = node_problem(node) if code and reason != "OOMKilled" else None
+    if problem is not None:
+        return [(("exited", uid), Event(NODE_EXITED, exit_code=code, reason="NodeProblem",
+                                        message=f"container exited with code {code}; device fault, decided by "
+                                                f"node {kw.get('host')}'s {problem}", **kw))]
+    if code is not None:
+        kind = TERMINATED_KIND.get(reason or "", NODE_EXITED)
+        return [(("exited", uid), Event(kind, exit_code=code, reason=reason,
+                                        message=f"container exited with code {code}"
+                                        + (f" ({reason})" if reason else ""), **kw))]
+    if status.get("phase") != "Failed":
+        return []
+    if KUBELET_REJECTED.match(status.get("reason") or ""):
+        return [(("lost", uid), Event(NODE_LOST, reason=status.get("reason"),
+                                      message=f"the kubelet on {kw.get('host')} refused the pod: "
+                                              f"{status.get('message') or status.get('reason')}", **kw))]
+    if status.get("reason") == "Evicted":
+        return [(("exited", uid), Event(EVICTED, reason="Evicted", message=status.get("message") or "", **kw))]
+    return []
+
+
+# Resources every node has; anything else a pod requests (nvidia.com/gpu, amd.com/gpu,
+# huawei.com/Ascend910, ...) is a device plugin's.
+_BUILTIN_RESOURCES = ("cpu", "memory", "pods", "ephemeral-storage")
+
+
+def device_counts(pod: Obj, node: Obj | None) -> dict[str, int]:
+    """The node's allocatable count of each device resource the pod requests. The device manager
+    (pkg/kubelet/cm/devicemanager) sets allocatable to the healthy devices, capacity to all."""
+    wanted = {k for c in (pod.get("spec") or {}).get("containers") or []
+              for part in ("limits", "requests") for k in ((c.get("resources") or {}).get(part) or {})
+              if k not in _BUILTIN_RESOURCES and not k.startswith("hugepages-")}
+    alloc = ((node or {}).get("status") or {}).get("allocatable") or {}
+    out = {}
+    for k in sorted(wanted):
+        try:
+            out[k] = int(str(alloc.get(k, "0")))
+        except ValueError:
+            continue
+    return out
+
+
+def device_loss(pod: Obj, first: dict[str, int], now: dict[str, int]) -> str | None:
+    """A device of the pod's node turned unhealthy: its allocatable count fell below what it was
+    when the pod was first seen there, and the pod held all of them or holds more than remain
+    (then one of the failed devices is the pod's). The evidence, or None."""
+    if (pod.get("status") or {}).get("phase") not in ("Pending", "Running"):
+        return None
+    held: dict[str, int] = {}
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for k, v in ((c.get("resources") or {}).get("limits") or {}).items():
+            try:
+                held[k] = held.get(k, 0) + int(str(v))
+            except ValueError:
+                continue
+    for res, before in first.items():
+        after = now.get(res, before)
+        if after < before and (held.get(res, 0) >= before or after < held.get(res, 0)):
+            return (f"device fault, decided by node {(pod.get('spec') or {}).get('nodeName')}'s allocatable "
+                    f"{res}: {before} -> {after} (its device plugin reports a device unhealthy)")
+    return None
+
+
 def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True, node_access: bool = True,
                now: float | None = None) -> list[tuple[FactKey, Event]]:
     """Every fact the pod's current state (and its node's) implies, as (key, event).
@@ -182,15 +297,12 @@ def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True, node_acc
         if image_pull_permanent(waiting, msg):
             out.append((("image", uid), Event(IMAGE_PULL_FAILED, reason=waiting, message=msg, **kw)))
             break
-    code, reason = exit_info(pod)
-    if code is not None:
-        kind = TERMINATED_KIND.get(reason or "", NODE_EXITED)
-        out.append((("exited", uid), Event(kind, exit_code=code, reason=reason,
-                                           message=f"container exited with code {code}"
-                                           + (f" ({reason})" if reason else ""), **kw)))
-    elif phase == "Failed" and status.get("reason") == "Evicted":
-        out.append((("exited", uid), Event(EVICTED, reason="Evicted",
-                                           message=status.get("message") or "", **kw)))
+    unplaced = unschedulable(pod)
+    if unplaced is not None:
+        out.append((("waiting", f"{uid}|{unplaced}"), Event(NODE_WAITING, reason="Unschedulable", message=unplaced,
+                                                            **kw)))
+    code = exit_info(pod)[0]
+    out += _end_facts(pod, kw, node)
     disruption = _condition(pod, "DisruptionTarget")
     if disruption is not None and code is None:
         kind = DISRUPTION_KIND.get(disruption.get("reason") or "", EVICTED)
@@ -202,7 +314,7 @@ def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True, node_acc
         if node is None and nodes_known:
             out.append((("lost", uid), Event(NODE_LOST, reason="NodeDeleted",
                                              message=f"node {host} no longer exists", **kw)))
-        elif node is not None and ready != "True":
+        elif node is not None and ready != "True" and not (ready == "False" and not_ready_tolerated(pod, node, now)):
             out.append((("lost", uid), Event(
                 NODE_LOST, reason=why or ("NodeStatusUnknown" if ready == "Unknown" else "NodeNotReady"),
                 message=f"node {host} Ready={ready}", **kw)))
@@ -214,6 +326,63 @@ def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True, node_acc
     for key, ev in out:
         first.setdefault(key, ev)      # one event per fact: the most specific comes first
     return list(first.items())
+
+
+def unschedulable(pod: Obj) -> str | None:
+    """The scheduler's message while it cannot place the pod: pkg/scheduler/schedule_one.go
+    handleSchedulingFailure sets PodScheduled=False, reason Unschedulable, with the FitError's
+    text ("0/N nodes are available: ..."); None once placed or for another reason."""
+    if (pod.get("spec") or {}).get("nodeName") or (pod.get("status") or {}).get("phase") != "Pending":
+        return None
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            return c.get("message") or "no node fits the pod"
+    return None
+
+
+# pkg/controller/controller_utils.go: a pod the Job controller could not create (a ResourceQuota,
+# a PodSecurity level refusing hostPath volumes, a missing PriorityClass or ServiceAccount) is a
+# Warning "FailedCreate" Event on the Job, "Error creating: <the API server's refusal>";
+# client-go's EventCorrelator may prefix "(combined from similar events): ".
+_COMBINED = "(combined from similar events): "
+_POD_NAME = re.compile(r'pods "[^"]*"')
+
+
+def failed_create(events: list[Obj]) -> str | None:
+    """The newest refusal of the Job's pods, from its Events (None when there is none), with
+    the generated pod name taken out so a repeat reads the same."""
+    found = [e for e in events if e.get("reason") == "FailedCreate" and e.get("type") == "Warning"]
+    if not found:
+        return None
+    last = max(found, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    text = (last.get("message") or "").removeprefix(_COMBINED).removeprefix("Error creating: ")
+    return _POD_NAME.sub("the pod", text, count=1)
+
+
+# Why Kueue holds a Job (created suspended, labelled with a LocalQueue), from the Workload it
+# creates for it (pkg/controller/jobframework/reconciler.go; found by the kueue.x-k8s.io/job-uid
+# label, pkg/controller/constants). The scheduler's "no" (pkg/scheduler/scheduler.go
+# requeueAndUpdate) is QuotaReserved=False, reason Pending, with the flavor assigner's message
+# ("couldn't assign flavors to pod set main: insufficient unused quota for ...", also a Warning
+# Event "Pending"): the queue is full, and it clears by itself as other workloads finish. The
+# workload controller's (pkg/controller/core/workload_controller.go Reconcile) is reason
+# Inadmissible: "LocalQueue q doesn't exist", "ClusterQueue c is inactive": nothing admits the
+# Job until a person acts. Kueue before 0.5 said the same on its Admitted condition.
+KUEUE_NEEDS_A_PERSON = {"Inadmissible"}
+
+
+def kueue_wait(workloads: list[Obj]) -> tuple[bool, str, str] | None:
+    """(needs a person, reason, message) while the Job's newest Workload is not admitted; None
+    once it is, or while Kueue has not created one yet."""
+    if not workloads:
+        return None
+    wl = max(workloads, key=lambda w: (w.get("metadata") or {}).get("creationTimestamp") or "")
+    conds = {c.get("type"): c for c in (wl.get("status") or {}).get("conditions") or []}
+    cond = conds.get("QuotaReserved") or conds.get("Admitted")
+    if (conds.get("Admitted") or {}).get("status") == "True" or cond is None or cond.get("status") != "False":
+        return None
+    reason = cond.get("reason") or ""
+    return reason in KUEUE_NEEDS_A_PERSON, reason, cond.get("message") or ""
 
 
 def pod_deleted_event(pod: Obj, *, cancelled: bool, job_finished: str | None, failure_seen: bool,
@@ -308,13 +477,14 @@ def node_statuses(pods: list[Obj], completions: int, lost: set[str],
         elif phase == "Running":
             out.append(NodeStatus(idx, RUNNING, host))
         elif phase == "Pending":
-            out.append(NodeStatus(idx, PENDING, host))
+            why = unschedulable(p)
+            out.append(NodeStatus(idx, PENDING, host, None, f"Unschedulable: {why}" if why else None))
         else:
             out.append(NodeStatus(idx, UNKNOWN, host))
     return out
 
 
-# --- rank 0's log, followed across dropped streams and kubelet log rotation ---------------------
+# --- a followed log (rank 0's, the witness's), across dropped streams and kubelet log rotation --
 # After a rotation the kubelet serves only the newest file (pkg/kubelet/kuberuntime/logs/logs.go
 # reads the container's current log path; pkg/kubelet/logs/container_log_manager.go renames the
 # old one away), so counting lines to skip what was already read skips new lines instead. The

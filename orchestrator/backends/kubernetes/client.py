@@ -1,12 +1,22 @@
 """Calling the Kubernetes API with bounded retries of transient failures.
 
 Retries of 429/5xx/connection errors happen here, per API call and bounded; retrying a failed
-*attempt* is the supervisor's job.
+*attempt* is the supervisor's job. ``Backoff`` is the one delay policy: exponential with jitter,
+never shorter than a 429's ``Retry-After``; ``call`` and the watch reconnects (watch.py) both use
+it, each with the sleep it is given (tests inject one; the watcher's is interruptible).
+
+Every request carries a client-side timeout. The client sets none by default (urllib3 then
+waits forever): a connection that goes half-open (a NAT or load balancer forgets it, a laptop
+sleeps) leaves a watch or log read blocked for hours with no error (kubernetes-client/python
+issue #1148; the client's examples/watch/timeout-settings.md). ``timeout_seconds`` on a watch
+is only a request to the server to end it.
 """
 
 from __future__ import annotations
 
+import email.utils
 import json
+import random
 import time
 from typing import Any, Callable, TypeVar
 
@@ -17,6 +27,63 @@ T = TypeVar("T")
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 
+# (connect, read) seconds for a plain request: a create, read, list, patch or delete.
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 30.0
+# A stream (watch, followed log) may be quiet for its whole server-side timeout; its read
+# timeout is that plus this margin, so only a stream that is really dead times out.
+STREAM_MARGIN_S = 10.0
+# A Retry-After longer than this is capped (a bound on how long one call can sleep).
+MAX_RETRY_AFTER_S = 60.0
+
+
+def request_timeout(read: float = READ_TIMEOUT_S) -> tuple[float, float]:
+    """The client's ``_request_timeout``: (connect, read between two received bytes)."""
+    return (CONNECT_TIMEOUT_S, read)
+
+
+def stream_timeout(server_timeout_s: float) -> tuple[float, float]:
+    """``_request_timeout`` of a watch that asked the server for ``timeout_seconds``."""
+    return (CONNECT_TIMEOUT_S, server_timeout_s + STREAM_MARGIN_S)
+
+
+def retry_after_s(exc: BaseException) -> float | None:
+    """A 429's (or 503's) ``Retry-After``: delta-seconds or an HTTP-date (RFC 9110 10.2.3). The
+    API server sends whole seconds: "1" from its max-in-flight and priority-and-fairness filters
+    (staging/src/k8s.io/apiserver/pkg/server/filters/maxinflight.go, tooManyRequests)."""
+    headers = getattr(exc, "headers", None) or {}
+    raw = headers.get("Retry-After") if hasattr(headers, "get") else None
+    if not raw:
+        return None
+    raw = str(raw).strip()
+    if raw.isdigit():
+        return float(raw)
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+class Backoff:
+    """Delays between retries: exponential from ``base`` up to ``cap``, each drawn uniformly from
+    its upper half (jitter, so watchers cut off together do not reconnect together), and never
+    shorter than a server's ``Retry-After``."""
+
+    def __init__(self, base: float = 0.1, cap: float = 2.0, rng: Callable[[], float] = random.random):
+        self.base, self.cap, self.rng = base, cap, rng
+        self._next = base
+
+    def reset(self) -> None:
+        self._next = self.base
+
+    def delay(self, exc: BaseException | None = None) -> float:
+        step = self._next
+        self._next = min(self._next * 2, self.cap)
+        jittered = step / 2 + self.rng() * step / 2
+        after = retry_after_s(exc) if exc is not None else None
+        return max(jittered, min(after, MAX_RETRY_AFTER_S)) if after is not None else jittered
+
 
 def is_transient(exc: BaseException) -> bool:
     status = api_status(exc)
@@ -26,13 +93,16 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def call(fn: Callable[..., T], *args: Any, what: str = "", attempts: int = 5,
-         backoff: float = 0.1, max_backoff: float = 2.0, **kwargs: Any) -> T:
-    """``fn(*args, **kwargs)``, retrying transient failures (429, 5xx, dropped connections).
+         backoff: float = 0.1, max_backoff: float = 2.0, sleep: Callable[[float], None] = time.sleep,
+         timeout: tuple[float, float] | None = None, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)``, retrying transient failures (429, 5xx, dropped connections and
+    timeouts), each request bounded by ``timeout`` (default ``request_timeout()``).
 
     Non-transient ApiExceptions (404, 409, 422, 403 ...) propagate at once for the caller to
     interpret. When the retries are spent, a BackendError/EngineUnavailable names ``what``."""
     ApiException = api_exception()
-    delay = backoff
+    kwargs.setdefault("_request_timeout", timeout or request_timeout())
+    delays = Backoff(backoff, max_backoff)
     for i in range(attempts):
         try:
             return fn(*args, **kwargs)
@@ -44,13 +114,13 @@ def call(fn: Callable[..., T], *args: Any, what: str = "", attempts: int = 5,
                                    f"{exc.status} {exc.reason}",
                                    hint="check the API server's health; wmctl retried "
                                    f"{attempts} times") from None
+            sleep(delays.delay(exc))
         except connection_errors() as exc:
             if i == attempts - 1:
                 raise EngineUnavailable(f"cannot reach the Kubernetes API for "
                                         f"{what or fn.__name__}: {exc}",
                                         hint="check the cluster address and your network") from None
-        time.sleep(delay)
-        delay = min(delay * 2, max_backoff)
+            sleep(delays.delay())
     raise AssertionError("unreachable")
 
 
@@ -65,3 +135,43 @@ def call_json(fn: Callable[..., Any], *args: Any, what: str = "", **kwargs: Any)
     finally:
         resp.release_conn()
     return json.loads(data) if data else {}
+
+
+# How often poll() proves that the API server still answers, and how long one proof may take.
+PROBE_INTERVAL_S = 5.0
+PROBE_TIMEOUT_S = 15.0     # an API server under load (priority-and-fairness queueing) may be slow, not down
+OUTAGE_STATUS = {500, 502, 503, 504}
+
+
+class Contact:
+    """poll()'s proof that the API server answers. The watch threads reconnect by themselves and
+    report nothing, so without this an API outage (a control-plane upgrade, a dead load
+    balancer) looks to the supervisor like a quiet run. At most every ``interval`` seconds one
+    GET /version (readable by every user: the system:public-info-viewer role), one try with a
+    short timeout: no answer, a refused connection or a 5xx raise EngineUnavailable, which the
+    supervisor waits out without touching the run (supervisor._poll), polling again. Any other
+    answer (401/403/429 included) is an API server that is there."""
+
+    def __init__(self, interval: float = PROBE_INTERVAL_S, timeout: float = PROBE_TIMEOUT_S,
+                 clock: Callable[[], float] = time.monotonic):
+        self.interval, self.timeout, self.clock = interval, timeout, clock
+        self._ok_at: float | None = None
+
+    def check(self, api_client: Any) -> None:
+        from ...adaptors.kubernetes import sdk
+
+        now = self.clock()
+        if self._ok_at is not None and now - self._ok_at < self.interval:
+            return
+        try:
+            resp = sdk().VersionApi(api_client).get_code(_preload_content=False,
+                                                         _request_timeout=(CONNECT_TIMEOUT_S, self.timeout))
+            resp.release_conn()
+        except api_exception() as exc:
+            if exc.status in OUTAGE_STATUS:
+                raise EngineUnavailable(f"the Kubernetes API answers {exc.status} {exc.reason}",
+                                        hint="the API server is down or restarting; wmctl waits") from None
+        except connection_errors() as exc:
+            raise EngineUnavailable(f"the Kubernetes API does not answer: {exc}",
+                                    hint="check the cluster address and your network") from None
+        self._ok_at = now

@@ -3,8 +3,10 @@
 submit creates the Service, then any PodGroup, then the Job; a 409 means the object is
 already there (a retry after a lost response, or a second watcher) and is adopted after its
 run/attempt labels are checked. poll drains events that background list+watch threads derive
-from Pods, the Job, Nodes and rank 0's log. cancel deletes with cascading (Foreground) and
-force-deletes pods left on lost nodes so the next attempt is not blocked.
+from Pods, the Job, Nodes and two logs: index 0's (global rank 0: the job's progress, or its
+output as a heartbeat) and, with two nodes or more, index 1's as the witness of index 0's node
+(base.witness_progress). cancel deletes with cascading (Foreground) and force-deletes pods left on lost
+nodes so the next attempt is not blocked.
 
 The Kubernetes client comes through ``adaptors.kubernetes``, loaded on first use, so the CLI's
 --help and dry runs never load it.
@@ -13,6 +15,7 @@ The Kubernetes client comes through ``adaptors.kubernetes``, loaded on first use
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,14 +29,16 @@ from ...runtime.protocol import parse_progress
 from ...serialize import dump
 from ...state import open_store
 from .. import base as b
-from ..base import (CANCELLED, LOST, NODE_EXITED, NODE_LOST, NODE_STARTED, PROGRESS, SUCCEEDED, AttemptRef,
-                    Event, NodeStatus, Observation)
-from .check import volume_problems
-from .classify import (JOB_END_CONDITIONS, LogCursor, job_end_event, job_finished, newest_per_index, node_healthy,
-                       node_statuses, pod_deleted_event, pod_events, pod_index, pod_loss_evidence, split_timestamp)
-from .client import call, call_json
+from ..base import (CANCELLED, LOST, NODE_EXITED, NODE_LOST, NODE_QUEUED, NODE_STARTED, NODE_WAITING, PROGRESS,
+                    SUCCEEDED, AttemptRef, Event, NodeStatus, Observation)
+from .check import pod_problems, volume_problems
+from .classify import (JOB_END_CONDITIONS, LogCursor, device_counts, device_loss, failed_create, job_end_event,
+                       job_finished, kueue_wait, newest_per_index, node_healthy, node_ready, node_statuses,
+                       pod_deleted_event, pod_events, pod_index, pod_loss_evidence, split_timestamp)
+from .client import Backoff, Contact, call, call_json, is_transient, request_timeout
 from .kinds import KINDS, Kind, create_order
 from .render import KubernetesRequest, render_kubernetes
+from .nodewatch import PAGE_SIZE, PER_NAME_MAX, NodeWatch, trim_node
 from .watch import ResourceWatcher
 
 MANAGED_BY, RUN_LABEL, ATTEMPT_LABEL = L.MANAGED_BY, L.RUN, L.ATTEMPT
@@ -42,6 +47,14 @@ Obj = dict[str, Any]
 
 # Teardown reads each pod's log tail before the pod goes; a kubelet slower than this is skipped.
 ARCHIVE_TIMEOUT_S = 5.0
+# A followed log that sends nothing for this long is re-opened from its cursor: a quiet log
+# costs one reconnect, a half-open one no longer blocks progress detection for good.
+LOG_READ_TIMEOUT_S = 60.0
+# Pod index 0 is global rank 0 and the c10d store's host: when its machine dies no line of its
+# log arrives. Index 1 (base.WITNESS_NODE) keeps the runtime's witness, whose log is followed too,
+# for its reports about group rank 0 only (base.witness_progress); every other line there is
+# rank 0's to tell, and a second copy would only duplicate or mask it.
+WITNESS_INDEX = b.WITNESS_NODE
 
 
 def attempt_selector(run: str, attempt: int) -> str:
@@ -68,8 +81,7 @@ class _AttemptState:
     container: str | None
     lock: threading.RLock = field(default_factory=threading.RLock)
     pods: dict[str, Obj] = field(default_factory=dict)      # uid -> latest pod
-    nodes: dict[str, Obj] = field(default_factory=dict)
-    nodes_synced: bool = False
+    node_watch: NodeWatch | None = None       # the Nodes of this attempt's pods (nodewatch.py)
     node_access: bool = True        # False once listing Nodes was forbidden: pods' own evidence decides
     job: Obj | None = None
     job_absent: bool = False        # the Job watch listed no Job, or saw it deleted
@@ -82,15 +94,34 @@ class _AttemptState:
     cancelled: bool = False
     cancel_seen: bool = False       # the Job's cancel annotation was reported
     watchers: list[Any] = field(default_factory=list)
-    log_thread: threading.Thread | None = None
+    log_threads: dict[int, threading.Thread] = field(default_factory=dict)   # pod index -> its follower
     stop: threading.Event = field(default_factory=threading.Event)
-    log_resp: Any = None
+    log_resps: dict[int, Any] = field(default_factory=dict)    # pod index -> its open log stream
+    # what the pods cannot tell, read at most every FAILED_CREATE_EVERY_S (_due): the Job's
+    # Events for FailedCreate ("events"), its Kueue Workload ("queue"); name -> last read
+    read_at: dict[str, float] = field(default_factory=dict)
+
+    def _due(self, what: str, wanted: Any) -> bool:
+        """Under ``lock``: whether the rate-limited read ``what`` is wanted and due now; if so it
+        counts as read."""
+        now = time.monotonic()
+        if not wanted or now - self.read_at.get(what, float("-inf")) < FAILED_CREATE_EVERY_S:
+            return False
+        self.read_at[what] = now
+        return True
+    devices_seen: dict[str, dict[str, int]] = field(default_factory=dict)   # pod uid -> device counts first seen
 
 
 # How long a graceful cancel waits past the pods' grace period for the kubelets to report them
 # ended (their status reaches the API server after the container exits).
 GRACEFUL_MARGIN_S = 15.0
+# The survivors' grace period once a peer is known dead (cut_grace): room to flush their logs.
+DEAD_PEER_GRACE_S = 3
 GRACEFUL_POLL_S = 0.5
+# While some node has no pod, the Job's Events are read this often for the Job controller's
+# FailedCreate (a quota, PodSecurity, a missing PriorityClass): the only place that refusal shows.
+FAILED_CREATE_EVERY_S = 2.0
+GONE_POLL_S = 0.1         # teardown waits for the attempt's pods to be gone before the next one
 
 
 def _graceful_intent(intent: str) -> bool:
@@ -105,16 +136,20 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
     name = "kubernetes"
     places_nodes = True      # the scheduler honours a node anti-affinity
     graceful_cancel = True   # suspend the Job: SIGTERM with the pods' grace period, then the teardown
+    run_store = "orchestrator.backends.kubernetes.runstore"   # ConfigMaps: watchers on any machine, or in a pod
+    cluster_watcher = True   # incluster.py: a one-replica Deployment running `wmctl watch`
     namespaced = True
     resolves_gone = True     # _resolve_gone: the Job it saw finish, or the Job controller's Event
+    # pods/log's PodLogOptions: tailLines, sinceSeconds, timestamps (the kubelet keeps each line's time)
+    log_options = frozenset({"tail", "since", "timestamps"})
 
     @classmethod
     def create(cls, options: b.BackendOptions) -> "KubernetesBackend":
-        return cls(context=options.context, namespace=options.namespace or "default")
+        return cls(context=options.context, kubeconfig=options.kubeconfig, namespace=options.namespace or "default")
 
     @classmethod
     def check(cls, spec) -> list[tuple[str, str]]:
-        return volume_problems(spec)
+        return volume_problems(spec) + pod_problems(spec)
 
     @classmethod
     def render(cls, spec, profile, ctx: AttemptContext, host: HostFacts) -> Plan[KubernetesRequest]:
@@ -135,12 +170,17 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
     def __init__(self, api_client: Any = None, *, context: str | None = None,
                  kubeconfig: str | None = None, in_cluster: bool | None = None,
                  namespace: str = "default", watch_timeout: int = 30,
-                 force_delete_lost: bool = True):
+                 force_delete_lost: bool = True, contact: Contact | None = None,
+                 log_read_timeout: float = LOG_READ_TIMEOUT_S):
         self._api_client = api_client
+        self._single_try = False
         self._context, self._kubeconfig, self._in_cluster = context, kubeconfig, in_cluster
         self.namespace = namespace
         self.watch_timeout = watch_timeout
         self.force_delete_lost = force_delete_lost
+        self.contact = contact or Contact()          # poll() notices an API outage (client.Contact)
+        self.log_read_timeout = log_read_timeout
+        self._kueue_api: tuple[str | None] | None = None   # (Kueue's preferred version or None), once asked
         self._states: dict[tuple[str, int, str], _AttemptState] = {}
         # (run, attempt, namespace) -> (completions, container name), learnt from the Job
         self._shapes: dict[tuple[str, int, str], tuple[int, str | None]] = {}
@@ -155,6 +195,9 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
     def api_client(self) -> Any:
         if self._api_client is None:
             self._api_client = sdk.load_api_client(self._context, self._kubeconfig, self._in_cluster)
+        if not self._single_try:
+            sdk.single_try(self._api_client)     # retries are client.call's and the watchers' alone
+            self._single_try = True
         return self._api_client
 
     def _core(self) -> Any:
@@ -221,7 +264,8 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
             return getattr(api, f"patch_namespaced_{kind.method}")
         group, version = m["apiVersion"].split("/")
         custom, plural = self._custom(), kind.plural
-        return lambda n, ns, body: custom.patch_namespaced_custom_object(group, version, ns, plural, n, body)
+        return lambda n, ns, body, **kw: custom.patch_namespaced_custom_object(group, version, ns, plural, n,
+                                                                               body, **kw)
 
     def _learn_shape(self, ref: AttemptRef, job: Obj) -> None:
         spec = job.get("spec") or {}
@@ -266,8 +310,8 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
 
     def _crud(self, kind: str | None, m: Obj):
         """(create(namespace, body) -> dict, read(name, namespace) -> dict) for a kind."""
-        def raw(fn, *args):
-            resp = fn(*args, _preload_content=False)
+        def raw(fn, *args, **kw):
+            resp = fn(*args, _preload_content=False, **kw)
             try:
                 return json.loads(resp.data)
             finally:
@@ -281,11 +325,11 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
             api = getattr(sdk.sdk(), found.api)(self.api_client)
             create_fn = getattr(api, f"create_namespaced_{found.method}")
             read_fn = getattr(api, f"read_namespaced_{found.method}")
-            return (lambda ns, b: raw(create_fn, ns, b), lambda n, ns: raw(read_fn, n, ns))
+            return (lambda ns, b, **kw: raw(create_fn, ns, b, **kw), lambda n, ns, **kw: raw(read_fn, n, ns, **kw))
         group, version = m["apiVersion"].split("/")
         custom, plural = self._custom(), found.plural
-        return (lambda ns, b: custom.create_namespaced_custom_object(group, version, ns, plural, b),
-                lambda n, ns: custom.get_namespaced_custom_object(group, version, ns, plural, n))
+        return (lambda ns, b, **kw: custom.create_namespaced_custom_object(group, version, ns, plural, b, **kw),
+                lambda n, ns, **kw: custom.get_namespaced_custom_object(group, version, ns, plural, n, **kw))
 
     # --- observation -----------------------------------------------------------------------
     def _state(self, ref: AttemptRef) -> _AttemptState:
@@ -303,11 +347,11 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         ns = st.ref.namespace or self.namespace
         core, batch = self._core(), self._batch()
         sel = attempt_selector(st.ref.run, st.ref.attempt)
+        st.node_watch = NodeWatch(core.list_node, lambda names: self._nodes_changed(st, names),
+                                  watch_timeout=self.watch_timeout,
+                                  on_forbidden=lambda exc: self._nodes_forbidden(st))
         st.watchers = [
-            ResourceWatcher(core.list_node, {}, lambda items: self._nodes_sync(st, items),
-                            lambda t, o: self._node_event(st, t, o), name="nodes",
-                            watch_timeout=self.watch_timeout,
-                            on_forbidden=lambda exc: self._nodes_forbidden(st)),
+            st.node_watch,
             ResourceWatcher(batch.list_namespaced_job,
                             {"namespace": ns, "field_selector": f"metadata.name={st.ref.attempt_name}"},
                             lambda items: self._job_sync(st, items),
@@ -320,9 +364,21 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         ]
         for w in st.watchers:
             w.start()
-        st.log_thread = threading.Thread(target=self._follow_rank0, args=(st,),
-                                         name="wmctl-rank0-log", daemon=True)
-        st.log_thread.start()
+        self._start_log_followers(st)
+
+    def _start_log_followers(self, st: _AttemptState) -> None:
+        """Follow index 0's log, and index 1's (the witness, base.witness_progress) once the attempt is
+        known to have two nodes or more: at once for an attempt this object submitted, else when
+        the Job tells its completions."""
+        with st.lock:
+            wanted = [0, WITNESS_INDEX] if st.completions > WITNESS_INDEX else [0]
+            for index in wanted:
+                if index in st.log_threads or st.stop.is_set():
+                    continue
+                t = threading.Thread(target=self._follow_log, args=(st, index), daemon=True,
+                                     name="wmctl-rank0-log" if index == 0 else f"wmctl-witness{index}-log")
+                st.log_threads[index] = t
+                t.start()
 
     def _emit(self, st: _AttemptState, facts: list[tuple[tuple[str, str], Event]],
               terminating: bool = False) -> None:
@@ -334,7 +390,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 st.lost.add(key[1])
             # What can explain a Failed Job. A non-zero exit of a pod being deleted cannot: it
             # is the SIGTERM of a teardown (the Job controller's, after the failure).
-            if ev.kind not in (NODE_STARTED, PROGRESS, NODE_EXITED) or (
+            if ev.kind not in (NODE_STARTED, PROGRESS, NODE_EXITED, NODE_WAITING, NODE_QUEUED) or (
                     ev.kind == NODE_EXITED and ev.exit_code != 0 and not terminating):
                 st.failure_seen = True
             st.events.append(ev)
@@ -343,10 +399,19 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
 
         if st.cancelled:
             return
-        node = st.nodes.get((pod.get("spec") or {}).get("nodeName") or "")
-        self._emit(st, pod_events(pod, node, nodes_known=st.nodes_synced, node_access=st.node_access,
-                                  now=time.time()),
-                   terminating=bool(pod["metadata"].get("deletionTimestamp")))
+        host = (pod.get("spec") or {}).get("nodeName") or ""
+        known, node = st.node_watch.lookup(host) if st.node_watch and host else (False, None)
+        facts = pod_events(pod, node, nodes_known=known, node_access=st.node_access, now=time.time())
+        if node is not None and node_healthy(node):
+            # a device plugin's unhealthy device lowers the node's allocatable (classify.device_loss)
+            counts = device_counts(pod, node)
+            first = st.devices_seen.setdefault(pod["metadata"]["uid"], counts)
+            lost = device_loss(pod, first, counts)
+            if lost is not None:
+                facts.append((("lost", pod["metadata"]["uid"]), Event(
+                    NODE_LOST, node=pod_index(pod), host=node["metadata"]["name"], reason="DeviceUnhealthy",
+                    message=lost)))
+        self._emit(st, facts, terminating=bool(pod["metadata"].get("deletionTimestamp")))
 
     def _deleted(self, st: _AttemptState, pod: Obj) -> None:
 
@@ -363,6 +428,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
             fresh = {p["metadata"]["uid"]: p for p in items}
             gone = [old for uid, old in st.pods.items() if uid not in fresh]
             st.pods.update(fresh)
+            self._scope_nodes(st, items)
             for p in items:                   # exits first: they may explain the deletions
                 self._evaluate(st, p)
             for old in gone:                  # deleted while we were not watching
@@ -378,14 +444,20 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 self._deleted(st, pod)
             else:
                 st.pods[uid] = pod
+                self._scope_nodes(st, [pod])
                 self._evaluate(st, pod)
 
-    def _nodes_sync(self, st: _AttemptState, items: list[Obj]) -> None:
+    @staticmethod
+    def _scope_nodes(st: _AttemptState, pods: list[Obj]) -> None:
+        """Watch the nodes these pods were scheduled to (nodewatch.py: only this attempt's)."""
+        if st.node_watch is not None:
+            st.node_watch.add({(p.get("spec") or {}).get("nodeName") or "" for p in pods} - {""})
+
+    def _nodes_changed(self, st: _AttemptState, names: set[str]) -> None:
         with st.lock:
-            st.nodes = {n["metadata"]["name"]: n for n in items}
-            st.nodes_synced = True
             for p in list(st.pods.values()):
-                self._evaluate(st, p)
+                if (p.get("spec") or {}).get("nodeName") in names:
+                    self._evaluate(st, p)
 
     def _nodes_forbidden(self, st: _AttemptState) -> None:
         """This user may not read Nodes (the built-in edit/admin roles): judge node loss from the
@@ -396,23 +468,13 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 for p in list(st.pods.values()):
                     self._evaluate(st, p)
 
-    def _node_event(self, st: _AttemptState, etype: str, node: Obj) -> None:
-        with st.lock:
-            name = node["metadata"]["name"]
-            if etype == "DELETED":
-                st.nodes.pop(name, None)
-            else:
-                st.nodes[name] = node
-            for p in list(st.pods.values()):
-                if (p.get("spec") or {}).get("nodeName") == name:
-                    self._evaluate(st, p)
-
     def _job_sync(self, st: _AttemptState, items: list[Obj]) -> None:
         with st.lock:
             st.job = items[0] if items else st.job
             st.job_absent = not items
             if st.job and not st.completions:
                 st.completions = int((st.job.get("spec") or {}).get("completions") or 1)
+                self._start_log_followers(st)
 
     def _job_event(self, st: _AttemptState, etype: str, job: Obj) -> None:
         with st.lock:
@@ -428,10 +490,12 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 st.events.append(Event(CANCELLED, message=f"cancel requested on the Job: {intent}"))
             if not st.completions:
                 st.completions = int((job.get("spec") or {}).get("completions") or 1)
+                self._start_log_followers(st)
 
-    def _follow_rank0(self, st: _AttemptState) -> None:
-        """Follow index 0's log for WMCTL-PROGRESS lines; resume after drops without repeats or
-        gaps, by timestamp (classify.LogCursor), across kubelet log rotations."""
+    def _follow_log(self, st: _AttemptState, index: int) -> None:
+        """Follow pod ``index``'s log for WMCTL-PROGRESS lines (index 0: all of them; the
+        witness: _read_log); resume after drops without repeats or gaps, by timestamp
+        (classify.LogCursor), across kubelet log rotations."""
         ApiException = sdk.api_exception()
         iter_resp_lines = sdk.iter_resp_lines
         core = self._core()
@@ -439,9 +503,10 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         uid_done: set[str] = set()
         cursors: dict[str, LogCursor] = {}
         output_at: dict[int, float] = {}
+        delays = Backoff(0.05, 2.0)      # reconnects: jittered, growing, at least a 429's Retry-After
         while not st.stop.is_set():
             with st.lock:
-                cands = [p for p in st.pods.values() if pod_index(p) == 0
+                cands = [p for p in st.pods.values() if pod_index(p) == index
                          and p["metadata"]["uid"] not in uid_done
                          and _container_started(p)]
                 pod = max(cands, key=lambda p: p["metadata"].get("creationTimestamp") or "",
@@ -451,7 +516,8 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 continue
             uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
             cursor = cursors.setdefault(uid, LogCursor())
-            kwargs: dict[str, Any] = {"follow": True, "timestamps": True, "_preload_content": False}
+            kwargs: dict[str, Any] = {"follow": True, "timestamps": True, "_preload_content": False,
+                                      "_request_timeout": request_timeout(self.log_read_timeout)}
             since = cursor.since_seconds(time.time())
             if since is not None:
                 kwargs["since_seconds"] = since
@@ -459,17 +525,22 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 kwargs["container"] = st.container
             try:
                 resp = core.read_namespaced_pod_log(name, ns, **kwargs)
-                st.log_resp = resp
+                with st.lock:
+                    st.log_resps[index] = resp
+                delays.reset()
                 if st.stop.is_set():
                     # close() ran while the request was on its way: it had no response to shut,
                     # and a quiet log would block this read for as long as the pod runs
-                    st.log_resp = None
+                    with st.lock:
+                        st.log_resps.pop(index, None)
                     resp.release_conn()
                     break
                 try:
-                    self._read_rank0(st, iter_resp_lines(resp), pod["spec"].get("nodeName"), cursor, output_at)
+                    self._read_log(st, index, iter_resp_lines(resp), pod["spec"].get("nodeName"), cursor,
+                                   output_at)
                 finally:
-                    st.log_resp = None
+                    with st.lock:
+                        st.log_resps.pop(index, None)
                     resp.release_conn()
                 # a clean end: the container terminated or the pod went away
                 with st.lock:
@@ -481,46 +552,136 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
             except ApiException as exc:
                 if sdk.api_status(exc) == 404:
                     uid_done.add(uid)
-                st.stop.wait(0.05 if sdk.api_status(exc) in (400, 404) else 0.5)
+                st.stop.wait(0.05 if sdk.api_status(exc) in (400, 404) else
+                             delays.delay(exc) if is_transient(exc) else 0.5)
             except sdk.connection_errors():
-                st.stop.wait(0.05)   # dropped stream: reconnect from the cursor
+                st.stop.wait(delays.delay())   # dropped or timed-out stream: reconnect from the cursor
             except ValueError:
-                st.stop.wait(0.05)
+                st.stop.wait(delays.delay())
 
-    def _read_rank0(self, st: _AttemptState, lines: Iterator[str], host: str | None, cursor: LogCursor,
-                    output_at: dict[int, float]) -> None:
-        """Turn the new lines of one log stream into PROGRESS (or, without progress lines,
-        OUTPUT heartbeat) events."""
+    def _read_log(self, st: _AttemptState, index: int, lines: Iterator[str], host: str | None,
+                  cursor: LogCursor, output_at: dict[int, float]) -> None:
+        """Turn the new lines of pod ``index``'s log stream into events: index 0's into PROGRESS
+        (or, without progress lines, OUTPUT heartbeat) events; the witness's only into the
+        PROGRESS events it exists for (base.witness_progress)."""
         for raw in lines:
             stamp, line = split_timestamp(raw)
             if not cursor.fresh(stamp, line):
                 continue            # read before a reconnect
             prog = parse_progress(line)
-            sign = None if prog is not None else b.output_event(output_at, 0, host, line)
-            if prog is not None or sign is not None:
+            ev: Event | None = None
+            if index == 0:
+                ev = (Event(PROGRESS, node=0, host=host, progress=prog) if prog is not None
+                      else b.output_event(output_at, 0, host, line))
+            elif prog is not None and b.witness_progress(prog):
+                ev = Event(PROGRESS, node=index, host=host, progress=prog)
+            if ev is not None:
                 with st.lock:
                     if not st.cancelled:
-                        st.events.append(sign or Event(PROGRESS, node=0, host=host, progress=prog))
+                        st.events.append(ev)
             if st.stop.is_set():
                 break
 
     def poll(self, ref: AttemptRef) -> Observation:
-
+        self.contact.check(self.api_client)      # an API outage is EngineUnavailable, not a quiet run
         st = self._state(ref)
         with st.lock:
-            if not st.node_access:
-                # a deletion no kubelet confirms changes nothing on the pod: time tells
+            seen = st.node_watch.nodes() if st.node_watch else []
+            if not st.node_access or any(node_ready(n)[0] == "False" for n in seen):
+                # a deletion no kubelet confirms, or a not-ready node outlasting the pods'
+                # toleration (classify.not_ready_tolerated), changes nothing on the pod: time tells
                 for p in list(st.pods.values()):
                     self._evaluate(st, p)
             unseen = (st.job_absent and not st.pods and not st.gone
                       and st.resolved is None and not st.cancelled and st.watchers[2].synced.is_set())
         if unseen:
             self._resolve_gone(st)
+        self._read_failed_create(st)
+        self._read_queue(st)
         with st.lock:
             events, st.events = st.events, []
             nodes = (st.resolved if st.resolved is not None else
                      node_statuses(list(st.pods.values()), st.completions, st.lost, st.gone))
         return Observation(events, nodes)
+
+    def _read_failed_create(self, st: _AttemptState) -> None:
+        """While the Job has fewer pods than nodes, say why from its Events (classify.failed_create):
+        a pod the API server refused is never created, so no pod can tell. Rate-limited; a user who
+        may not list Events (403) waits without the reason (restart.pending_timeout needs one)."""
+        ApiException = sdk.api_exception()
+        with st.lock:
+            # a suspended Job (queued by Kueue, or a graceful cancel) creates no pods on purpose
+            short = (st.job is not None and not job_finished(st.job) and not st.cancelled and st.completions
+                     and not (st.job.get("spec") or {}).get("suspend")
+                     and len(newest_per_index(list(st.pods.values()))) < st.completions)
+            if not st._due("events", short):
+                return
+        ns, name = st.ref.namespace or self.namespace, st.ref.attempt_name
+        try:
+            items = call_json(self._core().list_namespaced_event, namespace=ns,
+                              field_selector=f"involvedObject.kind=Job,involvedObject.name={name}",
+                              what=f"list the Events of Job {ns}/{name}")["items"]
+        except ApiException:
+            return
+        why = failed_create(items)
+        if why is not None:
+            with st.lock:
+                self._emit(st, [(("waiting", f"create|{why}"), Event(NODE_WAITING, reason="FailedCreate",
+                                                                     message=why))])
+
+    def _read_queue(self, st: _AttemptState) -> None:
+        """While Kueue holds the Job (suspended, a LocalQueue label, no pod yet), say why from its
+        Workload (classify.kueue_wait): a full queue waits as long as it takes (NODE_QUEUED); a
+        queue that does not exist or is stopped, or no Kueue at all, needs a person (NODE_WAITING:
+        restart.pending_timeout applies). Rate-limited like the FailedCreate read. Workloads are
+        readable with Kueue's batch-user role, not the built-in edit role: without it (403) the
+        wait is said without Kueue's reason."""
+        ApiException = sdk.api_exception()
+        with st.lock:
+            job = st.job or {}
+            meta = job.get("metadata") or {}
+            queue = (meta.get("labels") or {}).get(L.KUEUE_QUEUE)
+            held = (queue and not job_finished(job) and not st.cancelled and not st.pods
+                    and (job.get("spec") or {}).get("suspend"))
+            if not st._due("queue", held):
+                return
+        ns = st.ref.namespace or self.namespace
+        version = self._kueue_version()
+        if version is None:
+            wait: tuple[bool, str, str] | None = (
+                True, "NoKueue", f"the Job is queued for Kueue LocalQueue {queue!r}, but this cluster serves no "
+                f"{L.KUEUE_GROUP} API (Kueue is not installed): nothing will admit it; drop kubernetes.queue")
+        else:
+            try:
+                items = call_json(self._custom().list_namespaced_custom_object, L.KUEUE_GROUP, version, ns,
+                                  "workloads", label_selector=f"{L.KUEUE_JOB_UID}={meta.get('uid')}",
+                                  what=f"list the Kueue Workloads of Job {ns}/{meta.get('name')}")["items"]
+                wait = kueue_wait(items)
+            except ApiException as exc:
+                if sdk.api_status(exc) != 403:
+                    return
+                wait = (False, "", f"LocalQueue {queue!r} holds the Job; why is on its Workload, which this user "
+                        f"may not read (get/list on workloads.{L.KUEUE_GROUP}: Kueue's batch-user role)")
+        if wait is None:
+            return
+        needs_person, reason, message = wait
+        ev = Event(NODE_WAITING if needs_person else NODE_QUEUED, reason=f"Kueue {reason}".strip(), message=message)
+        with st.lock:
+            self._emit(st, [(("queued", f"{reason}|{message}"), ev)])
+
+    def _kueue_version(self) -> str | None:
+        """The version of the Kueue API the cluster prefers (discovery, readable by every user),
+        or None when it serves none; asked once per watcher."""
+        if self._kueue_api is None:
+            ApiException = sdk.api_exception()
+            try:
+                groups = call_json(sdk.sdk().ApisApi(self.api_client).get_api_versions,
+                                   what="list the API groups").get("groups") or []
+            except ApiException:
+                return None          # asked again on the next read
+            found = next((g for g in groups if g.get("name") == L.KUEUE_GROUP), None)
+            self._kueue_api = ((found.get("preferredVersion") or {}).get("version") if found else None,)
+        return self._kueue_api[0]
 
     def _resolve_gone(self, st: _AttemptState) -> None:
         """The attempt has no Job and no pod, and this watcher never saw them: the
@@ -565,25 +726,34 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
     def _pod_for(self, ref: AttemptRef, node: int) -> Obj:
 
         ns = ref.namespace or self.namespace
-        items = call_json(self._core().list_namespaced_pod, namespace=ns,
-                          label_selector=attempt_selector(ref.run, ref.attempt),
-                          what=f"list pods of {ref.attempt_name}")["items"]
+        items = self._attempt_pods(ref)
         pods = [p for p in items if pod_index(p) == node]
         if not pods:
             raise RunNotFound(f"no pod for node {node} of {ref.attempt_name} in namespace {ns}",
                               hint="check the node index (0-based) and the attempt (wmctl status)")
         return max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
 
-    def logs(self, ref: AttemptRef, node: int = 0, follow: bool = False) -> Iterator[str]:
+    def logs(self, ref: AttemptRef, node: int = 0, follow: bool = False,
+             query: b.LogQuery | None = None) -> Iterator[str]:
         ApiException = sdk.api_exception()
         iter_resp_lines = sdk.iter_resp_lines
+        query = query or b.LogQuery()
 
         archived = open_store(ref.run).archived_log(ref.attempt, node)
         if archived is not None:   # torn down by wmctl: the pods are gone or going
-            yield from archived
+            yield from b.kept_lines(archived, query, what=ref.attempt_name)
             return
         pod = self._pod_for(ref, node)
         kwargs: dict[str, Any] = {"follow": follow, "_preload_content": False}
+        if not follow:
+            kwargs["_request_timeout"] = request_timeout()
+        # PodLogOptions (k8s.io/api/core/v1 types.go): tailLines, sinceSeconds (>= 1), timestamps
+        if query.tail is not None:
+            kwargs["tail_lines"] = query.tail
+        if query.since is not None:
+            kwargs["since_seconds"] = max(1, math.ceil(time.time() - query.since))
+        if query.timestamps:
+            kwargs["timestamps"] = True
         container = self._shape(ref)[1] or pod["spec"]["containers"][0]["name"]
         kwargs["container"] = container
         try:
@@ -698,14 +868,75 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                      grace_period_seconds=0)
             elif not p["metadata"].get("deletionTimestamp"):
                 step(f"delete pod {ns}/{pname}", core.delete_namespaced_pod, pname, ns)
+        notes += self._await_pods_gone(ref, ns, [] if fatal else pods, step)   # nothing listed: nothing to wait for
         with self._lock:
             self._notes[key] = notes
         if st is not None:
             self._stop_state(st, join=False)
         if fatal:
             raise BackendError(f"teardown of {ns}/{name} is incomplete: " + "; ".join(fatal + notes),
-                               hint="grant the verbs of manifests/rbac-watcher.yaml, or delete it by hand: "
-                               f"kubectl -n {ns} delete job {name} --cascade=foreground")
+                               hint=f"grant the verbs of {_rbac_manifest()} (shipped with wmctl), or delete it by "
+                               f"hand: kubectl -n {ns} delete job {name} --cascade=foreground")
+
+    def _await_pods_gone(self, ref: AttemptRef, ns: str, pods: list[Obj], step) -> list[str]:
+        """Wait until no pod of the attempt is left, so the next attempt's pods never start beside
+        (or queue behind) this one's: a pod 0 pending behind its predecessor's terminating pod is
+        a late rendezvous host, and two attempts' ranks must never share a node's devices. Pods
+        found on lost nodes meanwhile are force-deleted (no kubelet will confirm them). Bounded
+        by the pods' grace period plus a margin; past it, a note says what was left."""
+        ApiException = sdk.api_exception()
+        grace = max([float((p.get("spec") or {}).get("terminationGracePeriodSeconds") or 30) for p in pods],
+                    default=0.0)
+        deadline = time.monotonic() + grace + GRACEFUL_MARGIN_S
+        selector = attempt_selector(ref.run, ref.attempt)
+        forced: set[str] = set()
+        while pods:
+            try:
+                pods = call_json(self._core().list_namespaced_pod, namespace=ns, label_selector=selector,
+                                 what=f"list pods of {ref.attempt_name}")["items"]
+            except ApiException as exc:
+                return [f"cannot see the pods of {ref.attempt_name} go: {exc.status} {_reason(exc)}"]
+            if not pods:
+                return []
+            if self.force_delete_lost:
+                for p in pods:
+                    meta = p["metadata"]
+                    if meta["uid"] not in forced and meta["uid"] in self._on_lost_nodes([p]):
+                        forced.add(meta["uid"])
+                        step(f"force-delete pod {ns}/{meta['name']}", self._core().delete_namespaced_pod,
+                             meta["name"], ns, grace_period_seconds=0)
+            if time.monotonic() >= deadline:
+                names = ", ".join(sorted(p["metadata"]["name"] for p in pods))
+                return [f"pods of {ref.attempt_name} still terminating {grace + GRACEFUL_MARGIN_S:.0f} s after "
+                        f"their deletion ({names}): the next attempt may start beside them"]
+            time.sleep(GONE_POLL_S)
+        return []
+
+    def cut_grace(self, ref: AttemptRef, dead_hosts: list[str]) -> None:
+        """A peer is known dead: delete the attempt's pods before the Job's own teardown, those on
+        ``dead_hosts`` with grace 0 (no kubelet there will confirm, and the Job's pods must not
+        hold the next attempt's place), the survivors with DEAD_PEER_GRACE_S instead of
+        kubernetes.termination_grace_period (90 s by default): their SIGTERM checkpoint needs the
+        dead peer too. A pod already terminating takes the shorter grace (the API server
+        shortens a pending deletion: staging/src/k8s.io/apiserver/pkg/registry/rest/delete.go BeforeDelete).
+        Best effort: cancel() follows and reports what is left."""
+        ApiException = sdk.api_exception()
+        ns = ref.namespace or self.namespace
+        core = self._core()
+        try:
+            pods = self._attempt_pods(ref)
+        except (ApiException, BackendError):
+            return
+        self._archive_logs(ref)          # the survivors' last words, before they go
+        for p in pods:
+            if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            grace = 0 if (p.get("spec") or {}).get("nodeName") in dead_hosts else DEAD_PEER_GRACE_S
+            try:
+                call_json(core.delete_namespaced_pod, p["metadata"]["name"], ns, grace_period_seconds=grace,
+                          what=f"delete pod {ns}/{p['metadata']['name']}")
+            except (ApiException, BackendError):
+                pass
 
     def _stop_gracefully(self, ref: AttemptRef, ns: str, name: str) -> list[str]:
         """``cancel --graceful``: suspend the Job. The Job controller then deletes its active pods
@@ -748,8 +979,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         ApiException = sdk.api_exception()
         nodes: dict[str, Obj] | None = None
         try:
-            nodes = {n["metadata"]["name"]: n
-                     for n in call_json(self._core().list_node, what="list nodes")["items"]}
+            nodes = self._read_nodes({p["spec"].get("nodeName") for p in pods} - {None, ""})
         except ApiException as exc:
             if exc.status != 403:
                 raise BackendError(f"cannot list nodes: {exc.status} {_reason(exc)}") from None
@@ -764,19 +994,50 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 out.add(p["metadata"]["uid"])
         return out
 
+    def _read_nodes(self, names: set[str]) -> dict[str, Obj]:
+        """The named Nodes that exist: each read by name when they are few, else one list in
+        pages (limit/continue), so a teardown never pulls a whole cluster's Nodes at once."""
+        ApiException = sdk.api_exception()
+        core = self._core()
+        out: dict[str, Obj] = {}
+        if len(names) <= PER_NAME_MAX:
+            for name in sorted(names):
+                try:
+                    out[name] = call_json(core.read_node, name, what=f"read node {name}")
+                except ApiException as exc:
+                    if exc.status != 404:          # 404: the node is gone, which is the answer
+                        raise
+            return out
+        token, restarts = None, 0
+        while True:
+            kw: dict[str, Any] = {"limit": PAGE_SIZE, **({"_continue": token} if token else {})}
+            try:
+                body = call_json(core.list_node, what="list nodes", **kw)
+            except ApiException as exc:
+                if exc.status != 410 or not token or restarts >= 3:
+                    raise
+                out, token, restarts = {}, None, restarts + 1    # the token expired: from the start
+                continue
+            out.update((n["metadata"]["name"], trim_node(n)) for n in body.get("items") or []
+                       if n["metadata"]["name"] in names)
+            token = (body.get("metadata") or {}).get("continue")
+            if not token:
+                return out
+
+    def _attempt_pods(self, ref: AttemptRef) -> list[Obj]:
+        """Every pod of the attempt, as the API lists them now (raises its errors)."""
+        return list(call_json(self._core().list_namespaced_pod, namespace=ref.namespace or self.namespace,
+                              label_selector=attempt_selector(ref.run, ref.attempt),
+                              what=f"list pods of {ref.attempt_name}")["items"])
+
     def _archive_logs(self, ref: AttemptRef) -> None:
         """Copy each node's log tail into the run folder before anything is deleted: a failed
         pod is removed the moment the Job's deletion reaches it (terminal pods need no grace),
         and its log with it. The reads run in parallel, bounded by ARCHIVE_TIMEOUT_S. Best
         effort: whatever fails here must not keep the attempt from being torn down."""
         ApiException = sdk.api_exception()
-
-        ns = ref.namespace or self.namespace
-        core = self._core()
         try:
-            pods = call_json(core.list_namespaced_pod, namespace=ns,
-                             label_selector=attempt_selector(ref.run, ref.attempt),
-                             what=f"list pods of {ref.attempt_name}")["items"]
+            pods = self._attempt_pods(ref)
             lost = self._on_lost_nodes(pods)
         except (ApiException, BackendError):
             return          # teardown reports these itself when it lists the same objects
@@ -815,7 +1076,44 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         st.stop.set()
         for w in st.watchers:
             w.stop(join=join)
-        _shutdown_resp(st.log_resp)
+        with st.lock:
+            resps = list(st.log_resps.values())
+        for resp in resps:
+            _shutdown_resp(resp)
+
+    # --- the run's own watcher in the cluster (incluster.py) ---------------------------------
+    @classmethod
+    def watcher_problems(cls, spec) -> list[tuple[str, str]]:
+        if not spec.kubernetes.watcher_image:
+            return [("kubernetes.watcher_image", "--in-cluster runs the watcher in a pod: name an image with wmctl "
+                     "installed (pip install wmctl), e.g. registry.example.com/wmctl:0.9")]
+        return []
+
+    def store_environment(self, spec) -> dict[str, str]:
+        # The watcher pod reads its run in the job's namespace (incluster.watcher_manifest), on the
+        # cluster the job runs on: not wherever this machine's current context points.
+        from .runstore import ENV_CONTEXT, ENV_NAMESPACE
+
+        env = {ENV_NAMESPACE: spec.kubernetes.namespace}
+        if self._context:
+            env[ENV_CONTEXT] = self._context
+        return env
+
+    def start_watcher(self, run: str, spec) -> str:
+        from . import incluster
+
+        k = spec.kubernetes
+        manifest = incluster.watcher_manifest(run, k.namespace, k.watcher_image, k.watcher_service_account,
+                                              k.image_pull_secrets)
+        incluster.start(self.api_client, manifest, run)
+        name = manifest["metadata"]["name"]
+        return (f"watcher Deployment {k.namespace}/{name} supervises {run} in the cluster "
+                f"(`kubectl logs -n {k.namespace} deploy/{name} -f`)")
+
+    def retire_watcher(self, run: str) -> str | None:
+        from . import incluster
+
+        return incluster.retire(self.api_client, run, self.namespace)
 
     def close(self) -> None:
         """Stop every background watcher (the backend object is done)."""
@@ -824,8 +1122,10 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         for st in states:
             self._stop_state(st, join=True)
         for st in states:
-            if st.log_thread is not None:
-                st.log_thread.join(timeout=5)
+            with st.lock:
+                threads = list(st.log_threads.values())
+            for t in threads:
+                t.join(timeout=5)
 
 
 def _shutdown_resp(resp: Any) -> None:
@@ -862,3 +1162,9 @@ def _reason(exc: Any) -> str:
         return body.get("message") or str(getattr(exc, "reason", ""))
     except ValueError:
         return str(getattr(exc, "reason", ""))
+
+
+def _rbac_manifest() -> str:
+    from ...resources import rbac_manifest
+
+    return rbac_manifest()

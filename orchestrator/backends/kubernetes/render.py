@@ -23,7 +23,7 @@ from ...spec import JobSpec, Volume
 from ...templating import render_objects
 from ...validate import format_quantity
 from ...vendors import VendorProfile
-from .check import volume_problems
+from .check import BASELINE_CAPABILITIES, capabilities, pod_problems, volume_problems
 
 SHM_VOLUME = "wmctl-dshm"
 DRIVER_VOLUME = "wmctl-driver-{i}"
@@ -42,7 +42,7 @@ def render_kubernetes(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
     image = spec.image.tag
     if not image:
         raise SpecError([("image.tag", "the kubernetes backend runs an image: set image.tag or pass --image")])
-    problems = volume_problems(spec)
+    problems = volume_problems(spec) + pod_problems(spec, profile.resource)
     if problems:
         raise SpecError(problems)
     values = kubernetes_values(spec, profile, ctx, image)
@@ -75,7 +75,7 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
     job_labels = dict(labels)
     suspend = False
     scheduler_name = k.scheduler
-    pod_annotations = {L.SPEC_HASH: spec.spec_hash()}
+    pod_annotations = {**k.pod_annotations, L.SPEC_HASH: spec.spec_hash()}
     if scheduler_name == "volcano":
         pod_annotations[L.VOLCANO_GROUP] = job_name
         notes.append(f"gang-scheduled by Volcano: PodGroup {job_name} with minMember {spec.nodes}")
@@ -91,6 +91,12 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
     endpoint = f"{pod_fqdn(spec, job_name, 0)}:{spec.rendezvous.port}"
     command = torchrun_args(spec, profile, endpoint=endpoint, rdzv_id=layout.rendezvous_id(spec.name, ctx.attempt),
                             node_rank=None)
+    if spec.nodes > 10:
+        # torch elastic's dynamic rendezvous ranks the agents by sorting their node descriptors
+        # (FQDN, pid, id: dynamic_rendezvous.py _mark_rendezvous_complete), not by --node-rank.
+        notes.append(f"node ranks follow c10d's sorted host names, not the completion index (PET_NODE_RANK): pod 0 is "
+                     f"rank 0, but {job_name}-10 ranks before {job_name}-2; a job that needs index = rank reads "
+                     "JOB_COMPLETION_INDEX")
     ckpt = spec.checkpoint.dir
     env = job_env(spec, profile, ctx, checkpoint_dir=ckpt, backend_env=profile.kubernetes.env)
     _note_node_local_checkpoint(spec, ctx, notes)
@@ -105,6 +111,14 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
         {"name": ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
+    # The kubelet reads these from the Secrets when it starts the container: no value in the spec,
+    # the manifest or the run record.
+    for var, ref in k.secret_env.items():
+        key_ref: dict[str, Any] = {"name": ref.secret, "key": ref.key}
+        if ref.optional:
+            key_ref["optional"] = True
+        env_list.append({"name": var, "valueFrom": {"secretKeyRef": key_ref}})
+    pod_security = _pod_security_notes(spec, notes)
 
     volumes, mounts = _volumes(spec, profile)
     resources = _resources(spec, profile, notes)
@@ -131,6 +145,7 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
         "tolerations": tolerations, "image": image, "command": command,
         "working_dir": spec.workdir or spec.image.workdir, "env": env_list, "resources": resources,
         "volume_mounts": mounts, "volumes": volumes, "notes": notes,
+        "host_network": k.host_network, "security_context": pod_security,
     }
 
 
@@ -171,6 +186,24 @@ def _note_node_local_checkpoint(spec: JobSpec, ctx: AttemptContext, notes: list[
                  "node sees (a pvc or nfs volume)")
 
 
+def _pod_security_notes(spec: JobSpec, notes: list[str]) -> dict[str, Any] | None:
+    """The container's securityContext (added capabilities), with what hostNetwork and the
+    capabilities mean for the namespace's PodSecurity level and for the rendezvous."""
+    k = spec.kubernetes
+    if k.host_network:
+        notes.append("host_network: the pods use their nodes' network (dnsPolicy ClusterFirstWithHostNet, so the "
+                     f"rendezvous host still resolves through cluster DNS); port {spec.rendezvous.port} must be free "
+                     "on every node, and the namespace's PodSecurity level must be privileged")
+    caps = capabilities(spec)
+    if not caps:
+        return None
+    beyond = [c for c in caps if c not in BASELINE_CAPABILITIES]
+    if beyond:
+        notes.append(f"capabilities {', '.join(beyond)} are beyond PodSecurity baseline: the namespace must allow "
+                     "privileged pods (pod-security.kubernetes.io/enforce: privileged)")
+    return {"capabilities": {"add": caps}}
+
+
 def _resources(spec: JobSpec, profile: VendorProfile, notes: list[str]) -> dict[str, Any]:
     limits: dict[str, Any] = {}
     if spec.resources.cpu is not None:
@@ -187,11 +220,29 @@ def _resources(spec: JobSpec, profile: VendorProfile, notes: list[str]) -> dict[
         notes.append(f"no memory limit: /dev/shm is bounded only by its sizeLimit {format_quantity(shm)}")
     accel = accelerators_per_node(spec, profile)
     if profile.resource and accel:
-        limits[profile.resource] = accel
+        # a Quantity is a string in the API's JSON; kubernetes 37's client refuses an int here, so
+        # every accelerator job failed to submit
+        limits[profile.resource] = str(accel)
+    for name, qty in spec.kubernetes.extra_resources.items():
+        limits[name] = qty            # a string: "1" stays a quantity for every YAML reader
+    notes.append(_qos_note(spec))
     if not limits:
         return {}
-    # requests == limits: Guaranteed QoS, so the static CPU manager can give exclusive cores.
+    # requests == limits: Guaranteed QoS once cpu and memory are both set, so the static CPU
+    # manager can give exclusive cores (device and extended resources do not count for QoS).
     return {"limits": dict(limits), "requests": dict(limits)}
+
+
+def _qos_note(spec: JobSpec) -> str:
+    """The pod's QoS class (core/v1 qos GetPodQOS: only cpu and memory count), said in the plan."""
+    cpu, mem = spec.resources.cpu is not None, spec.resources.memory is not None
+    if cpu and mem:
+        return "pod QoS class: Guaranteed (cpu and memory requests equal their limits)"
+    if cpu or mem:
+        return (f"pod QoS class: Burstable (only {'cpu' if cpu else 'memory'} is set): no exclusive cores; set "
+                "resources.cpu and resources.memory for Guaranteed")
+    return ("pod QoS class: BestEffort (no cpu or memory set): first evicted under node memory pressure, no "
+            "exclusive cores; set resources.cpu and resources.memory for Guaranteed")
 
 
 def _tolerations(spec: JobSpec) -> list[dict[str, Any]]:

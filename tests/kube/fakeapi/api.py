@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .store import ApiError, Obj, Store, now_rfc3339
+from .store import ApiError, Obj, Store, now_rfc3339, random_suffix
 
 DEFAULT_TOLERATION_SECONDS = 300
 DEFAULT_GRACE_SECONDS = 30
@@ -40,8 +40,20 @@ RESOURCES: dict[tuple[str, str], Resource] = {
         Resource("v1", "configmaps", "ConfigMap"),
         Resource("v1", "nodes", "Node", namespaced=False),
         Resource("v1", "namespaces", "Namespace", namespaced=False),
+        Resource("v1", "resourcequotas", "ResourceQuota"),
         Resource("batch/v1", "jobs", "Job"),
+        # Stored only: no Deployment controller runs here (the watcher a Deployment would run is
+        # started by the test itself, as a host process with a pod's in-cluster environment).
+        Resource("apps/v1", "deployments", "Deployment"),
         Resource("scheduling.volcano.sh/v1beta1", "podgroups", "PodGroup", crd=True),
+        Resource("v1", "serviceaccounts", "ServiceAccount"),
+        Resource("v1", "persistentvolumeclaims", "PersistentVolumeClaim"),
+        Resource("scheduling.k8s.io/v1", "priorityclasses", "PriorityClass", namespaced=False),
+        Resource("kueue.x-k8s.io/v1beta1", "localqueues", "LocalQueue", crd=True),
+        Resource("kueue.x-k8s.io/v1beta1", "workloads", "Workload", crd=True),
+        # create-only and never stored: answered from RBAC (server.py _access_review)
+        Resource("authorization.k8s.io/v1", "selfsubjectaccessreviews", "SelfSubjectAccessReview",
+                 namespaced=False),
     ]
 }
 
@@ -50,6 +62,25 @@ def _invalid(kind: str, name: str, fld: str, msg: str) -> ApiError:
     return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {fld}: {msg}',
                     {"name": name, "kind": kind,
                      "causes": [{"field": fld, "reason": "FieldValueInvalid", "message": msg}]})
+
+
+# pkg/apis/core/validation/validation.go ValidateConfigMap: the values of data and binaryData
+# together (`totalSize += len(value)`: Go's len, bytes, so a UTF-8 string counts its encoded
+# bytes; keys are not counted) may not exceed MaxSecretSize (1 MiB, pkg/apis/core/types.go),
+# checked on create and on every update (ValidateConfigMapUpdate calls ValidateConfigMap).
+CONFIGMAP_MAX_BYTES = 1 * 1024 * 1024
+
+
+def _check_configmap(obj: Obj) -> None:
+    total = 0
+    for value in (obj.get("data") or {}).values():
+        total += len(str(value).encode("utf-8"))
+    for value in (obj.get("binaryData") or {}).values():
+        total += len(str(value)) * 3 // 4      # base64 on the wire, bytes in the limit
+    if total > CONFIGMAP_MAX_BYTES:
+        name = (obj.get("metadata") or {}).get("name", "")
+        raise _invalid("ConfigMap", name, "[]",
+                       f"Too long: may not be more than {CONFIGMAP_MAX_BYTES} bytes")
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -168,6 +199,57 @@ class Api:
         elif res.plural == "nodes":
             obj.setdefault("spec", {})
             obj.setdefault("status", {})
+        elif res.plural == "configmaps":
+            _check_configmap(obj)
+
+    def _admit_pod(self, namespace: str, pod: Obj) -> None:
+        """The validating admission plugins that refuse a pod the Job controller creates; the
+        refusal reaches the user only as the controller's FailedCreate Event on the Job.
+
+        PodSecurity (staging/src/k8s.io/pod-security-admission/admission/admission.go, policy
+        check_hostPathVolumes.go): a namespace labelled pod-security.kubernetes.io/enforce
+        baseline or restricted refuses hostPath volumes: 403 'pods "x" is forbidden: violates
+        PodSecurity "baseline:latest": hostPath volumes (volume "a")' ("volumes" for several).
+
+        ResourceQuota (staging/src/k8s.io/apiserver/pkg/admission/plugin/resourcequota/
+        controller.go): a pod that would take the namespace's pods count past a quota's
+        spec.hard.pods is refused: 403 'pods "x" is forbidden: exceeded quota: NAME, requested:
+        pods=1, used: pods=N, limited: pods=N'. (Only the pods count is modelled.)"""
+        meta = pod.get("metadata") or {}
+        name = meta.get("name") or f"{meta.get('generateName', '')}{random_suffix()}"
+        spec = pod.get("spec") or {}
+        # plugin/pkg/admission/priority/admission.go: an unknown priorityClassName is refused (the
+        # two system classes always exist: pkg/apis/scheduling SystemPriorityClasses).
+        pc = spec.get("priorityClassName")
+        if pc and pc not in ("system-cluster-critical", "system-node-critical") \
+                and not self.store.exists("priorityclasses", None, pc):
+            raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: no PriorityClass with name {pc} was found')
+        # plugin/pkg/admission/serviceaccount/admission.go: the pod's ServiceAccount must exist
+        # (each namespace's "default" is made by the serviceaccounts controller).
+        sa = spec.get("serviceAccountName")
+        if sa and sa != "default" and not self.store.exists("serviceaccounts", namespace, sa):
+            raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: error looking up service account '
+                           f'{namespace}/{sa}: serviceaccount "{sa}" not found')
+        ns_obj = self.store.get("namespaces", None, namespace) if self.store.exists("namespaces", None, namespace) \
+            else None
+        level = (((ns_obj or {}).get("metadata") or {}).get("labels") or {}).get(
+            "pod-security.kubernetes.io/enforce", "privileged")
+        host = [v.get("name", "") for v in (pod.get("spec") or {}).get("volumes") or [] if "hostPath" in v]
+        if level in ("baseline", "restricted") and host:
+            what = ("volume " if len(host) == 1 else "volumes ") + ", ".join(f'"{h}"' for h in host)
+            raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: violates PodSecurity '
+                           f'"{level}:latest": hostPath volumes ({what})')
+        quotas, _ = self.store.list("resourcequotas", namespace)
+        for q in quotas:
+            hard = ((q.get("spec") or {}).get("hard") or {}).get("pods")
+            if hard is None:
+                continue
+            pods, _ = self.store.list("pods", namespace, lambda p: (p.get("status") or {}).get("phase")
+                                      not in ("Succeeded", "Failed"))
+            if len(pods) + 1 > int(hard):
+                raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: exceeded quota: '
+                               f"{q['metadata']['name']}, requested: pods=1, used: pods={len(pods)}, "
+                               f"limited: pods={hard}")
 
     def create(self, res: Resource, namespace: str | None, obj: Obj) -> Obj:
         obj = copy.deepcopy(obj)
@@ -176,6 +258,8 @@ class Api:
         if res.namespaced and body_ns and namespace and body_ns != namespace:
             raise ApiError(400, "BadRequest", "the namespace of the provided object does "
                            "not match the namespace sent on the request")
+        if res.plural == "pods":
+            self._admit_pod(namespace or body_ns or "default", obj)
         created = self.store.create(res.plural, namespace if res.namespaced else None, obj)
         if res.plural == "jobs":
             # the job controller's selector and labels keyed by the job's uid (manualSelector off)
@@ -195,6 +279,9 @@ class Api:
                 subresource: str | None) -> Obj:
         expect = (body.get("metadata") or {}).get("resourceVersion") or None
 
+        if res.plural == "configmaps":
+            _check_configmap(body)
+
         def apply(cur: Obj) -> None:
             if subresource == "status":
                 cur["status"] = copy.deepcopy(body.get("status") or {})
@@ -210,6 +297,8 @@ class Api:
               content_type: str, subresource: str | None) -> Obj:
         def apply(cur: Obj) -> None:
             new = json_patch(cur, body) if "json-patch" in content_type else merge_patch(cur, body)
+            if res.plural == "configmaps":
+                _check_configmap(new)
             if subresource == "status":
                 cur["status"] = new.get("status", {})
             else:

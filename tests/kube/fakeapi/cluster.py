@@ -186,6 +186,11 @@ class Cluster:
         self.pods: dict[str, PodRuntime] = {}
         self.bad_images: set[str] = set()
         self.rate_limited_images: dict[str, float] = {}     # image -> real seconds its pulls get 429
+        # node -> (reason, message) its kubelet's admission refuses every new pod with
+        self.admission_rejections: dict[str, tuple[str, str]] = {}
+        # Kueue (where its CRDs are installed): LocalQueue name -> the scheduler's "no" for the
+        # workloads queued there (the flavor assigner's message), until the test clears it
+        self.kueue_full: dict[str, str] = {}
         self.default_script = PodScript()
         self._scripts: list[tuple[Callable[[Obj], bool], PodScript]] = []
         self._job_pods: dict[str, dict[str, bool]] = {}   # job uid -> pod uid -> counted failed
@@ -261,6 +266,32 @@ class Cluster:
             self._update_node_ready(name, st, "KubeletReady" if ready else reason, msg)
             self.note("node_ready" if ready else "node_not_ready", name)
 
+    def set_devices(self, name: str, resource: str, healthy: int, capacity: int | None = None) -> None:
+        """A device plugin's report: pkg/kubelet/cm/devicemanager/manager.go counts a resource's
+        healthy devices, and the kubelet's node status (pkg/kubelet/nodestatus/setters.go
+        MachineInfo) sets status.allocatable[resource] to that count while status.capacity keeps
+        every registered device: a device the plugin marks Unhealthy (an Xid, a GPU off the bus)
+        drops allocatable, not capacity."""
+        with self._lock:
+            def mut(n: Obj) -> None:
+                st = n["status"]
+                if capacity is not None or resource not in (st.get("capacity") or {}):
+                    st.setdefault("capacity", {})[resource] = str(capacity if capacity is not None else healthy)
+                st.setdefault("allocatable", {})[resource] = str(healthy)
+            self.store.update("nodes", None, name, mut)
+            self.note("devices", f"{name} {resource}={healthy}")
+
+    def set_node_condition(self, name: str, ctype: str, status: str, reason: str = "", message: str = "") -> None:
+        """What a node-problem-detector does (k8s.io/node-problem-detector pkg/exporters/k8sexporter/
+        condition/manager.go: it patches the Node's status.conditions with its own condition types,
+        True while the problem lasts, e.g. the kernel monitor's KernelDeadlock)."""
+        with self._lock:
+            cond = {"type": ctype, "status": status, "reason": reason, "message": message,
+                    "lastHeartbeatTime": now_rfc3339()}
+            self.store.update("nodes", None, name, lambda n: n["status"].__setitem__(
+                "conditions", _set_condition(n["status"].get("conditions") or [], cond)))
+            self.note("node_condition", f"{name} {ctype}={status}")
+
     def delete_node(self, name: str) -> None:
         with self._lock:
             self.store.remove("nodes", None, name)
@@ -328,6 +359,7 @@ class Cluster:
     def tick(self) -> None:
         with self._lock:
             self._job_controller()
+            self._kueue()
             self._ttl_after_finished()
             self._garbage_collector()
             self._scheduler()
@@ -429,7 +461,16 @@ class Cluster:
                     continue
                 if len(active) >= int(spec.get("parallelism") or completions):
                     break
-                created = self.api.create(POD, ns, self._pod_from_template(job, idx))
+                try:
+                    created = self.api.create(POD, ns, self._pod_from_template(job, idx))
+                except ApiError as err:
+                    if err.code in (404, 409):
+                        raise
+                    # pkg/controller/controller_utils.go RealPodControl.CreatePodsWithGenerateName:
+                    # a refused create is a Warning Event "FailedCreate", "Error creating: <err>",
+                    # on the Job; the controller requeues the Job with backoff and tries again.
+                    self._record_event(job, "Warning", "FailedCreate", f"Error creating: {err.message}")
+                    break
                 seen[created["metadata"]["uid"]] = False
                 active.append(created)
             if len(succeeded_idx) >= completions:
@@ -457,6 +498,32 @@ class Cluster:
         if new_status != {k: v for k, v in status.items()}:
             self.store.update("jobs", ns, name, lambda j: j.__setitem__("status", new_status))
 
+    def _record_event(self, job: Obj, etype: str, reason: str, message: str, *, kind: str = "Job",
+                      api_version: str = "batch/v1", component: str = "job-controller") -> None:
+        """An Event on the Job, through staging/src/k8s.io/client-go/tools/record/events_cache.go
+        (EventCorrelator): a repeat of the same message on the same object is one Event whose
+        count and lastTimestamp grow (eventLogger); once 10 different messages with the same
+        reason were recorded on it (EventAggregator, maxEvents 10 in 10 minutes), the rest go to
+        one "(combined from similar events): <message>" Event whose count grows."""
+        meta, now = job["metadata"], now_rfc3339()
+        similar, _ = self.store.list("events", meta["namespace"], lambda e: (
+            (e.get("involvedObject") or {}).get("uid") == meta["uid"] and e.get("reason") == reason))
+        combined = "(combined from similar events): "
+        same = [e for e in similar if e.get("message") == message or e.get("message", "").startswith(combined)]
+        if not same and len(similar) >= 10:
+            message = combined + message
+        if same:
+            self.store.update("events", meta["namespace"], same[0]["metadata"]["name"], lambda e: e.update(
+                count=int(e.get("count") or 1) + 1, lastTimestamp=now,
+                message=combined + message if e.get("message", "").startswith(combined) else e.get("message")))
+            return
+        self.api.create(RESOURCES[("v1", "events")], meta["namespace"], {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": api_version, "kind": kind, "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": meta["uid"]},
+            "reason": reason, "message": message, "type": etype, "count": 1,
+            "source": {"component": component}, "firstTimestamp": now, "lastTimestamp": now})
+
     def _record_job_finished(self, job: Obj, etype: str, reason: str, message: str) -> None:
         """pkg/controller/job/job_controller.go recordJobFinished: a Normal "Completed" / "Job
         completed" Event, or a Warning with the Failed condition's reason and message. Events
@@ -468,6 +535,101 @@ class Cluster:
                                "namespace": meta["namespace"], "uid": meta["uid"]},
             "reason": reason, "message": message, "type": etype, "count": 1,
             "source": {"component": "job-controller"}, "firstTimestamp": now, "lastTimestamp": now})
+
+    # --- Kueue ---------------------------------------------------------------------------------
+    def _kueue(self) -> None:
+        """Kueue, where its CRDs are installed (kubernetes-sigs/kueue):
+        - pkg/controller/jobframework/reconciler.go: a Job labelled kueue.x-k8s.io/queue-name
+          (created suspended: its webhook, and wmctl's render, see to that) gets a Workload owned
+          by the Job (controller owner), labelled kueue.x-k8s.io/job-uid with the Job's uid, named
+          by pkg/controller/jobframework/workload_names.go ("job-<name>-" + 5 hex of the sha1 of
+          kind, group, name and uid); once the Workload is admitted the Job is unsuspended
+          (startJob).
+        - pkg/controller/core/workload_controller.go Reconcile: a Workload whose LocalQueue does
+          not exist gets QuotaReserved=False, reason Inadmissible, "LocalQueue <q> doesn't exist".
+        - pkg/scheduler/scheduler.go requeueAndUpdate: a Workload the ClusterQueue cannot fit gets
+          QuotaReserved=False, reason Pending, with the flavor assigner's message, and a Warning
+          Event "Pending" on the Workload (here: the message a test put in kueue_full).
+        - pkg/workload/workload.go SetQuotaReservation / SyncAdmittedCondition: admitted, it has
+          QuotaReserved=True ("Quota reserved in ClusterQueue <cq>") and Admitted=True ("The
+          workload is admitted").
+        The flavor assigner itself (quotas, flavors, cohorts) is not modelled: a test says whether
+        a queue is full."""
+        import hashlib
+
+        if "workloads.kueue.x-k8s.io" not in self.api.crds:
+            return
+        workloads = RESOURCES[("kueue.x-k8s.io/v1beta1", "workloads")]
+        jobs, _ = self.store.list("jobs")
+        for job in jobs:
+            meta = job["metadata"]
+            queue = (meta.get("labels") or {}).get("kueue.x-k8s.io/queue-name")
+            done = any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+                       for c in (job.get("status") or {}).get("conditions") or [])
+            if not queue or done or meta.get("deletionTimestamp"):
+                continue
+            ns, uid = meta["namespace"], meta["uid"]
+            found, _ = self.store.list("workloads", ns, lambda w, uid=uid: (
+                (w["metadata"].get("labels") or {}).get("kueue.x-k8s.io/job-uid") == uid))
+            if not found:
+                digest = hashlib.sha1("\n".join(("Job", "batch", meta["name"], uid)).encode()).hexdigest()
+                self._try(lambda: self.api.create(workloads, ns, {
+                    "metadata": {"name": f"job-{meta['name']}"[:247] + f"-{digest[:5]}", "namespace": ns,
+                                 "labels": {"kueue.x-k8s.io/job-uid": uid},
+                                 "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                                                      "uid": uid, "controller": True, "blockOwnerDeletion": True}]},
+                    "spec": {"queueName": queue, "podSets": [{"name": "main",
+                                                              "count": int(job["spec"].get("parallelism") or 1)}]}}))
+                continue
+            wl = found[0]
+            conds = {c["type"]: c for c in (wl.get("status") or {}).get("conditions") or []}
+            if (conds.get("Admitted") or {}).get("status") == "True":
+                if job["spec"].get("suspend"):
+                    self._try(lambda: self.store.update("jobs", ns, meta["name"],
+                                                        lambda j: j["spec"].update(suspend=False)))
+                    self.note("kueue_admitted", meta["name"])
+                continue
+            try:
+                lq = self.store.get("localqueues", ns, queue)
+            except ApiError:
+                lq = None
+            if lq is None:
+                self._workload_conditions(wl, [("QuotaReserved", "False", "Inadmissible",
+                                                f"LocalQueue {queue} doesn't exist")])
+            elif queue in self.kueue_full:
+                message = self.kueue_full[queue]
+                if self._workload_conditions(wl, [("QuotaReserved", "False", "Pending", message)]):
+                    self._record_event(wl, "Warning", "Pending", message, kind="Workload",
+                                       api_version="kueue.x-k8s.io/v1beta1", component="kueue-admission")
+            else:
+                cq = (lq.get("spec") or {}).get("clusterQueue") or ""
+                self._workload_conditions(wl, [("QuotaReserved", "True", "QuotaReserved",
+                                                f"Quota reserved in ClusterQueue {cq}"),
+                                               ("Admitted", "True", "Admitted", "The workload is admitted")],
+                                          admission={"clusterQueue": cq})
+
+    def _workload_conditions(self, wl: Obj, conds: list[tuple[str, str, str, str]],
+                             admission: Obj | None = None) -> bool:
+        """Set conditions as apimachinery's meta.SetStatusCondition does (reason and message
+        always, lastTransitionTime only when the status changes). True when something changed."""
+        def mut(o: Obj) -> None:
+            status = o.setdefault("status", {})
+            current = {c["type"]: c for c in status.get("conditions") or []}
+            for ctype, cstatus, reason, message in conds:
+                old = current.get(ctype) or {}
+                since = old.get("lastTransitionTime") if old.get("status") == cstatus else now_rfc3339()
+                current[ctype] = {"type": ctype, "status": cstatus, "reason": reason, "message": message,
+                                  "lastTransitionTime": since}
+            status["conditions"] = list(current.values())
+            if admission is not None:
+                status["admission"] = admission
+        meta = wl["metadata"]
+        have = {c["type"]: (c.get("status"), c.get("reason"), c.get("message"))
+                for c in (wl.get("status") or {}).get("conditions") or []}
+        if all(have.get(t) == (st, r, m) for t, st, r, m in conds):
+            return False
+        self._try(lambda: self.store.update("workloads", meta["namespace"], meta["name"], mut))
+        return True
 
     # --- TTL-after-finished controller ------------------------------------------------------
     def _ttl_after_finished(self) -> None:
@@ -538,7 +700,7 @@ class Cluster:
         # pkg/controller/garbagecollector/garbagecollector.go attemptToDeleteItem: an object whose
         # every owner (by uid) is gone is deleted (Background): the Service and PodGroup wmctl
         # makes the Job's dependents go with it, whoever deletes the Job (the TTL controller).
-        for plural in ("services", "podgroups", "configmaps"):
+        for plural in ("services", "podgroups", "configmaps", "workloads"):
             deps, _ = self.store.list(plural)
             for d in deps:
                 owners = [r for r in d["metadata"].get("ownerReferences") or [] if r.get("kind") == "Job"]
@@ -576,24 +738,40 @@ class Cluster:
             if p["spec"].get("nodeName") or p["metadata"].get("deletionTimestamp") or _is_terminal(p):
                 continue
             fits = []
+            why: dict[str, int] = {}     # the FitError's per-reason node counts
             for n in nodes:
                 name = n["metadata"]["name"]
                 ready = next((c["status"] for c in n["status"].get("conditions") or []
                               if c["type"] == "Ready"), "Unknown")
-                if ready != "True" or n["spec"].get("unschedulable"):
+                untolerated = [t for t in n["spec"].get("taints") or []
+                               if t["effect"] in ("NoSchedule", "NoExecute") and not tolerates(p, t)]
+                if n["spec"].get("unschedulable"):
+                    why["node(s) were unschedulable"] = why.get("node(s) were unschedulable", 0) + 1
                     continue
-                if any(t["effect"] in ("NoSchedule", "NoExecute") and not tolerates(p, t)
-                       for t in n["spec"].get("taints") or []):
+                if untolerated or ready != "True":
+                    t = untolerated[0] if untolerated else {"key": "node.kubernetes.io/not-ready"}
+                    key = f"node(s) had untolerated taint {{{t['key']}: {t.get('value', '')}}}"
+                    why[key] = why.get(key, 0) + 1
                     continue
                 if not node_fits_affinity(p, n):
+                    key = "node(s) didn't match Pod's node affinity/selector"
+                    why[key] = why.get(key, 0) + 1
                     continue
                 alloc = {k: quantity(v) for k, v in (n["status"].get("allocatable") or {}).items()}
                 req = pod_requests(p)
-                if any(v > alloc.get(k, 0.0) - usage[name].get(k, 0.0) + 1e-9 for k, v in req.items()):
+                short = sorted(k for k, v in req.items() if v > alloc.get(k, 0.0) - usage[name].get(k, 0.0) + 1e-9)
+                if short:
+                    why[f"Insufficient {short[0]}"] = why.get(f"Insufficient {short[0]}", 0) + 1
                     continue
                 fits.append((count[name], name))
             if not fits:
-                msg = f"0/{len(nodes)} nodes are available"
+                # pkg/scheduler/schedule_one.go handleSchedulingFailure: PodScheduled=False, reason
+                # Unschedulable, the FitError's message ("0/N nodes are available: ..."), kept on
+                # the pod while it waits; the scheduler retries when the cluster changes.
+                # pkg/scheduler/framework/types.go FitError.Error: the reasons sorted, each
+                # with its node count.
+                reasons = ", ".join(sorted(f"{c} {r}" for r, c in why.items()))
+                msg = f"0/{len(nodes)} nodes are available" + (f": {reasons}." if reasons else "")
                 self.store.update("pods", p["metadata"]["namespace"], p["metadata"]["name"],
                                   lambda o, msg=msg: o["status"].__setitem__("conditions", _set_condition(
                                       o["status"].get("conditions") or [],
@@ -661,6 +839,17 @@ class Cluster:
         if _is_terminal(p):
             return
         container = p["spec"]["containers"][0]["name"]
+        rejected = self.admission_rejections.get(p["spec"].get("nodeName") or "")
+        if status.get("phase") == "Pending" and rejected is not None:
+            # pkg/kubelet/kubelet.go HandlePodAdditions -> canAdmitPod -> rejectPod: a pod the
+            # kubelet's admission refuses (pkg/kubelet/lifecycle/predicate.go: the device
+            # manager's "UnexpectedAdmissionError", "OutOf<resource>") is set Failed with that
+            # reason and "Pod was rejected: <message>"; no container ever starts.
+            reason, message = rejected
+            self.note("pod_rejected", f"{name} {reason}")
+            self.store.update("pods", ns, name, lambda o: o["status"].update(
+                phase="Failed", reason=reason, message=f"Pod was rejected: {message}"))
+            return
         if status.get("phase") == "Pending":
             image = p["spec"]["containers"][0].get("image") or ""
             if image in self.rate_limited_images and now - rt.bound_at < self.rate_limited_images[image]:

@@ -4,6 +4,17 @@ Each rule matches requests by HTTP verb and a regex on the path, and fires for t
 matching requests: an error Status (5xx, 409 Conflict, 429), or a lost response (the server
 performs the request, then drops the connection without answering, as a timeout looks to a
 client). Watch drops close every open watch stream mid-way (no terminating chunk).
+
+A 429 carries ``Retry-After`` as the API server's max-in-flight and priority-and-fairness
+filters send it: ``Retry-After: 1`` and a plain-text body "Too many requests, please try again
+later." (staging/src/k8s.io/apiserver/pkg/server/filters/maxinflight.go, tooManyRequests, which
+priority-and-fairness.go calls too when a request is rejected).
+
+Half-open streams (``stall_streams``): every watch and followed log open at that moment stops
+sending and is never closed, the connection kept, as when a NAT, load balancer or sleeping laptop
+drops the path without a FIN or RST (RFC 9293 3.5.1, half-open connections). The Python client
+then blocks in a read with no error unless it set a client-side timeout
+(kubernetes-client/python issue #1148). New streams are served normally.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ class Rule:
     reason: str = "ServiceUnavailable"
     watch: bool | None = None  # restrict to watch (True) / non-watch (False) requests
     fired: int = 0
+    retry_after: str | None = None   # the Retry-After header of the error (a 429's: "1")
 
 
 @dataclass
@@ -30,12 +42,20 @@ class Faults:
     rules: list[Rule] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     watch_generation: int = 0   # bumped by drop_watches(); open streams compare and close
+    stall_generation: int = 0   # bumped by stall_streams(); open streams compare and go silent
 
     def fail_next(self, n: int = 1, *, code: int = 503, verb: str | None = None,
-                  path: str = ".*", watch: bool | None = None) -> Rule:
+                  path: str = ".*", watch: bool | None = None, retry_after: str | None = None) -> Rule:
         reason = {500: "InternalError", 503: "ServiceUnavailable", 502: "BadGateway",
                   504: "Timeout", 429: "TooManyRequests", 409: "Conflict"}.get(code, "Unknown")
-        return self._add(Rule(verb, re.compile(path), n, "error", code, reason, watch))
+        if code == 429 and retry_after is None:
+            retry_after = "1"           # maxinflight.go: retryAfter = "1"
+        return self._add(Rule(verb, re.compile(path), n, "error", code, reason, watch, retry_after=retry_after))
+
+    def stall_streams(self) -> None:
+        """Every open watch and followed log goes half-open (see the module docstring)."""
+        with self.lock:
+            self.stall_generation += 1
 
     def conflict_next(self, n: int = 1, *, verb: str | None = None, path: str = ".*") -> Rule:
         return self.fail_next(n, code=409, verb=verb, path=path)

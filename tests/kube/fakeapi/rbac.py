@@ -80,6 +80,7 @@ AGGREGATE_TO_VIEW = _rules(
              "replicationcontrollers/status", "resourcequotas", "resourcequotas/status"), READ),
     (("",), ("namespaces",), READ),
     (("batch",), ("cronjobs", "cronjobs/status", "jobs", "jobs/status"), READ),
+    (("apps",), ("deployments", "deployments/scale", "deployments/status"), READ),
 )
 AGGREGATE_TO_EDIT = _rules(
     (("",), ("pods/attach", "pods/exec", "pods/portforward", "pods/proxy", "secrets", "services/proxy"), READ),
@@ -90,12 +91,17 @@ AGGREGATE_TO_EDIT = _rules(
              "replicationcontrollers/scale", "secrets", "serviceaccounts", "services", "services/proxy"), WRITE),
     (("",), ("serviceaccounts/token",), ("create",)),
     (("batch",), ("cronjobs", "jobs"), WRITE),
+    (("apps",), ("deployments", "deployments/rollback", "deployments/scale"), WRITE),
     (("coordination.k8s.io",), ("leases",), READ + WRITE),
 )
 AGGREGATE_TO_ADMIN = _rules(
     (("authorization.k8s.io",), ("localsubjectaccessreviews",), ("create",)),
     (("rbac.authorization.k8s.io",), ("rolebindings", "roles"), READ + WRITE),
 )
+# system:basic-user, bound to the group system:authenticated by the bootstrap policy
+# (bootstrappolicy/policy.go, ClusterRoleBindings): every user may ask what it may do.
+BASIC_USER = _rules((("authorization.k8s.io",), ("selfsubjectaccessreviews", "selfsubjectrulesreviews"),
+                     ("create",)))
 BUILTIN_CLUSTER_ROLES: dict[str, tuple[Rule, ...]] = {
     "view": AGGREGATE_TO_VIEW,
     "edit": AGGREGATE_TO_EDIT + AGGREGATE_TO_VIEW,
@@ -168,7 +174,8 @@ class Binding:
 @dataclass
 class Rbac:
     tokens: dict[str, User] = field(default_factory=dict)
-    bindings: list[Binding] = field(default_factory=list)
+    bindings: list[Binding] = field(default_factory=lambda: [
+        Binding(("group:system:authenticated",), BASIC_USER, None)])
     cluster_roles: dict[str, tuple[Rule, ...]] = field(default_factory=lambda: dict(BUILTIN_CLUSTER_ROLES))
     roles: dict[tuple[str, str], tuple[Rule, ...]] = field(default_factory=dict)
 

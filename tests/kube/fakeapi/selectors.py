@@ -106,6 +106,11 @@ SUPPORTED_FIELDS: dict[str, set[str]] = {
     "pods": {"metadata.name", "metadata.namespace", "spec.nodeName", "status.phase",
              "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
              "status.podIP", "status.nominatedNodeName"},
+    # pkg/registry/core/node/strategy.go NodeToSelectableFields: metadata.name and
+    # spec.unschedulable only. The watch cache indexes metadata.name for Nodes
+    # (pkg/registry/core/node/storage/storage.go TriggerFunc, node.NameTriggerFunc; used by
+    # staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go to send a change only to the
+    # watchers of that name): a kubelet watches its own Node this way, and so does wmctl.
     "nodes": {"metadata.name", "spec.unschedulable"},
     "jobs": {"metadata.name", "metadata.namespace", "status.successful"},
     "services": {"metadata.name", "metadata.namespace"},

@@ -7,6 +7,7 @@ stream newline-delimited JSON events over chunked transfer encoding, like the re
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import threading
@@ -17,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from .api import RESOURCES, Api, Resource
 from .faults import Faults
-from .rbac import Rbac, request_attributes
+from .rbac import Attributes, Rbac, request_attributes
 from .selectors import SelectorError, field_matcher, label_matcher
 from .store import ApiError, Gone, Obj, Store
 
@@ -76,10 +77,13 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             raise ApiError(400, "BadRequest", "request body is not valid JSON")
 
-    def _send(self, code: int, payload: Any, content_type: str = "application/json") -> None:
+    def _send(self, code: int, payload: Any, content_type: str = "application/json",
+              headers: dict[str, str] | None = None) -> None:
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         self._entry["code"] = code
         self.send_response(code)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -99,6 +103,12 @@ class Handler(BaseHTTPRequestHandler):
     def _end_stream(self) -> None:
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
+
+    def _stall(self) -> None:
+        """A half-open stream (faults.stall_streams): send nothing more and never close; the
+        handler thread idles until the server stops."""
+        self.close_connection = True
+        self.server.stopping.wait()
 
     def _drop(self) -> None:
         """Cut the connection without a proper end (what a dying server/LB does)."""
@@ -139,13 +149,25 @@ class Handler(BaseHTTPRequestHandler):
         self._entry = {"verb": verb, "path": url.path, "query": query, "body": body,
                             "time": time.time(), "code": None}
         api.record(self._entry)
-        if url.path in ("/version", "/version/"):
-            self._send(200, {"major": "1", "minor": "34", "gitVersion": "v1.34.0-fake"})
-            return
         rule = self.server.faults.match(verb, url.path, is_watch)
         if rule is not None and rule.action == "error":
+            if rule.code == 429:
+                # maxinflight.go tooManyRequests: http.Error's plain text, with Retry-After
+                self._send(429, b"Too many requests, please try again later.\n", "text/plain; charset=utf-8",
+                           headers={"Retry-After": rule.retry_after or "1"})
+                return
             err = ApiError(rule.code, rule.reason, f"injected fault: {rule.code} {rule.reason}")
-            self._send(rule.code, err.status())
+            self._send(rule.code, err.status(),
+                       headers={"Retry-After": rule.retry_after} if rule.retry_after else None)
+            return
+        if verb == "GET" and url.path in ("/apis", "/apis/"):
+            self._send(200, self._api_groups())
+            return
+        if url.path in ("/version", "/version/"):      # behind the faults: an outage takes it too
+            # staging/src/k8s.io/apimachinery/pkg/version/types.go: Info
+            self._send(200, {"major": "1", "minor": "34", "gitVersion": "v1.34.0-fake", "gitCommit": "0" * 40,
+                             "gitTreeState": "clean", "buildDate": "2025-08-27T00:00:00Z", "goVersion": "go1.24.6",
+                             "compiler": "gc", "platform": "linux/amd64"})
             return
         lose = rule is not None and rule.action == "lose_response"
         try:
@@ -175,6 +197,51 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._send(code, payload)
 
+    def _api_groups(self) -> Obj:
+        """GET /apis (discovery, readable by every user: system:discovery): the APIGroupList of the
+        groups served, a CRD's group only once the CRD is installed (the aggregated discovery of
+        staging/src/k8s.io/apiserver/pkg/endpoints/discovery/root.go)."""
+        crds = self.server.api.crds
+        groups: dict[str, list[str]] = {}
+        for res in RESOURCES.values():
+            if "/" not in res.group_version:
+                continue
+            group, version = res.group_version.split("/")
+            if res.crd and f"{res.plural}.{group}" not in crds:
+                continue
+            groups.setdefault(group, []).append(version)
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+            {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in sorted(set(vs))],
+             "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]}}
+            for g, vs in sorted(groups.items())]}
+
+    def _access_review(self, body: Any) -> Obj:
+        """A SelfSubjectAccessReview, answered and not stored, as
+        pkg/registry/authorization/selfsubjectaccessreview/rest.go Create does: exactly one of
+        spec.resourceAttributes / spec.nonResourceAttributes (validation: 422 otherwise), the
+        requesting user's attributes run through the same authorizer as a real request (here: the
+        fake's RBAC; with RBAC off every request is allowed, as with AlwaysAllow)."""
+        spec = (body or {}).get("spec") or {}
+        res, non = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
+        if (res is None) == (non is None):
+            raise ApiError(422, "Invalid", "SelfSubjectAccessReview.authorization.k8s.io \"\" is invalid: "
+                           "spec.resourceAttributes: Invalid value: \"null\": exactly one of nonResourceAttributes "
+                           "or resourceAttributes must be specified")
+        rbac: Rbac | None = self.server.rbac
+        allowed, reason = True, ""
+        if rbac is not None and res is not None:
+            user = rbac.authenticate(self.headers.get("Authorization"))
+            attrs = Attributes(res.get("verb") or "", res.get("group") or "", res.get("version") or "",
+                               res.get("resource") or "", res.get("subresource") or "",
+                               res.get("namespace") or "", res.get("name") or "")
+            allowed = rbac.allowed(user, attrs)
+            reason = "" if not allowed else "RBAC: allowed by a binding"
+        out = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+               "metadata": {"creationTimestamp": None}, "spec": spec, "status": {"allowed": allowed}}
+        if reason:
+            out["status"]["reason"] = reason
+        return out
+
     def _authorize(self, verb: str, path: str, query: dict[str, str]) -> None:
         """Authentication, then RBAC, before any routing (see rbac.py): a forbidden request for a
         resource that is not served is 403, not 404."""
@@ -201,6 +268,8 @@ class Handler(BaseHTTPRequestHandler):
                              "metadata": {"name": name}, "status": {"phase": "Active"}}
         if verb == "GET":
             return 200, api.store.get(res.plural, ns, name)
+        if verb == "POST" and res.plural == "selfsubjectaccessreviews":
+            return 201, self._access_review(body)
         if verb == "POST":
             if not isinstance(body, dict):
                 raise ApiError(400, "BadRequest", "a JSON object body is required")
@@ -235,9 +304,58 @@ class Handler(BaseHTTPRequestHandler):
         if rv not in (None, "", "0") and query.get("resourceVersionMatch") == "Exact" \
                 and int(rv) < store.oldest_rv:
             raise Gone(int(rv), store.oldest_rv)
-        items, cur = store.list(res.plural, ns if res.namespaced else None, match)
-        return {"apiVersion": res.api_version, "kind": res.kind + "List",
-                "metadata": {"resourceVersion": str(cur)}, "items": items}
+        limit = int(query.get("limit") or 0)
+        token = query.get("continue")
+        if limit < 0:
+            raise ApiError(400, "BadRequest", f"limit: must be non-negative, got {limit}")
+        if not limit and not token:
+            items, cur = store.list(res.plural, ns if res.namespaced else None, match)
+            return {"apiVersion": res.api_version, "kind": res.kind + "List",
+                    "metadata": {"resourceVersion": str(cur)}, "items": items}
+        return self._list_page(res, ns, query, match, limit, token)
+
+    def _list_page(self, res: Resource, ns: str | None, query: dict[str, str], match, limit: int,
+                   token: str | None) -> Obj:
+        """One page of a chunked list (apimachinery pkg/apis/meta/v1/types.go ListOptions
+        ``limit``/``continue``; KEP-365 API list chunking). The first page fixes a revision; each
+        page ends with a ``continue`` token naming that revision and the last key served (what
+        staging/src/k8s.io/apiserver/pkg/storage/continue.go EncodeContinue holds), and the
+        last page has none. A token whose revision was compacted away is 410 Expired with the
+        message of staging/src/k8s.io/apiserver/pkg/storage/etcd3/errors.go (continueExpired):
+        the client lists again from the start. Differences, said here: etcd serves every page
+        at the first page's revision; this fake serves the remainder from the current objects
+        (a consumer that diffs, or watches from the list's resourceVersion, sees the same end
+        state). A token with a ``resourceVersion`` other than 0 is 400, as storage ValidateListOptions says."""
+        store: Store = self.server.api.store
+        start, snap = "", None
+        if token:
+            if query.get("resourceVersion") not in (None, "", "0"):
+                raise ApiError(400, "BadRequest", "specifying resource version is not allowed "
+                               "when using continue")
+            try:
+                data = json.loads(base64.b64decode(token.encode(), validate=True))
+                start, snap = str(data["start"]), int(data["rv"])
+                if data.get("v") != "meta.k8s.io/v1":
+                    raise ValueError(data.get("v"))
+            except (ValueError, KeyError, TypeError):
+                raise ApiError(400, "BadRequest", "continue key is not valid: incorrect encoded "
+                               "start resourceVersion (version meta.k8s.io/v1)") from None
+            if snap < store.oldest_rv:
+                raise ApiError(410, "Expired", "The provided continue parameter is too old to display a "
+                               "consistent list result. You can start a new list without the continue "
+                               "parameter.")
+        with store.cond:
+            items, cur = store.list(res.plural, ns if res.namespaced else None, match)
+        keyed = sorted(((_list_key(o), o) for o in items), key=lambda kv: kv[0])
+        rest = [(k, o) for k, o in keyed if k > start]
+        page = rest[:limit] if limit else rest
+        meta: Obj = {"resourceVersion": str(snap if snap is not None else cur)}
+        if limit and len(rest) > limit:
+            meta["continue"] = base64.b64encode(json.dumps(
+                {"v": "meta.k8s.io/v1", "rv": snap if snap is not None else cur,
+                 "start": page[-1][0]}).encode()).decode()
+        return {"apiVersion": res.api_version, "kind": res.kind + "List", "metadata": meta,
+                "items": [o for _, o in page]}
 
     # --- watch -------------------------------------------------------------------
     def _watch(self, res: Resource, ns: str | None, query: dict[str, str]) -> None:
@@ -246,8 +364,15 @@ class Handler(BaseHTTPRequestHandler):
         match = self._matcher(res, query)   # raises SelectorError before headers go out
         timeout = min(float(query.get("timeoutSeconds") or MAX_WATCH_SECONDS), MAX_WATCH_SECONDS)
         deadline = time.monotonic() + timeout
-        generation = faults.watch_generation
+        generation, stall = faults.watch_generation, faults.stall_generation
         rv_param = query.get("resourceVersion")
+        # Watch bookmarks (https://kubernetes.io/docs/reference/using-api/api-concepts/#watch-bookmarks,
+        # KEP-956): asked for with allowWatchBookmarks, sent at the server's discretion, a BOOKMARK
+        # event whose object is the watched kind with only metadata.resourceVersion set: every
+        # change up to it was delivered (the watch cache's bookmark, staging/src/k8s.io/apiserver/
+        # pkg/storage/cacher/cacher.go). A client resuming from it is not sent back into 410.
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        next_bookmark = time.monotonic() + self.server.bookmark_interval_s
         self._start_stream("application/json")
 
         def send(kind: str, obj: Obj) -> None:
@@ -268,6 +393,9 @@ class Handler(BaseHTTPRequestHandler):
             while not self.server.stopping.is_set():
                 if faults.watch_generation != generation:
                     self._drop()
+                    return
+                if faults.stall_generation != stall:
+                    self._stall()
                     return
                 try:
                     with store.cond:
@@ -291,6 +419,10 @@ class Handler(BaseHTTPRequestHandler):
                                 else "DELETED" if old_ok else None)
                     if kind:
                         send(kind, c.obj)
+                if bookmarks and time.monotonic() >= next_bookmark:
+                    send("BOOKMARK", {"apiVersion": res.api_version, "kind": res.kind,
+                                      "metadata": {"resourceVersion": str(seen)}})
+                    next_bookmark = time.monotonic() + self.server.bookmark_interval_s
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     break
@@ -342,11 +474,14 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._start_stream("text/plain")
         sent = len(snapshot) - len(entries)      # the loop sends from here on
-        faults_generation = self.server.faults.watch_generation
+        faults_generation, stall = self.server.faults.watch_generation, self.server.faults.stall_generation
         try:
             while not self.server.stopping.is_set():
                 if self.server.faults.watch_generation != faults_generation:
                     self._drop()
+                    return
+                if self.server.faults.stall_generation != stall:
+                    self._stall()
                     return
                 with api.store.cond:
                     current, now_entries = api.log_file(*key)
@@ -370,6 +505,12 @@ class Handler(BaseHTTPRequestHandler):
             self._end_stream()
         except (BrokenPipeError, ConnectionResetError, OSError):
             self.close_connection = True
+
+
+def _list_key(obj: Obj) -> str:
+    """The object's key in the store's order (namespace, then name), as etcd orders keys."""
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
 
 
 def rfc3339nano(unix_ns: int) -> str:
@@ -410,18 +551,31 @@ class FakeApiServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, history_limit: int = 10_000):
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, history_limit: int = 10_000,
+                 tls: tuple[str, str] | None = None):
+        """``tls``: (certificate, key) PEM files: serve HTTPS, as a real API server does (an
+        in-cluster client only speaks HTTPS: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)."""
         super().__init__((host, port), Handler)
+        self.tls = tls is not None
+        if tls is not None:
+            import ssl
+
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*tls)
+            self.socket = ctx.wrap_socket(self.socket, server_side=True)
         self.api = Api(Store(history_limit=history_limit))
         self.faults = Faults()
         self.rbac: Rbac | None = None      # None: no authentication or authorisation at all
         self.stopping = threading.Event()
+        # how often a watch that allows bookmarks gets one: the watch cache's is about a minute
+        # (cacher.go); tests that exercise bookmarks shorten it
+        self.bookmark_interval_s = 60.0
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{port}"
 
     def start(self) -> "FakeApiServer":
         self._thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05},

@@ -20,7 +20,7 @@ from typing import Any, Callable
 Obj = dict[str, Any]
 Key = tuple[str, str, str]          # (resource, namespace or "", name)
 
-CLUSTER_SCOPED = {"nodes", "namespaces"}
+CLUSTER_SCOPED = {"nodes", "namespaces", "priorityclasses"}
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"   # what the apiserver uses for generateName
 
 

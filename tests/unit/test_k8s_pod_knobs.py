@@ -1,0 +1,113 @@
+"""kubernetes.pod_annotations, extra_resources, host_network, capabilities and secret_env: what
+they render, what they refuse (naming the field and the fix), and the QoS class the plan states."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from ruamel.yaml import YAML
+
+from orchestrator.backends.kubernetes.engine import KubernetesBackend
+from orchestrator.backends.kubernetes.render import render_kubernetes
+from orchestrator.errors import SpecError
+from orchestrator.plan import AttemptContext
+from orchestrator.vendors import load_profile
+
+from .helpers import full_spec
+
+KNOBS = {"kubernetes.pod_annotations": {"sidecar.istio.io/inject": "false",
+                                        "k8s.v1.cni.cncf.io/networks": "rdma-net@ib0"},
+         "kubernetes.extra_resources": {"rdma/hca_shared_devices_a": "1", "hugepages-1Gi": "8Gi"},
+         "kubernetes.host_network": True, "kubernetes.capabilities": ["IPC_LOCK", "CAP_IPC_LOCK", "SYS_NICE"],
+         "kubernetes.secret_env": {"HF_TOKEN": {"secret": "hf", "key": "token"},
+                                   "WANDB_API_KEY": {"secret": "wandb", "key": "api.key", "optional": True}}}
+
+
+def _render(**overrides):
+    plan = render_kubernetes(full_spec("cuda", **overrides), load_profile("cuda"), AttemptContext())
+    job = next(o for o in plan.resources if o["kind"] == "Job")
+    return plan, job["spec"]["template"]
+
+
+def test_knobs_render_into_the_pod():
+    plan, template = _render(**KNOBS)
+    pod, container = template["spec"], template["spec"]["containers"][0]
+    assert template["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+    assert template["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "rdma-net@ib0"
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK", "SYS_NICE"]}}
+    for side in ("limits", "requests"):
+        assert container["resources"][side]["rdma/hca_shared_devices_a"] == "1"
+        assert container["resources"][side]["hugepages-1Gi"] == "8Gi"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}
+    assert env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"]["optional"] is True
+    assert any("IPC_LOCK" in n and "privileged" in n for n in plan.notes)
+    assert any("host_network" in n for n in plan.notes)
+
+
+def test_knob_strings_stay_strings_for_yaml_1_1_and_1_2_readers():
+    """"false" and "1" are the user's strings: a reader that turns them into a bool or an int
+    would give Istio a non-string annotation and the API server a number where it wants a string."""
+    plan, _ = _render(**KNOBS)
+    text = KubernetesBackend.document(plan, "yaml")
+    for docs in (list(yaml.safe_load_all(text)), list(YAML(typ="safe").load_all(text))):
+        job = next(d for d in docs if d["kind"] == "Job")["spec"]["template"]
+        assert job["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+        assert job["spec"]["containers"][0]["resources"]["limits"]["rdma/hca_shared_devices_a"] == "1"
+
+
+def test_unquoted_yaml_scalars_are_taken_as_written():
+    plan, template = _render(**{"kubernetes.pod_annotations": {"sidecar.istio.io/inject": False},
+                                "kubernetes.extra_resources": {"rdma/hca": 1}})
+    assert template["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+    assert template["spec"]["containers"][0]["resources"]["limits"]["rdma/hca"] == "1"
+
+
+def test_no_knobs_no_change():
+    _, template = _render()
+    pod = template["spec"]
+    assert "hostNetwork" not in pod and "dnsPolicy" not in pod
+    assert "securityContext" not in pod["containers"][0]
+
+
+@pytest.mark.parametrize("overrides,field,words", [
+    ({"kubernetes.pod_annotations": {"bad key!": "x"}}, "kubernetes.pod_annotations.bad key!", "annotation key"),
+    ({"kubernetes.pod_annotations": {"wmctl.io/spec-hash": "x"}}, "kubernetes.pod_annotations.wmctl.io/spec-hash",
+     "wmctl's own"),
+    ({"kubernetes.extra_resources": {"memory": "8Gi"}}, "kubernetes.extra_resources.memory", "resources.memory"),
+    ({"kubernetes.extra_resources": {"nvidia.com/gpu": "8"}}, "kubernetes.extra_resources.nvidia.com/gpu",
+     "accelerators_per_node"),
+    ({"kubernetes.extra_resources": {"rdma": "1"}}, "kubernetes.extra_resources.rdma", "has a domain"),
+    ({"kubernetes.extra_resources": {"rdma/hca": "1.5"}}, "kubernetes.extra_resources.rdma/hca", "whole units"),
+    ({"kubernetes.extra_resources": {"hugepages-2Mi": "lots"}}, "kubernetes.extra_resources.hugepages-2Mi",
+     "not a quantity"),
+    ({"kubernetes.extra_resources": {"hugepages-2Mi": "1Gi"}, "resources.cpu": None, "resources.memory": None},
+     "kubernetes.extra_resources", "hugepages need resources.memory"),
+    ({"kubernetes.capabilities": ["ipc lock"]}, "kubernetes.capabilities[0]", "capability"),
+    ({"kubernetes.secret_env": {"1BAD": {"secret": "hf", "key": "t"}}}, "kubernetes.secret_env.1BAD", "variable"),
+    ({"kubernetes.secret_env": {"T": {"secret": "Not_A_Name", "key": "t"}}}, "kubernetes.secret_env.T.secret",
+     "Secret name"),
+    ({"kubernetes.secret_env": {"T": {"secret": "hf", "key": "a/b"}}}, "kubernetes.secret_env.T.key", "Secret key"),
+    ({"kubernetes.secret_env": {"NCCL_DEBUG": {"secret": "hf", "key": "t"}}}, "kubernetes.secret_env.NCCL_DEBUG",
+     "env.NCCL_DEBUG"),
+])
+def test_bad_knobs_name_the_field_and_the_fix(overrides, field, words):
+    spec = full_spec("cuda", **overrides)
+    with pytest.raises(SpecError) as err:
+        render_kubernetes(spec, load_profile("cuda"), AttemptContext())
+    assert any(f == field and words in msg for f, msg in err.value.problems), err.value.problems
+
+
+@pytest.mark.parametrize("cpu,memory,qos", [("4", "64Gi", "Guaranteed"), ("4", None, "Burstable"),
+                                            (None, None, "BestEffort")])
+def test_the_plan_states_the_pods_qos_class(cpu, memory, qos):
+    plan, _ = _render(**{"resources.cpu": cpu, "resources.memory": memory})
+    assert [n for n in plan.notes if n.startswith("pod QoS class: ")][0].startswith(f"pod QoS class: {qos}")
+
+
+def test_the_plan_says_c10d_ranks_follow_sorted_host_names_from_eleven_nodes():
+    many, _ = _render(nodes=12)
+    few, _ = _render(nodes=2)
+    assert any("worldmodel-a0-10 ranks before worldmodel-a0-2" in n for n in many.notes)
+    assert not any("PET_NODE_RANK" in n for n in few.notes)
