@@ -1,20 +1,29 @@
 """Checkpoint overhead on the example world model: sync vs async, and time to resume.
 
-Prints figures, asserts nothing. One process on this machine's CPU (or the device named by
-WMCTL_TORCH_MODULE). Overhead is measured the honest way: wall time of the same training steps
-with checkpoints every K steps minus wall time without, as a share of the latter; so an async
-writer that competes with training for CPU is counted. Blocking time per save is printed too.
+Prints figures, asserts nothing. One loop for every layout: the same training steps without
+checkpoints, with sync and with async ones, ``--repeats`` times. Overhead is measured the
+honest way: wall time with checkpoints every K steps minus wall time without, as a share of
+the latter, so an async writer that competes with training for CPU is counted; the time the
+loop was blocked in save() is printed as a share of step time too. Next to every sync run the
+disk is measured (a plain write of the same bytes with fsync, every rank its own at once, and
+one writer alone), and the sync save's throughput is given as a share of it.
 
     PYTHONPATH=. python bench/bench_checkpoint.py                       # tiny default model
     PYTHONPATH=. python bench/bench_checkpoint.py --d-model 1024 --nhead 8 --layers 4   # report's sizes
 
-With --fsdp, under torchrun, the model is sharded with FSDP2 (fully_shard per layer) and the
-checkpoints are sharded (torch.distributed.checkpoint): sync and async blocking as a share of
-step time, bytes each rank writes, and the sync save's throughput against a plain write of the
-same bytes with fsync on this machine (its disk bandwidth):
+With --fsdp the model is sharded with FSDP2 (fully_shard per layer) and the checkpoints are
+sharded (torch.distributed.checkpoint), each rank writing its own shards. On CPU, under torchrun:
 
     PYTHONPATH=. torchrun --standalone --nproc-per-node 2 bench/bench_checkpoint.py --fsdp \
-        --d-model 1024 --nhead 8 --layers 4 --steps 12 --every 4 --repeats 1
+        --d-model 1024 --nhead 8 --layers 4 --steps 12 --every 4 --repeats 2
+
+On one CUDA device, no torchrun (a process group of one rank, nccl; async saves stage to
+pinned host memory):
+
+    PYTHONPATH=. python bench/bench_checkpoint.py --device cuda --fsdp --d-model 1024 --nhead 8 \
+        --layers 4 --batch-size 16 --steps 40 --every 10 --repeats 2
+
+Imports only torch, the example and orchestrator.runtime (no docker, no kubernetes).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,6 +51,7 @@ from model import build_model  # noqa: E402
 from orchestrator.runtime import dist  # noqa: E402
 from orchestrator.runtime.checkpoint import CheckpointManager  # noqa: E402
 from orchestrator.runtime.data import ResumableDistributedSampler  # noqa: E402
+from orchestrator.runtime.protocol import ENV_TORCH_MODULE  # noqa: E402
 
 
 class Trainer:
@@ -111,21 +122,78 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=20, help="checkpoint interval in steps")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", default=None, help="checkpoint folder (default: a temp dir)")
-    ap.add_argument("--fsdp", action="store_true", help="FSDP2 with sharded checkpoints (run under torchrun)")
+    ap.add_argument("--fsdp", action="store_true", help="FSDP2 with sharded checkpoints (under torchrun, or "
+                    "--device cuda alone: one rank)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                    help="cuda: train on the GPU (WMCTL_TORCH_MODULE=cuda); default: WMCTL_TORCH_MODULE or cpu")
     a = ap.parse_args()
-    if a.fsdp:
-        bench_fsdp(a)
-        return
+    if a.device is not None:
+        os.environ[ENV_TORCH_MODULE] = a.device
+    distributed = init_process_group(a)
+    rank, world = dist.rank(), dist.world_size()
+    say = print if rank == 0 else (lambda *_a, **_k: None)
+    work = Path(dist.broadcast_object(a.dir or (tempfile.mkdtemp(prefix="wmctl-bench-") if rank == 0 else None)))
+    if rank == 0:
+        ensure_dataset(work / "data", a.num_clips, a.frames, a.size, seed=0)
+    dist.barrier()
+    tr = Trainer(a, work / "data", fsdp=a.fsdp)
+    say(f"{'FSDP2' if a.fsdp else 'full replica'} on {world} rank(s): d_model {a.d_model}, heads {a.nhead}, "
+        f"layers {a.layers}, {tr.params() / 1e6:.2f} M params; clips {a.frames}x{a.size}x{a.size}, batch "
+        f"{a.batch_size} per rank; device {tr.device}; torch {torch.__version__}, threads {torch.get_num_threads()}")
+    run(tr, 2 if a.fsdp else 5, None)   # warm-up
 
-    work = Path(a.dir or tempfile.mkdtemp(prefix="wmctl-bench-"))
-    data_dir = ensure_dataset(work / "data", a.num_clips, a.frames, a.size, seed=0)
-    tr = Trainer(a, data_dir)
-    print(f"model: d_model {a.d_model}, heads {a.nhead}, layers {a.layers}, {tr.params() / 1e6:.2f} M params; "
-          f"clips {a.frames}x{a.size}x{a.size}, batch {a.batch_size}; device {tr.device}; "
-          f"torch threads {torch.get_num_threads()}")
-    run(tr, 5, None)   # warm-up
+    m = measure(tr, a, work)
+    if rank == 0:
+        report(a, m)
+    if not distributed:
+        resume_and_digest(a, tr, work, m.step_s)
+    dist.barrier()
+    if rank == 0 and a.dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    if distributed:
+        dist.destroy()
 
-    results: dict[str, list[tuple[float, list[float]]]] = {"none": [], "sync": [], "async": []}
+
+def init_process_group(a: argparse.Namespace) -> bool:
+    """Under torchrun: its process group (gloo on CPU). --device cuda --fsdp without torchrun:
+    a process group of one rank (nccl), which is all FSDP2's fully_shard needs. Else none."""
+    if dist.init_from_env(backend="gloo" if dist.device_module() is None else None):
+        return True
+    if not a.fsdp:
+        return False
+    mod = dist.device_module()
+    if mod is None:
+        raise SystemExit("--fsdp on CPU: run under torchrun with 2 or more ranks (or pass --device cuda)")
+    import socket
+
+    import torch.distributed as tdist
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mod.set_device(0)
+    tdist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    return True
+
+
+@dataclass
+class Measured:
+    step_s: float = 0.0
+    base: float = 0.0
+    results: dict[str, list[tuple[float, list[float]]]] = field(default_factory=dict)
+    sizes: dict[int, int] = field(default_factory=dict)     # bytes each rank wrote into one checkpoint
+    probes: list[float] = field(default_factory=list)       # seconds: every rank writes its bytes at once
+    single: list[float] = field(default_factory=list)       # seconds: one writer, all the bytes
+    hashing: list[float] = field(default_factory=list)      # seconds: every rank digests its bytes at once
+
+
+def measure(tr: Trainer, a: argparse.Namespace, work: Path) -> Measured:
+    """The same steps without checkpoints, with sync and with async ones, ``repeats`` times. The
+    disk is measured next to every sync run (before and after it, the machine being shared):
+    each rank writes as many bytes as it wrote into a checkpoint, plainly, with fsync, all at
+    once, as a save does."""
+    rank, world = dist.rank(), dist.world_size()
+    m = Measured(results={"none": [], "sync": [], "async": []})
     for r in range(a.repeats):
         for mode in ("none", "sync", "async"):
             ck = work / f"ckpt-{mode}-{r}"
@@ -133,31 +201,129 @@ def main() -> None:
                                                                 async_save=(mode == "async"))
             if mgr is not None:
                 tr.register(mgr)
-            results[mode].append(run(tr, a.steps, mgr))
-            shutil.rmtree(ck, ignore_errors=True)
+            if mode == "sync" and m.sizes:
+                m.probes.append(disk_probe(work, m.sizes[rank]))
+            dist.barrier()
+            m.results[mode].append(run(tr, a.steps, mgr))
+            dist.barrier()
+            if mgr is not None:
+                mgr.close()
+            if mode == "sync":
+                if not m.sizes:
+                    m.sizes = dist.broadcast_object(checkpoint_bytes_by_rank(ck, world) if rank == 0 else None)
+                m.probes.append(disk_probe(work, m.sizes[rank]))
+                m.hashing.append(digest_probe(m.sizes[rank]))
+                if rank == 0:
+                    m.single.append(disk_probe(work, sum(m.sizes.values()), alone=True))
+            dist.barrier()
+            if rank == 0:
+                shutil.rmtree(ck, ignore_errors=True)
+    m.base = statistics.median(t for t, _ in m.results["none"])
+    m.step_s = m.base / a.steps
+    return m
 
-    base = statistics.median(t for t, _ in results["none"])
-    spread = max(t for t, _ in results["none"]) / min(t for t, _ in results["none"]) - 1
-    print(f"run-to-run spread without checkpoints: {spread * 100:.1f} % (noise floor of the wall-clock figures)")
-    step_s = base / a.steps
-    print(f"step time (no checkpoints): {step_s * 1e3:.2f} ms; checkpoint every {a.every} steps "
-          f"({a.steps // a.every} saves per run, median of {a.repeats} runs)")
+
+def disk_probe(work: Path, nbytes: int, alone: bool = False) -> float:
+    """Seconds for a plain write of ``nbytes`` with fsync, by this rank (all ranks at once, timed
+    from a common start to the last one done; or rank 0 ``alone``)."""
+    if not alone:
+        dist.barrier()
+    path = work / f"disk-probe-{dist.rank()}.bin"
+    chunk = bytes(64 << 20)
+    t0 = time.perf_counter()
+    with open(path, "wb") as fh:
+        left = nbytes
+        while left > 0:
+            fh.write(chunk[: min(left, len(chunk))])
+            left -= len(chunk)
+        fh.flush()
+        os.fsync(fh.fileno())
+    if not alone:
+        dist.barrier()
+    seconds = time.perf_counter() - t0
+    path.unlink()
+    return seconds
+
+
+def digest_probe(nbytes: int) -> float:
+    """Seconds for every rank at once to compute the integrity digest of ``nbytes`` in memory:
+    the CPU a save spends on it besides writing (no disk involved)."""
+    from orchestrator.runtime.checkpoint import _hasher
+
+    chunk = os.urandom(8 << 20)
+    dist.barrier()
+    t0 = time.perf_counter()
+    h = _hasher()
+    for _ in range(max(1, nbytes // len(chunk))):
+        h.update(chunk)
+    h.hexdigest()
+    dist.barrier()
+    return time.perf_counter() - t0
+
+
+def checkpoint_bytes_by_rank(root: Path, world: int) -> dict[int, int]:
+    """Bytes each rank wrote into the newest checkpoint: its shard file(s) and rank file; rank 0
+    also shared.pt (the whole model, unsharded), the DCP index and meta.json."""
+    from orchestrator.runtime.checkpoint import latest_complete, read_marker
+
+    newest = latest_complete(root)
+    assert newest is not None
+    files = (read_marker(newest.path) or {})["files"]
+    out = {r: 0 for r in range(world)}
+    for name, size in files.items():
+        base = name.rsplit("/", 1)[-1]
+        if base.startswith("__"):
+            out[int(base[2:].split("_")[0])] += size
+        elif base.startswith("rank-"):
+            out[int(base[5:10])] += size
+        else:
+            out[0] += size
+    return out
+
+
+def report(a: argparse.Namespace, m: Measured) -> None:
+    spread = max(t for t, _ in m.results["none"]) / min(t for t, _ in m.results["none"]) - 1
+    total = sum(m.sizes.values())
+    print(f"step time (no checkpoints): {m.step_s * 1e3:.1f} ms; run-to-run spread {spread * 100:.1f} % (the noise "
+          f"floor of the wall-clock figures); checkpoint every {a.every} steps ({a.steps // a.every} saves per run, "
+          f"median of {a.repeats} runs)")
+    print("bytes per rank: " + ", ".join(f"rank {r} {b / 1e6:.1f} MB" for r, b in sorted(m.sizes.items()))
+          + f"; {total / 1e6:.1f} MB per checkpoint")
     for mode in ("sync", "async"):
-        wall = statistics.median(t for t, _ in results[mode])
-        blocks = [b for _, bl in results[mode] for b in bl]
-        share = (wall - base) / base
-        blocked = sum(blocks) / len(results[mode]) / base
-        print(f"{mode:>5}: wall-clock overhead {share * 100:+.2f} %, time the loop was blocked "
-              f"{blocked * 100:.2f} % of step time (target <= 5 %); per save median "
-              f"{statistics.median(blocks) * 1e3:.1f} ms, max {max(blocks) * 1e3:.1f} ms")
+        wall = statistics.median(t for t, _ in m.results[mode])
+        blocks = [b for _, bl in m.results[mode] for b in bl]
+        blocked = sum(blocks) / len(m.results[mode]) / m.base
+        goal = " (goal <= 2 %)" if mode == "async" else ""
+        print(f"{mode:>5}: the loop was blocked {blocked * 100:.2f} % of step time{goal}; wall-clock overhead "
+              f"{(wall - m.base) / m.base * 100:+.2f} %; per save median {statistics.median(blocks) * 1e3:.1f} ms, "
+              f"max {max(blocks) * 1e3:.1f} ms")
+    save_s = statistics.median(b for _, bl in m.results["sync"] for b in bl)
+    disk_s = statistics.median(m.probes)
+    got, disk = total / save_s / 1e9, total / disk_s / 1e9
+    lo, hi = total / max(m.probes) / 1e9, total / min(m.probes) / 1e9
+    print(f"disk: a plain write + fsync of the same bytes, every rank its own at once: {disk:.2f} GB/s (median of "
+          f"{len(m.probes)}, {lo:.2f}-{hi:.2f});"
+          f" one writer, all {total / 1e6:.0f} MB: {total / statistics.median(m.single) / 1e9:.2f} GB/s")
+    print(f"sync save: {got:.2f} GB/s ({total / 1e6:.1f} MB in {save_s:.2f} s, median): {got / disk * 100:.0f} % of "
+          "the disk's bandwidth for the same writes (goal >= 50 %)")
+    from orchestrator.runtime.checkpoint import DIGEST_NAME
 
-    # Resume: restore the newest checkpoint into a fresh trainer, then one step.
+    hash_s = statistics.median(m.hashing)
+    print(f"integrity digest ({DIGEST_NAME}) of the same bytes, every rank its own at once, in memory: {hash_s:.2f} s "
+          f"({total / hash_s / 1e9:.2f} GB/s). A save hashes on a helper thread beside each write; with no core to "
+          f"spare it adds up instead: write + digest one after the other would be "
+          f"{total / (disk_s + hash_s) / 1e9:.2f} GB/s, {disk_s / (disk_s + hash_s) * 100:.0f} % of the disk")
+
+
+def resume_and_digest(a: argparse.Namespace, tr: Trainer, work: Path, step_s: float) -> None:
+    """One process: restore the newest checkpoint into a fresh trainer, then one step; and the
+    integrity digest's share of a checkpoint's cost."""
     ck = work / "ckpt-resume"
     mgr = CheckpointManager(ck, keep=2, every_steps=a.every)
     tr.register(mgr)
     run(tr, a.every, mgr)
     size = sum(f.stat().st_size for f in (ck).rglob("*") if f.is_file())
-    fresh = Trainer(a, data_dir)
+    fresh = Trainer(a, work / "data")
     mgr2 = CheckpointManager(ck, keep=2)
     fresh.register(mgr2)
     t0 = time.perf_counter()
@@ -165,11 +331,10 @@ def main() -> None:
     t1 = time.perf_counter()
     fresh.step()
     t2 = time.perf_counter()
+    assert state is not None
     print(f"resume from step {state.step} ({size / 1e6:.1f} MB on disk): restore {(t1 - t0) * 1e3:.1f} ms, "
           f"first resumed step {(t2 - t1) * 1e3:.1f} ms, total {(t2 - t0) * 1e3:.1f} ms")
     report_digest(state.path, step_s, a.every)
-    if a.dir is None:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def report_digest(ckpt: Path, step_s: float, every: int) -> None:
@@ -190,112 +355,6 @@ def report_digest(ckpt: Path, step_s: float, every: int) -> None:
           f"({nbytes / max(seconds, 1e-9) / 1e9:.2f} GB/s), {seconds / step_s * 100:.1f} % of one step, "
           f"{seconds / (every * step_s) * 100:.2f} % of step time at a save every {every} steps "
           "(inside the sync blocking figure above; on the writer thread with async)")
-
-
-def disk_write_gbps(path: Path, nbytes: int) -> float:
-    """This machine's bandwidth for a plain write of ``nbytes`` with fsync (what a save competes with)."""
-    chunk = bytes(64 << 20)
-    t0 = time.perf_counter()
-    with open(path, "wb") as fh:
-        left = nbytes
-        while left > 0:
-            fh.write(chunk[: min(left, len(chunk))])
-            left -= len(chunk)
-        fh.flush()
-        os.fsync(fh.fileno())
-    seconds = time.perf_counter() - t0
-    path.unlink()
-    return nbytes / seconds / 1e9
-
-
-def bench_fsdp(a: argparse.Namespace) -> None:
-    """Every rank runs the same loop; rank 0 prints. The checkpoint folder is rank 0's temp dir."""
-    if not dist.init_from_env(backend="gloo"):
-        raise SystemExit("--fsdp: run under torchrun with 2 or more ranks")
-    rank, world = dist.rank(), dist.world_size()
-    work = Path(dist.broadcast_object(a.dir or (tempfile.mkdtemp(prefix="wmctl-bench-") if rank == 0 else None)))
-    if rank == 0:
-        ensure_dataset(work / "data", a.num_clips, a.frames, a.size, seed=0)
-    dist.barrier()
-    tr = Trainer(a, work / "data", fsdp=True)
-    say = print if rank == 0 else (lambda *_a, **_k: None)
-    say(f"FSDP2 on {world} ranks: d_model {a.d_model}, heads {a.nhead}, layers {a.layers}, "
-        f"{tr.params() / 1e6:.2f} M params; clips {a.frames}x{a.size}x{a.size}, batch {a.batch_size} per rank; "
-        f"device {tr.device}; torch threads {torch.get_num_threads()}")
-    run(tr, 2, None)   # warm-up
-
-    results: dict[str, list[tuple[float, list[float]]]] = {"none": [], "sync": [], "async": []}
-    sizes: dict[int, int] = {}
-    for r in range(a.repeats):
-        for mode in ("none", "sync", "async"):
-            ck = work / f"ckpt-{mode}-{r}"
-            mgr = None if mode == "none" else CheckpointManager(ck, keep=2, every_steps=a.every,
-                                                                async_save=(mode == "async"))
-            if mgr is not None:
-                tr.register(mgr)
-            dist.barrier()
-            results[mode].append(run(tr, a.steps, mgr))
-            dist.barrier()
-            if mgr is not None:
-                mgr.close()
-            if mode == "sync" and rank == 0 and not sizes:
-                sizes = checkpoint_bytes_by_rank(ck, world)
-            dist.barrier()
-            if rank == 0:
-                shutil.rmtree(ck, ignore_errors=True)
-    if rank == 0:
-        report_fsdp(a, results, sizes, work)
-    dist.barrier()
-    if rank == 0 and a.dir is None:
-        shutil.rmtree(work, ignore_errors=True)
-    dist.destroy()
-
-
-def checkpoint_bytes_by_rank(root: Path, world: int) -> dict[int, int]:
-    """Bytes each rank wrote into the newest checkpoint: its shard file(s) and rank file; rank 0
-    also the DCP index, shared.pt and meta.json."""
-    from orchestrator.runtime.checkpoint import latest_complete, read_marker
-
-    newest = latest_complete(root)
-    assert newest is not None
-    files = (read_marker(newest.path) or {})["files"]
-    out = {r: 0 for r in range(world)}
-    for name, size in files.items():
-        base = name.rsplit("/", 1)[-1]
-        if base.startswith("__"):
-            out[int(base[2:].split("_")[0])] += size
-        elif base.startswith("rank-"):
-            out[int(base[5:10])] += size
-        else:
-            out[0] += size
-    return out
-
-
-def report_fsdp(a: argparse.Namespace, results: dict[str, list[tuple[float, list[float]]]],
-                sizes: dict[int, int], work: Path) -> None:
-    base = statistics.median(t for t, _ in results["none"])
-    step_s = base / a.steps
-    total = sum(sizes.values())
-    print(f"step time (no checkpoints): {step_s * 1e3:.1f} ms; checkpoint every {a.every} steps "
-          f"({a.steps // a.every} saves per run, median of {a.repeats} runs)")
-    print("bytes per rank: " + ", ".join(f"rank {r} {b / 1e6:.1f} MB" for r, b in sorted(sizes.items()))
-          + f"; {total / 1e6:.1f} MB per checkpoint")
-    sync_saves = []
-    for mode in ("sync", "async"):
-        wall = statistics.median(t for t, _ in results[mode])
-        blocks = [b for _, bl in results[mode] for b in bl]
-        blocked = sum(blocks) / len(results[mode]) / base
-        if mode == "sync":
-            sync_saves = blocks
-        print(f"{mode:>5}: time the loop was blocked {blocked * 100:.2f} % of step time "
-              f"(goal: async <= 2 %); wall-clock overhead {(wall - base) / base * 100:+.2f} %; per save median "
-              f"{statistics.median(blocks) * 1e3:.1f} ms, max {max(blocks) * 1e3:.1f} ms")
-    save_s = statistics.median(sync_saves)
-    disk = disk_write_gbps(work / "disk-probe.bin", total)
-    got = total / save_s / 1e9
-    print(f"sync save throughput {got:.2f} GB/s ({total / 1e6:.1f} MB in {save_s:.2f} s, every rank writing its "
-          f"own shards) vs a plain write of the same bytes with fsync {disk:.2f} GB/s: {got / disk * 100:.0f} % "
-          "of this disk's bandwidth (goal >= 50 %)")
 
 
 if __name__ == "__main__":

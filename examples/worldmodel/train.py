@@ -44,7 +44,7 @@ EARLY_PREEMPTION = PreemptionHandler().install() if __name__ == "__main__" else 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from orchestrator.runtime import dist  # noqa: E402
+from orchestrator.runtime import determinism, dist  # noqa: E402
 from orchestrator.runtime.checkpoint import CheckpointManager  # noqa: E402
 from orchestrator.runtime.data import PreemptibleDataLoader, ResumableDistributedSampler  # noqa: E402
 from orchestrator.runtime import preflight  # noqa: E402
@@ -96,6 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a("--checkpoint-keep", "--checkpoint_keep", type=int, default=int(os.environ.get(ENV_CHECKPOINT_KEEP) or 3))
     a("--async-checkpoint", "--async_checkpoint", action="store_true")
     a("--no-resume", "--no_resume", action="store_true", help="start fresh even if a checkpoint exists")
+    a("--deterministic", action="store_true", default=determinism.requested(),
+      help="deterministic kernels (default: $WMCTL_DETERMINISTIC): what a bit-exact resume needs on a device")
     # test hooks
     a("--dump-final", "--dump_final", default=None, help="rank 0 saves final params + optimizer state here")
     a("--record-samples", "--record_samples", default=None,
@@ -172,6 +174,10 @@ def main(argv: list[str] | None = None, preempt: PreemptionHandler | None = None
     preempt = preempt or EARLY_PREEMPTION or PreemptionHandler().install()
     args = parse_args(argv)
     progress = Progress()
+    if args.deterministic:
+        done = determinism.enable()
+        if dist.is_main():
+            print("deterministic kernels: " + ", ".join(done), flush=True)
     device_mod = dist.device_module()
     guard = make_dtype_guard(args.dtype, device_mod)
     # Each node's local rank 0 checks devices, /dev/shm against these loader settings, and the

@@ -24,7 +24,8 @@ identity of the writer: ``run`` (WMCTL_RUN), ``spec_hash`` (WMCTL_SPEC_HASH) and
 (``--resume-from`` / WMCTL_RESUME_FROM), and warns when the spec changed. Markers of format 1
 (no identity) still restore.
 
-Integrity: the marker also holds ``digests`` (name -> blake2b-256 hex) of every file it lists,
+Integrity: the marker also holds ``digests`` (name -> hex digest; ``digest`` names the
+algorithm: sha256, or blake2b-256 in checkpoints written before 2026-12-05) of every file it lists,
 meta.json included, each computed while the file is written (the stream torch.save writes to
 is hashed on the way: no extra read). Restore verifies size and digest and loads every file
 before it touches the training objects; a checkpoint that fails any of that is reported loudly
@@ -88,8 +89,16 @@ SHARED_FILE = "shared.pt"
 ATTEMPT_FILE = "ATTEMPT"   # in the root: the newest attempt started on it (fencing)
 FORMAT_VERSION = 2   # 1: step, world_size, files; 2: + run, spec_hash, attempt
 MIN_KEEP = 2
-DIGEST_SIZE = 32     # blake2b-256: fast, and the marker says which (``digest``)
-DIGEST_NAME = "blake2b-256"
+# The integrity digest of new checkpoints. sha256 runs in hardware on the CPUs that drive
+# accelerators (x86 SHA-NI, the Armv8 SHA2 instructions): 1.8 GB/s on one core of the 2-core
+# test machine, where blake2b-256, the digest before, does 0.9; on a save the digest competes
+# with the write for CPU (bench/bench_checkpoint.py). The marker names its digest (``digest``)
+# and a checkpoint is verified with the one it names, so older checkpoints still verify.
+DIGEST_NAME = "sha256"
+DIGESTS: dict[str, Callable[[], Any]] = {
+    "sha256": hashlib.sha256,
+    "blake2b-256": lambda: hashlib.blake2b(digest_size=32),
+}
 
 # Test hook (ENV_TEST_SLEEP_BEFORE_COMMIT): "STEP:SECONDS" makes rank 0 sleep after the barrier
 # and before writing the commit marker of checkpoint STEP, so a test can kill the job mid-write.
@@ -139,13 +148,23 @@ def write_atomic(path: str | Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
-def _hasher() -> Any:
-    return hashlib.blake2b(digest_size=DIGEST_SIZE)
+def _hasher(name: str = DIGEST_NAME) -> Any:
+    return DIGESTS[name]()
 
 
-def file_digest(path: str | Path) -> str:
-    """blake2b-256 of a file's content, read in 1 MiB chunks."""
-    h = _hasher()
+def marker_digest(marker: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The digest a marker's ``digests`` were taken with, or (None, why not) for one this
+    runtime does not know (a newer wmctl wrote it)."""
+    name = marker.get("digest", "blake2b-256")
+    if name in DIGESTS:
+        return str(name), None
+    return None, (f"its marker's digests are {name!r}, which this runtime does not know ({', '.join(DIGESTS)}): "
+                  "the image's wmctl runtime is older than the one that wrote it")
+
+
+def file_digest(path: str | Path, name: str = DIGEST_NAME) -> str:
+    """The digest (``name``, default DIGEST_NAME) of a file's content, read in 1 MiB chunks."""
+    h = _hasher(name)
     with open(path, "rb") as fh:
         while chunk := fh.read(1 << 20):
             h.update(chunk)
@@ -163,6 +182,9 @@ def verify_checkpoint(ckpt_dir: str | Path, shard_digests: bool = True) -> str |
         return f"unreadable {COMMIT_MARKER} marker"
     digests = marker.get("digests")
     digests = digests if isinstance(digests, dict) else {}
+    algo, unknown = marker_digest(marker)
+    if digests and algo is None:
+        return unknown
     for name, size in sorted(marker["files"].items()):
         try:
             actual = (ckpt_dir / name).stat().st_size
@@ -174,11 +196,11 @@ def verify_checkpoint(ckpt_dir: str | Path, shard_digests: bool = True) -> str |
         if not shard_digests and name.startswith(f"{SHARDED_DIR}/"):
             continue
         try:
-            got = file_digest(ckpt_dir / name)
+            got = file_digest(ckpt_dir / name, algo or DIGEST_NAME)
         except OSError as err:
             return f"{name} cannot be read ({err})"
         if got != want:
-            return (f"{name} content changed since it was written ({DIGEST_NAME} {got[:12]}..., "
+            return (f"{name} content changed since it was written ({algo} {got[:12]}..., "
                     f"expected {str(want)[:12]}...)")
     return None
 
@@ -424,6 +446,30 @@ def _save_fsync(obj: Any, path: Path) -> dict[str, Any]:
         fh.flush()
         os.fsync(fh.fileno())
     return {"size": w.size, "digest": w.hash.hexdigest()}
+
+
+def nonfinite_tensors(items: Any) -> list[str]:
+    """The names of the floating-point tensors in ``items`` (name, tensor) that hold a NaN or an
+    infinity. In the blocking part of every save, so cheap: one sum per tensor (a NaN or an
+    infinity anywhere makes the sum NaN or infinite; ``isfinite().all()`` costs about ten times
+    as much, see bench/bench_checkpoint.py) and one device->host read per device. A sum can
+    also overflow on finite values; those tensors alone are checked element by element, so
+    the answer is exact."""
+    torch = _torch()
+    by_device: dict[Any, list[tuple[str, Any, Any]]] = {}
+    for name, t in items:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+            t = t.detach()
+            # Half-precision sums accumulate in float32 anyway; returning float32 keeps their
+            # result from overflowing float16's 65504.
+            acc = torch.float32 if t.element_size() < 4 else None
+            by_device.setdefault(t.device, []).append((name, t, t.sum(dtype=acc)))
+    bad: list[str] = []
+    for flags in by_device.values():
+        ok = torch.isfinite(torch.stack([s.double() for _, _, s in flags])).tolist()
+        bad += [name for (name, t, _), good in zip(flags, ok, strict=True)
+                if not good and not bool(torch.isfinite(t).all())]
+    return bad
 
 
 def _payload_bytes(obj: Any) -> int:
@@ -885,20 +931,10 @@ class CheckpointManager:
         model = self._objects.get("model")
         if model is None:
             return []
-        torch = _torch()
-        by_device: dict[Any, list[tuple[str, Any]]] = {}
         module = _unwrap(model)
         # Sharded: each rank checks its own shards (a whole state_dict would gather them).
         items = module.state_dict().items() if self._sharded is None else local_state(module)
-        for name, t in items:
-            if isinstance(t, torch.Tensor) and t.is_floating_point():
-                by_device.setdefault(t.device, []).append((name, torch.isfinite(t.detach()).all()))
-        bad: list[str] = []
-        for flags in by_device.values():
-            # One device->host read per device, not one per tensor.
-            ok = torch.stack([f for _, f in flags]).cpu().tolist()
-            bad += [name for (name, _), good in zip(flags, ok, strict=True) if not good]
-        return bad
+        return nonfinite_tensors(items)
 
     def _rank_payload(self) -> dict[str, Any]:
         sampler = self._objects.get("sampler")
@@ -1151,17 +1187,21 @@ class CheckpointManager:
         """This rank's share of the digests of ``ckpt``'s DCP shards (every world-th file), or
         why one does not match. Rank 0 checked every size and the other files' digests; the
         shards, the bulk of a sharded checkpoint, are read by all ranks at once."""
-        digests = (read_marker(ckpt) or {}).get("digests")
+        marker = read_marker(ckpt) or {}
+        digests = marker.get("digests")
         if not isinstance(digests, dict):
             return None
+        algo, unknown = marker_digest(marker)
+        if algo is None:
+            return unknown
         names = sorted(n for n in digests if n.startswith(f"{SHARDED_DIR}/"))
         for name in names[self.rank::self.world_size]:
             try:
-                got = file_digest(ckpt / name)
+                got = file_digest(ckpt / name, algo)
             except OSError as err:
                 return f"{name} cannot be read ({err})"
             if got != digests[name]:
-                return (f"{name} content changed since it was written ({DIGEST_NAME} {got[:12]}..., expected "
+                return (f"{name} content changed since it was written ({algo} {got[:12]}..., expected "
                         f"{str(digests[name])[:12]}...)")
         return None
 

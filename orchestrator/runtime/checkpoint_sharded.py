@@ -14,7 +14,7 @@ digests, fencing and the lock. For an FSDP model it hands model and optimizer to
         rank-00000.pt ...      as for any checkpoint
         COMMITTED              the same format-2 marker: it lists (and digests) the dcp/ files too
 
-Each rank reports the DCP files it wrote, with their sizes and blake2b digests, in its
+Each rank reports the DCP files it wrote, with their sizes and digests (checkpoint.DIGEST_NAME), in its
 ``rank-N.done`` file like its other files; rank 0's commit then lists them in the marker, so a
 shard that is missing, torn or changed makes the checkpoint not count exactly as a damaged
 ``shared.pt`` would.
@@ -32,13 +32,24 @@ Standard library and torch only; torch.distributed.checkpoint is imported when f
 from __future__ import annotations
 
 import sys
-from concurrent.futures import Future
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 SHARDED_DIR = "dcp"                 # the step folder's subfolder DCP writes
 DCP_METADATA = ".metadata"          # DCP's index, written by the coordinating rank (0)
 LAYOUT = "dcp"                      # meta.json "layout" of a sharded checkpoint
+
+
+def pinned_staging_available() -> bool:
+    """Whether async saves can stage into pinned host memory: torch pins host memory only with
+    CUDA (ROCm builds included); elsewhere the staging copy is plain host memory."""
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def fsdp_classes() -> tuple[type, ...]:
@@ -109,13 +120,12 @@ class ShardedState:
         # Its own gloo group: DCP's collectives of an async save run in a background thread.
         self.group = tdist.new_group(backend="gloo")
         if pinned is None:
-            import torch
-
-            pinned = bool(torch.accelerator.is_available()) if hasattr(torch, "accelerator") else False
+            pinned = pinned_staging_available()
         self.pinned = pinned
         self._stager: Any = None
         self._future: Future[Any] | None = None
         self._writer: Any = None
+        self._hash_pool: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------ state dicts
 
@@ -130,7 +140,13 @@ class ShardedState:
     def _writer_for(self, folder: Path) -> Any:
         # sync_files: every shard fsynced before its rank says it is done. overwrite=False: a
         # step folder is always new (re-saves go to a fresh temp folder).
-        return _RecordingWriter(str(folder), sync_files=True, overwrite=False)
+        writer = _RecordingWriter(str(folder), sync_files=True, overwrite=False)
+        if isinstance(getattr(writer, "fs", None), _filesystem_class()):
+            # Shards hashed on their way to the file (no re-read), overlapped with the write.
+            if self._hash_pool is None:
+                self._hash_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="wmctl-digest")
+            writer.fs = _DigestingFileSystem(self._hash_pool)
+        return writer
 
     # ------------------------------------------------------------ save
 
@@ -147,16 +163,11 @@ class ShardedState:
         """Stage the state to host memory (the part the training loop waits for) and write it in
         DCP's background thread. At most one in flight: the caller waits for the last first."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         if self._future is not None:
             raise RuntimeError("a sharded async save is still in flight: wait_async() first")
         if self._stager is None:
-            # Pinned host memory where a device exists (faster device->host copies), kept
-            # between saves; staging itself is synchronous so the training loop may change the
-            # weights as soon as this returns.
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=self.pinned, use_shared_memory=False,
-                                                        use_async_staging=False, use_non_blocking_copy=False))
+            self._stager = _cached_stager(self.pinned)
         self._writer = self._writer_for(folder)
         result: Any = dcp.async_save(self._state_dicts(), storage_writer=self._writer, process_group=self.group,
                                      async_stager=self._stager)
@@ -173,6 +184,15 @@ class ShardedState:
         future.result()
         return writer.written_files()
 
+    def staged_pinned(self) -> bool | None:
+        """Whether the host copies of the last async save are in pinned memory (None: no async
+        save staged yet). For checks on a device (bench/gpu_check_sharded.py)."""
+        cache = getattr(self._stager, "cache", None)
+        if cache is None:
+            return None
+        tensors = [local_tensor(t) for t in _leaves(cache)]
+        return all(t.is_pinned() for t in tensors if t.numel())
+
     def in_flight(self) -> bool:
         return self._future is not None
 
@@ -180,6 +200,9 @@ class ShardedState:
         if self._stager is not None:
             self._stager.close()
             self._stager = None
+        if self._hash_pool is not None:
+            self._hash_pool.shutdown(wait=True)
+            self._hash_pool = None
 
     # ------------------------------------------------------------ load
 
@@ -202,6 +225,72 @@ class ShardedState:
         else:
             set_state_dict(self.model, self.optimizer, model_state_dict=loaded["model"],
                            optim_state_dict=loaded["optimizer"])
+
+
+def _leaves(obj: Any) -> list[Any]:
+    """The tensors of a nested state dict."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _leaves(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _leaves(v)]
+    return []
+
+
+def _structure(obj: Any) -> Any:
+    """What a staging cache must match: keys, and each tensor's type, shape and dtype."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return (type(obj).__name__, tuple(obj.shape), obj.dtype, tuple(local_tensor(obj).shape))
+    if isinstance(obj, dict):
+        return tuple((k, _structure(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return tuple(_structure(v) for v in obj)
+    return None
+
+
+def _cached_stager(pinned: bool) -> Any:
+    """The async save's stager: one host copy of the state dict (model and optimizer, each
+    DTensor as its local shard), made at the first save and filled again by every later one,
+    with one copy per tensor. DCP's DefaultStager deep-copies every DTensor's sharding spec at
+    each save: most of its staging time on CPU (bench_checkpoint). With CUDA the copy is in
+    pinned memory and filled by non-blocking copies, synchronised once before stage() returns;
+    staging is synchronous either way, so the training loop may change the weights as soon as
+    save() returns. At most one save is in flight (ShardedState), so the copy is never refilled
+    while DCP still writes it. The copy is rebuilt when the state dict's structure changes (the
+    optimizer's state appears after its first step)."""
+    import torch
+    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+    from torch.distributed.checkpoint.staging import AsyncStager
+
+    class CachedStager(AsyncStager):
+        _synchronize_after_execute = False
+
+        def __init__(self) -> None:
+            self.cache: dict[str, Any] | None = None
+            self._structure: Any = None
+
+        def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+            shape = _structure(state_dict)
+            if self.cache is None or shape != self._structure:
+                self.cache = _create_cpu_state_dict(state_dict, pin_memory=pinned)
+                self._structure = shape
+            staged: dict[str, Any] = _copy_state_dict(state_dict, self.cache, non_blocking=pinned, type_check=False)
+            if pinned:
+                torch.cuda.synchronize()
+            return staged
+
+        def synchronize_staging(self) -> None:
+            pass
+
+        def close(self) -> None:
+            self.cache = None
+
+    return CachedStager()
 
 
 def _host_copy(obj: Any) -> Any:
@@ -246,7 +335,10 @@ def _recording_writer_class() -> type:
                 names.add(result.storage_data.relative_path)
             if getattr(self, "_wmctl_wrote_metadata", False):
                 names.add(DCP_METADATA)
-            return {f"{base.name}/{name}": _digest_file(base / name) for name in sorted(names)}
+            # Shards: digested while written (_DigestingFileSystem); the small index, which DCP
+            # writes under a temp name and renames, is read back.
+            seen: dict[str, Any] = getattr(self.fs, "wmctl_written", None) or {}
+            return {f"{base.name}/{name}": seen.get(name) or _digest_file(base / name) for name in sorted(names)}
 
     return RecordingWriter
 
@@ -259,6 +351,88 @@ def _RecordingWriter(*args: Any, **kwargs: Any) -> Any:  # noqa: N802  (a class,
     if _LazyWriter.cls is None:
         _LazyWriter.cls = _recording_writer_class()
     return _LazyWriter.cls(*args, **kwargs)
+
+
+OVERLAP_MIN_BYTES = 1 << 20     # smaller writes are hashed inline: a thread hand-off costs more
+
+
+class _DigestingStream:
+    """The file DCP writes one shard file into. Every byte is hashed on its way, like the
+    full checkpoint's files: no second read of what was just written. A large write (a tensor's
+    bytes) is hashed on a helper thread while the write runs; both release the GIL, so the
+    digest takes no extra time where a core is free or the write waits for the disk. Each
+    write returns only once both are done: the buffer (a view of the tensor) is valid only
+    for the call."""
+
+    def __init__(self, fh: Any, pool: ThreadPoolExecutor) -> None:
+        self._fh = fh
+        self._pool = pool
+        self._hash = _hasher()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        if view.nbytes >= OVERLAP_MIN_BYTES and view.c_contiguous:
+            hashed = self._pool.submit(self._hash.update, view)
+            try:
+                n = self._fh.write(view)
+            finally:
+                hashed.result()
+        else:
+            self._hash.update(view)
+            n = self._fh.write(view)
+        self.size += n
+        return int(n)
+
+    def record(self) -> dict[str, Any]:
+        return {"size": self.size, "digest": self._hash.hexdigest()}
+
+    def __getattr__(self, name: str) -> Any:       # tell, flush, fileno (fsync), close, ...
+        return getattr(self._fh, name)
+
+
+class _LazyFileSystem:
+    base: type | None = None
+    cls: type | None = None
+
+
+def _filesystem_class() -> type:
+    """DCP's local file system class (what a FileSystemWriter writes through)."""
+    if _LazyFileSystem.base is None:
+        from torch.distributed.checkpoint.filesystem import FileSystem
+
+        _LazyFileSystem.base = FileSystem
+    return _LazyFileSystem.base
+
+
+def _DigestingFileSystem(pool: ThreadPoolExecutor) -> Any:  # noqa: N802  (a class, built on first use)
+    if _LazyFileSystem.cls is None:
+        base = _filesystem_class()
+
+        class DigestingFileSystem(base):  # type: ignore[misc, valid-type]
+            """DCP's file system, its files written through ``_DigestingStream``: ``wmctl_written``
+            maps each file name this writer wrote to its size and digest."""
+
+            def __init__(self, pool: ThreadPoolExecutor) -> None:
+                super().__init__()
+                self.pool = pool
+                self.wmctl_written: dict[str, dict[str, Any]] = {}
+                self.lock = threading.Lock()     # DCP's writer may run several threads
+
+            @contextmanager
+            def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+                if "w" not in mode:
+                    with super().create_stream(path, mode) as stream:
+                        yield stream
+                    return
+                with open(path, mode) as fh:
+                    stream = _DigestingStream(fh, self.pool)
+                    yield stream
+                with self.lock:
+                    self.wmctl_written[Path(path).name] = stream.record()
+
+        _LazyFileSystem.cls = DigestingFileSystem
+    return _LazyFileSystem.cls(pool)
 
 
 def _digest_file(path: Path) -> dict[str, Any]:

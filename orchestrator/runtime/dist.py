@@ -117,6 +117,9 @@ def init_from_env(backend: str | None = None, timeout_s: float | None = None, *,
             mod.set_device(local_rank())
     timeout = datetime.timedelta(seconds=timeout_s if timeout_s is not None else pg_timeout_s())
     dist.init_process_group(backend=backend or default_backend(), timeout=timeout)
+    from orchestrator.runtime import liveness
+
+    liveness.start()       # each node's beat; rank 0 reports a node that goes silent
     if verify_affinity:
         # NCCL builds its communicator lazily, at the first collective, and that is where it
         # touches the affinity: run one now so the check sees the state training will run in.

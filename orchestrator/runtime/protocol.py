@@ -63,6 +63,8 @@ ENV_SYSFS_ROOT = "WMCTL_SYSFS_ROOT"        # tests: read the topology from a fak
 
 # Outside the job: the orchestrator's own settings.
 ENV_HOME = "WMCTL_HOME"                    # run folders live under it (default ~/.wmctl)
+ENV_WATCHER_OBJECT = "WMCTL_WATCHER_OBJECT"  # in a watcher started by `submit --in-cluster`: what restarts it
+ENV_RUN_STORE = "WMCTL_RUN_STORE"          # where run state is kept: unset (this machine) or a backend with a run_store
 ENV_VENDOR_PATH = "WMCTL_VENDOR_PATH"      # folders of vendor profiles, searched before images/
 ENV_LOCAL_TAG = "WMCTL_LOCAL_TAG"          # local backend: marks every process of one node
 ENV_CACHE_DIR = "WMCTL_CACHE_DIR"          # where the runtime wheel is cached

@@ -175,25 +175,85 @@ def shared_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def baseline(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Callable[[int], dict[str, Any]]:
-    """Uninterrupted run per num_workers value, run once per session and shared."""
-    cache: dict[int, dict[str, Any]] = {}
+def baseline(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Callable[..., dict[str, Any]]:
+    """Uninterrupted run per num_workers value (and extra arguments: --fsdp), run once per
+    session and shared."""
+    cache: dict[tuple[int, tuple[str, ...]], dict[str, Any]] = {}
 
-    def get(num_workers: int) -> dict[str, Any]:
-        if num_workers not in cache:
-            d = tmp_path_factory.mktemp(f"baseline-nw{num_workers}")
+    def get(num_workers: int, *extra: str) -> dict[str, Any]:
+        key = (num_workers, extra)
+        if key not in cache:
+            d = tmp_path_factory.mktemp(f"baseline-nw{num_workers}{''.join(extra).replace('-', '')}")
             # No checkpointing at all in the reference run: saving must not perturb training.
-            args = TINY + ["--data-dir", str(shared_data), "--num-workers", str(num_workers),
+            args = TINY + [*extra, "--data-dir", str(shared_data), "--num-workers", str(num_workers),
                            "--dump-final", str(d / "final.pt"),
                            "--record-samples", str(d / "samples")]
             job = start_job(args, d / "log.txt")
             rc = job.wait()
             assert rc == 0, job.text()[-4000:]
-            cache[num_workers] = {"final": d / "final.pt", "samples": effective_samples(d / "samples"),
-                                  "dir": d, "job": job}
-        return cache[num_workers]
+            cache[key] = {"final": d / "final.pt", "samples": effective_samples(d / "samples"),
+                          "dir": d, "job": job}
+        return cache[key]
 
     return get
+
+
+def sigkill_resume_chain(tmp_path: Path, base: list[str], ckpt: Path, sharded: bool = False) -> Path:
+    """The chain of SIGKILLs of the whole 2-rank job that test_resume_exact (DDP) and
+    test_resume_exact_fsdp (FSDP2) run, each attempt resumed by the next; ``base`` are the
+    job's arguments, checkpointing into ``ckpt`` every 4 steps. Returns the final dump.
+
+      attempt 0  killed mid-accumulation (step 7, micro-batch 1)   -> resumes from step 4
+      attempt 1  killed while checkpoint 12 is written (every rank's files and done report on
+                 disk, no COMMITTED yet: rank 0 sleeps before it) -> resumes from step 8
+      attempt 2  killed just after checkpoint 12 committed (re-written over the torn folder)
+                                                                   -> resumes from step 12
+      attempt 3  runs to the end, its resume reported exact.
+
+    ``sharded``: the checkpoints also hold DCP shards, listed and digested in the marker."""
+    from orchestrator.runtime.checkpoint import COMMIT_MARKER, META_FILE, latest_complete, list_checkpoints, read_marker
+
+    def kill(job: Job) -> None:
+        kill_tree(job.proc.pid)
+        job.proc.wait(timeout=60)
+
+    pause = tmp_path / "paused"
+    job = start_job(base + ["--pause-at", "7:1", "--pause-file", str(pause)], tmp_path / "a0.log",
+                    job_env(WMCTL_ATTEMPT="0"))
+    wait_until(pause.exists, 180, job, "pause at step 7 micro 1")
+    kill(job)
+    assert latest_complete(ckpt).step == 4
+    if sharded:
+        marker = read_marker(ckpt / "step-00000004") or {}
+        assert {"dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp"} <= set(marker["digests"])
+    pause.unlink()
+
+    job = start_job(base, tmp_path / "a1.log", job_env(WMCTL_ATTEMPT="1", WMCTL_TEST_SLEEP_BEFORE_COMMIT="12:300"))
+    torn = ckpt / "step-00000012"
+    wait_until(lambda: (torn / META_FILE).exists() and all((torn / f"rank-{r:05d}.done").exists() for r in (0, 1)),
+               180, job, "checkpoint 12 files on disk")
+    assert [e["step"] for e in job.events("resume")] == [4]
+    kill(job)
+    assert not (torn / COMMIT_MARKER).exists()
+    assert not sharded or (torn / "dcp" / ".metadata").exists()
+    assert latest_complete(ckpt).step == 8, [(c.step, c.committed) for c in list_checkpoints(ckpt)]
+
+    job = start_job(base + ["--pause-at", "13:0", "--pause-file", str(pause)], tmp_path / "a2.log",
+                    job_env(WMCTL_ATTEMPT="2"))
+    wait_until(pause.exists, 180, job, "pause at step 13 micro 0")
+    assert [e["step"] for e in job.events("resume")] == [8]
+    assert 12 in [e["step"] for e in job.events("checkpoint")]
+    kill(job)
+    assert latest_complete(ckpt).step == 12
+    assert not any(c.step == 12 and not c.committed for c in list_checkpoints(ckpt))
+
+    final = tmp_path / "final.pt"
+    job = start_job(base + ["--dump-final", str(final)], tmp_path / "a3.log", job_env(WMCTL_ATTEMPT="3"))
+    assert job.wait() == 0, job.text()[-4000:]
+    resumed = job.events("resume")
+    assert [e["step"] for e in resumed] == [12] and resumed[0]["exact"] is True
+    assert job.events("exit")[-1]["status"] == "completed"
+    return final
 
 
 def run_gloo_ranks(script: str, tmp_path: Path, *args: str, world: int = 2,

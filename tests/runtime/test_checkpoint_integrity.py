@@ -3,6 +3,7 @@ checkpoint is reported loudly and the next older one restored; never a silent re
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import textwrap
@@ -59,10 +60,48 @@ def test_digests_are_of_the_bytes_on_disk(tmp_path: Path) -> None:
     two_checkpoints(tmp_path)
     ckpt = tmp_path / step_dir_name(4)
     marker = read_marker(ckpt)
-    assert marker is not None and marker["digest"] == "blake2b-256"
+    assert marker is not None and marker["digest"] == "sha256"
     assert set(marker["digests"]) == set(marker["files"]) == {"shared.pt", "meta.json", "rank-00000.pt"}
+    assert all(marker["digests"][n] == hashlib.sha256((ckpt / n).read_bytes()).hexdigest() for n in marker["files"])
     assert all(marker["digests"][n] == file_digest(ckpt / n) for n in marker["files"])
     assert verify_checkpoint(ckpt) is None
+
+
+def as_written_before_sha256(ckpt: Path) -> None:
+    """Rewrite the marker as a runtime of before 2026-12-05 wrote it: blake2b-256 digests."""
+    marker = read_marker(ckpt)
+    assert marker is not None
+    marker["digest"] = "blake2b-256"
+    marker["digests"] = {n: hashlib.blake2b((ckpt / n).read_bytes(), digest_size=32).hexdigest()
+                         for n in marker["digests"]}
+    (ckpt / COMMIT_MARKER).write_text(json.dumps(marker))
+
+
+def test_a_checkpoint_digested_with_blake2b_still_verifies_and_restores(tmp_path: Path) -> None:
+    """Checkpoints of before the switch to sha256 are verified with the digest their marker
+    names: a resume after upgrading the image still finds them sound, and still sees damage."""
+    two_checkpoints(tmp_path)
+    ckpt = tmp_path / step_dir_name(4)
+    as_written_before_sha256(ckpt)
+    assert verify_checkpoint(ckpt) is None
+    toy, state, _ = restore_with_events(tmp_path)
+    assert state is not None and state.step == 4
+    flip_bit(ckpt / "shared.pt", (ckpt / "shared.pt").stat().st_size // 2)
+    assert "shared.pt content changed since it was written (blake2b-256" in (verify_checkpoint(ckpt) or "")
+
+
+def test_a_digest_this_runtime_does_not_know_is_named_not_guessed(tmp_path: Path) -> None:
+    two_checkpoints(tmp_path)
+    ckpt = tmp_path / step_dir_name(4)
+    marker = read_marker(ckpt)
+    assert marker is not None
+    marker["digest"] = "blake3"
+    (ckpt / COMMIT_MARKER).write_text(json.dumps(marker))
+    why = verify_checkpoint(ckpt) or ""
+    assert "'blake3', which this runtime does not know" in why and "older than the one that wrote it" in why
+    _, state, events = restore_with_events(tmp_path)
+    assert state is not None and state.step == 2          # not trusted: the older one is restored
+    assert any(e["event"] == "checkpoint_damaged" and "blake3" in e["reason"] for e in events)
 
 
 def test_one_flipped_bit_in_shared_falls_back_to_the_older_checkpoint(tmp_path: Path,

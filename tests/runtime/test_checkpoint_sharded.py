@@ -109,6 +109,13 @@ RANKS = textwrap.dedent('''
     tdist.barrier()
     print(json.dumps(rec))
     dist.destroy()
+    # What the test checks is done and printed. Interpreter teardown of a gloo + DCP process in
+    # torch 2.13 now and then ends in "terminate called without an active exception" (a C++
+    # thread object destroyed at exit, seen once in CI on the 4 -> 2 reshard): not this test's
+    # subject, so the process leaves without it.
+    sys.stdout.flush(), sys.stderr.flush()
+    import os
+    os._exit(0)
 ''')
 
 
@@ -221,10 +228,11 @@ PREEMPT = textwrap.dedent('''
     step(); step()
     two = m.save(2)
     in_flight = m._sharded.in_flight() or m._thread is not None
+    pinned = m._sharded.staged_pinned()      # staged, in plain host memory without CUDA
     step()
     three = m.save(3, sync=True)
     print(json.dumps({"rank": dist.rank(), "in_flight": in_flight, "two": is_committed(two),
-                      "three": is_committed(three), "blocking": m.last_blocking_s}), flush=True)
+                      "three": is_committed(three), "blocking": m.last_blocking_s, "pinned": pinned}), flush=True)
     m.close()
     dist.barrier()
     dist.destroy()
@@ -237,6 +245,7 @@ def test_the_preemption_save_waits_for_the_sharded_async_save_in_flight(tmp_path
     assert all(p.returncode == 0 for p in done), [p.stderr[-3000:] for p in done]
     results = [json.loads(p.stdout.splitlines()[-1]) for p in done]
     assert all(r["in_flight"] and r["two"] and r["three"] and r["blocking"] > 0 for r in results), results
+    assert all(r["pinned"] is False for r in results), results      # CPU: the clean fallback
     assert verify_checkpoint(tmp_path / "ckpt" / step_dir_name(2)) is None
     assert verify_checkpoint(tmp_path / "ckpt" / step_dir_name(3)) is None
 
@@ -259,3 +268,25 @@ def test_a_shard_load_that_dcp_refuses_is_a_damaged_checkpoint_not_a_crash(tmp_p
     mgr._sharded = RefusingShards()      # type: ignore[assignment]  (the DCP path without a process group)
     loaded, why = mgr._load_shards(tmp_path / "ckpt" / "step-00000004")
     assert loaded is None and why is not None and why.startswith("CheckpointException")
+
+
+def test_the_async_staging_copy_is_refilled_and_rebuilt_when_the_state_grows() -> None:
+    """The host copy an async save stages into is kept between saves: a later save refills it
+    (the staged values are the new ones, and training may change the originals once staged),
+    and a state dict of another structure (a new parameter group, new optimizer state) gets a
+    new copy instead of failing."""
+    import torch
+
+    from orchestrator.runtime.checkpoint_sharded import _cached_stager
+
+    stager = _cached_stager(pinned=False)
+    w = torch.arange(6.0)
+    first = stager.stage({"model": {"w": w}, "step": 1})
+    w.add_(10)                                       # training goes on after staging
+    assert first["model"]["w"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and first["step"] == 1
+    kept = stager.cache
+    second = stager.stage({"model": {"w": w}, "step": 2})
+    assert stager.cache is kept and second["model"]["w"].tolist() == (torch.arange(6.0) + 10).tolist()
+    grown = stager.stage({"model": {"w": w}, "optimizer": {"m": torch.ones(2)}, "step": 3})
+    assert stager.cache is not kept and grown["optimizer"]["m"].tolist() == [1.0, 1.0]
+    assert grown["model"]["w"].data_ptr() != w.data_ptr()

@@ -88,3 +88,18 @@ def test_checkpoint_manager_refuses_non_finite_weights(tmp_path: Path) -> None:
     assert [(c.step, c.committed) for c in list_checkpoints(tmp_path)] == [(1, True)]
     m.check_finite = False   # an explicit opt-out still works
     m.save(3)
+
+
+def test_the_non_finite_check_is_exact_where_its_fast_sum_is_not() -> None:
+    """The check sums each tensor (cheap) and looks element by element only where a sum is not
+    finite: finite values whose sum overflows are not refused, and every NaN or infinity is."""
+    from orchestrator.runtime.checkpoint import nonfinite_tensors
+
+    big = torch.full((4,), 3e38)                         # finite, but the float32 sum is inf
+    half = torch.full((70000,), 60000.0, dtype=torch.float16)   # finite, sum far above float16's max
+    cancel = torch.tensor([float("inf"), float("-inf"), 1.0])   # the sum is NaN
+    nan = torch.tensor([1.0, float("nan")], dtype=torch.bfloat16)
+    ints = torch.tensor([2**62, 2**62])                   # not floating point: never checked
+    assert nonfinite_tensors([("big", big), ("half", half), ("ints", ints), ("empty", torch.empty(0))]) == []
+    assert nonfinite_tensors([("big", big), ("cancel", cancel), ("nan", nan), ("ok", torch.ones(3))]) == \
+        ["cancel", "nan"]

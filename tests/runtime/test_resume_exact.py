@@ -1,6 +1,7 @@
 """Bit-exact resume under real torchrun (2 ranks, gloo, CPU) after SIGKILL of the whole job.
 
-One chain per (num_workers, checkpoint mode) covers the three kill points of the issue, each resumed:
+One chain per (num_workers, checkpoint mode) covers the three kill points of the issue, each
+resumed (conftest.sigkill_resume_chain, which test_resume_exact_fsdp runs for FSDP2 too):
   attempt 0  killed mid-accumulation (step 7, micro-batch 1)   -> resumes from step 4
   attempt 1  killed during the write of checkpoint 12 (rank files on disk, no COMMITTED yet)
                                                                -> resumes from step 8 (torn 12 skipped)
@@ -21,14 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runtime.checkpoint import COMMIT_MARKER, META_FILE, latest_complete, list_checkpoints
-from tests.runtime.conftest import (TINY, Job, assert_bit_identical, effective_samples, job_env, kill_tree,
-                                    start_job, wait_until)
-
-
-def _kill(job: Job) -> None:
-    kill_tree(job.proc.pid)
-    job.proc.wait(timeout=60)
+from tests.runtime.conftest import TINY, assert_bit_identical, effective_samples, sigkill_resume_chain
 
 
 @pytest.mark.slow
@@ -37,45 +31,12 @@ def _kill(job: Job) -> None:
 def test_sigkill_resume_is_bit_exact(tmp_path: Path, shared_data: Path, baseline, num_workers: int, mode: str) -> None:
     ref = baseline(num_workers)
     ckpt = tmp_path / "ckpt"
-    base = TINY + (["--async-checkpoint"] if mode == "async" else []) + ["--data-dir", str(shared_data), "--num-workers", str(num_workers), "--checkpoint-dir", str(ckpt),
-                   "--record-samples", str(tmp_path / "samples")]
-    pause = tmp_path / "paused"
+    base = TINY + (["--async-checkpoint"] if mode == "async" else []) + [
+        "--data-dir", str(shared_data), "--num-workers", str(num_workers), "--checkpoint-dir", str(ckpt),
+        "--record-samples", str(tmp_path / "samples")]
+    final = sigkill_resume_chain(tmp_path, base, ckpt)
 
-    # attempt 0: SIGKILL in the middle of gradient accumulation of step 7
-    job = start_job(base + ["--pause-at", "7:1", "--pause-file", str(pause)], tmp_path / "a0.log",
-                    job_env(WMCTL_ATTEMPT="0"))
-    wait_until(pause.exists, 180, job, "pause at step 7 micro 1")
-    _kill(job)
-    assert latest_complete(ckpt).step == 4
-    pause.unlink()
-
-    # attempt 1: SIGKILL while checkpoint 12 is written (rank 0 sleeps before the marker)
-    job = start_job(base, tmp_path / "a1.log", job_env(WMCTL_ATTEMPT="1", WMCTL_TEST_SLEEP_BEFORE_COMMIT="12:300"))
-    torn = ckpt / "step-00000012"
-    wait_until(lambda: (torn / META_FILE).exists() and (torn / "rank-00001.pt").exists(), 180, job,
-               "checkpoint 12 files on disk")
-    assert [e["step"] for e in job.events("resume")] == [4]
-    _kill(job)
-    assert not (torn / COMMIT_MARKER).exists()
-    assert latest_complete(ckpt).step == 8, [(c.step, c.committed) for c in list_checkpoints(ckpt)]
-
-    # attempt 2: SIGKILL just after checkpoint 12 committed
-    job = start_job(base + ["--pause-at", "13:0", "--pause-file", str(pause)], tmp_path / "a2.log",
-                    job_env(WMCTL_ATTEMPT="2"))
-    wait_until(pause.exists, 180, job, "pause at step 13 micro 0")
-    assert [e["step"] for e in job.events("resume")] == [8]
-    assert 12 in [e["step"] for e in job.events("checkpoint")]
-    _kill(job)
-    assert latest_complete(ckpt).step == 12
-    assert not any(c.step == 12 and not c.committed for c in list_checkpoints(ckpt))
-
-    # attempt 3: to the end
-    job = start_job(base + ["--dump-final", str(tmp_path / "final.pt")], tmp_path / "a3.log", job_env(WMCTL_ATTEMPT="3"))
-    assert job.wait() == 0, job.text()[-4000:]
-    assert [e["step"] for e in job.events("resume")] == [12]
-    assert job.events("exit")[-1]["status"] == "completed"
-
-    assert_bit_identical(ref["final"], tmp_path / "final.pt")
+    assert_bit_identical(ref["final"], final)
     got = effective_samples(tmp_path / "samples")
     assert got == ref["samples"]
     # Sanity of the comparison itself: every step and micro-batch is there, each rank sees its own data.

@@ -1,11 +1,9 @@
 """The example world model sharded with FSDP2 (--fsdp) under real torchrun (gloo, CPU), its
 checkpoints sharded through torch.distributed.checkpoint, killed with SIGKILL and resumed.
 
-Chain on 2 ranks, async checkpoints (test_resume_exact.py runs the same chain for DDP):
-  attempt 0  killed mid-accumulation (step 7, micro-batch 1)        -> resumes from step 4
-  attempt 1  killed while checkpoint 12 is written (every rank's shards and files on disk, no
-             COMMITTED yet)                                          -> resumes from step 8
-  attempt 2  runs to the end.
+Chain on 2 ranks, async checkpoints: conftest.sigkill_resume_chain, the one test_resume_exact.py
+runs for DDP (killed mid-accumulation, while checkpoint 12 is written, just after it committed;
+then to the end), with the shards checked in the marker and the torn folder.
 Final weights, optimizer state and scheduler equal an uninterrupted FSDP2 run's bit for bit,
 and so does every rank's sequence of samples.
 
@@ -20,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.runtime.checkpoint import COMMIT_MARKER, META_FILE, latest_complete, list_checkpoints, read_marker
+from orchestrator.runtime.checkpoint import latest_complete, read_marker
 from tests.runtime.conftest import (TINY, Job, assert_bit_identical, effective_samples, job_env, kill_tree,
-                                    start_job, wait_until)
+                                    sigkill_resume_chain, start_job, wait_until)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -32,53 +30,16 @@ def _kill(job: Job) -> None:
     job.proc.wait(timeout=60)
 
 
-@pytest.fixture(scope="module")
-def fsdp_baseline(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> dict[str, Any]:
-    d = tmp_path_factory.mktemp("fsdp-baseline")
-    args = TINY + ["--fsdp", "--data-dir", str(shared_data), "--num-workers", "0",
-                   "--dump-final", str(d / "final.pt"), "--record-samples", str(d / "samples")]
-    job = start_job(args, d / "log.txt")
-    assert job.wait() == 0, job.text()[-4000:]
-    return {"final": d / "final.pt", "samples": effective_samples(d / "samples")}
-
-
-def test_fsdp2_sigkill_resume_is_bit_exact(tmp_path: Path, shared_data: Path, fsdp_baseline: dict[str, Any]) -> None:
+def test_fsdp2_sigkill_resume_is_bit_exact(tmp_path: Path, shared_data: Path, baseline) -> None:
+    ref = baseline(0, "--fsdp")
     ckpt = tmp_path / "ckpt"
     base = TINY + ["--fsdp", "--async-checkpoint", "--data-dir", str(shared_data), "--num-workers", "0",
                    "--checkpoint-dir", str(ckpt), "--record-samples", str(tmp_path / "samples")]
-    pause = tmp_path / "paused"
+    final = sigkill_resume_chain(tmp_path, base, ckpt, sharded=True)
 
-    # attempt 0: SIGKILL in the middle of gradient accumulation of step 7
-    job = start_job(base + ["--pause-at", "7:1", "--pause-file", str(pause)], tmp_path / "a0.log",
-                    job_env(WMCTL_ATTEMPT="0"))
-    wait_until(pause.exists, 180, job, "pause at step 7 micro 1")
-    _kill(job)
-    assert latest_complete(ckpt).step == 4
-    marker = read_marker(ckpt / "step-00000004")
-    assert {"dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp"} <= set(marker["digests"])
-    pause.unlink()
-
-    # attempt 1: SIGKILL while checkpoint 12 is written (rank 0 sleeps before the marker)
-    job = start_job(base, tmp_path / "a1.log", job_env(WMCTL_ATTEMPT="1", WMCTL_TEST_SLEEP_BEFORE_COMMIT="12:300"))
-    torn = ckpt / "step-00000012"
-    wait_until(lambda: (torn / META_FILE).exists() and (torn / "rank-00001.done").exists()
-               and (torn / "rank-00000.done").exists(), 180, job, "checkpoint 12 files on disk")
-    assert [e["step"] for e in job.events("resume")] == [4]
-    _kill(job)
-    assert (torn / "dcp" / ".metadata").exists() and not (torn / COMMIT_MARKER).exists()
-    assert latest_complete(ckpt).step == 8, [(c.step, c.committed) for c in list_checkpoints(ckpt)]
-
-    # attempt 2: to the end
-    job = start_job(base + ["--dump-final", str(tmp_path / "final.pt")], tmp_path / "a2.log",
-                    job_env(WMCTL_ATTEMPT="2"))
-    assert job.wait() == 0, job.text()[-4000:]
-    resumed = job.events("resume")
-    assert [e["step"] for e in resumed] == [8] and resumed[0]["exact"] is True
-    assert job.events("exit")[-1]["status"] == "completed"
-
-    assert_bit_identical(fsdp_baseline["final"], tmp_path / "final.pt")
+    assert_bit_identical(ref["final"], final)
     got = effective_samples(tmp_path / "samples")
-    assert got == fsdp_baseline["samples"]
+    assert got == ref["samples"]
     assert sorted(got[0]) == [(s, m) for s in range(1, 17) for m in range(3)]
 
 
