@@ -1,85 +1,119 @@
 """What a watcher shows while it supervises a run.
 
-Two forms of one stream. Every event is a timestamped line (CI logs, `| tee`, `nohup` keep them);
-on a terminal, a live panel under the scrolling lines also shows the state at a glance: attempt,
-each node's phase and host, last step and checkpoint, and every failure so far with its class and
-evidence. rich is imported only on a terminal, when the watch starts.
+Two forms of one stream. Every event is a line (CI logs, `| tee`, `nohup` keep them), stamped in
+ISO 8601 with date and zone, at the time of what it reports (a watcher attaching to a running
+attempt replays its output: those lines keep their own times). On a terminal, a live panel under
+the scrolling lines shows the state at a glance (orchestrator.panel builds its rows; this module
+only draws them): a fixed width of at most 80 columns, the cursor hidden while it runs, no colour
+under NO_COLOR, and plain lines on TERM=dumb or with ``--plain``. rich is imported only then.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
+from datetime import datetime, timezone
 from typing import Any
 
 import click
 
+from . import panel as P
 
-def stamp(line: str) -> str:
-    return f"[{time.strftime('%H:%M:%S')}] {line}"
+DUMB_TERMS = ("dumb", "unknown")
+REFRESH_PER_SECOND = 2       # ages and the backoff countdown move on their own between events
+
+
+def iso_stamp(at: float | None = None) -> str:
+    """ISO 8601 local time with its zone (``Z`` for UTC), to the second."""
+    when = datetime.fromtimestamp(time.time() if at is None else at, timezone.utc).astimezone()
+    text = when.isoformat(timespec="seconds")
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
 class PlainDisplay:
-    """Lines only: what pipes, files and CI get."""
+    """Lines only: what pipes, files, CI and `--plain` get. No escape code is ever written."""
 
-    def line(self, text: str) -> None:
-        click.echo(stamp(text))
+    def line(self, text: str, at: float | None = None) -> None:
+        click.echo(f"{iso_stamp(at)} {text}")
 
-    def state(self, record: Any, attempt: Any, nodes: list[Any]) -> None:
+    def news(self, news: Any) -> None:
         """Nothing to redraw: every change already printed a line."""
 
     def close(self) -> None:
         pass
 
-    # the supervisor takes a plain callable for its lines
-    __call__ = line
+    # the supervisor and the api take a plain callable for their lines
+    def __call__(self, text: str) -> None:
+        self.line(text)
 
 
 class LiveDisplay(PlainDisplay):
-    """Lines scroll above a panel that is redrawn in place (rich.live)."""
+    """Lines scroll above a panel that is redrawn in place (rich.live), twice a second."""
 
-    def __init__(self) -> None:
+    def __init__(self, console: Any = None) -> None:
         from rich.console import Console
         from rich.live import Live
 
-        self.console = Console()
-        self._live = Live(console=self.console, auto_refresh=False, transient=False)
-        self._live.start()
+        self.console = console or Console()
+        self.unicode = (self.console.encoding or "").lower().startswith("utf")
+        self.state = P.PanelState()
+        self._lock = threading.Lock()
+        # Started by the first news: a command refused before any attempt leaves no empty box behind.
+        self._live = Live(console=self.console, auto_refresh=True, refresh_per_second=REFRESH_PER_SECOND,
+                          transient=False, get_renderable=self._render)
+        self._started = False
 
-    def line(self, text: str) -> None:
-        from rich.markup import escape
+    def line(self, text: str, at: float | None = None) -> None:
+        from rich.text import Text
 
-        self.console.print(escape(stamp(text)), highlight=False, soft_wrap=True)
+        when = datetime.fromtimestamp(time.time() if at is None else at)
+        # The time of day, with the date for what happened on another day (a replayed attempt).
+        shown = f"{when:%H:%M:%S}" if when.date() == datetime.now().date() else f"{when:%Y-%m-%d %H:%M:%S}"
+        self.console.print(Text(f"[{shown}] {text}"), soft_wrap=True, highlight=False)
 
-    __call__ = line
-
-    def state(self, record: Any, attempt: Any, nodes: list[Any]) -> None:
-        self._live.update(render_panel(record, attempt, nodes), refresh=True)
+    def news(self, news: Any) -> None:
+        with self._lock:
+            self.state.fold(news)
+        if not self._started:
+            self._started = True
+            self._live.start()
+        self._live.refresh()
 
     def close(self) -> None:
-        self._live.stop()
+        if self._started:
+            self._live.stop()
+
+    def _render(self) -> Any:
+        with self._lock:
+            return render_panel(self.state, time.time(), min(P.WIDTH, self.console.width), self.unicode)
 
 
-def render_panel(record: Any, attempt: Any, nodes: list[Any]):
+TONES = {P.OK: "green", P.WARN: "yellow", P.BAD: "red", P.DIM: "dim", P.PLAIN: ""}
+
+
+def render_panel(state: P.PanelState, now: float, width: int, unicode: bool = True) -> Any:
+    """The panel as a rich renderable exactly ``width`` columns wide."""
+    from rich import box
+    from rich.console import Group
     from rich.panel import Panel
-    from rich.table import Table
+    from rich.text import Text
 
-    table = Table.grid(padding=(0, 2))
-    table.add_row("attempt", str(attempt.attempt))
-    table.add_row("step", "-" if attempt.last_step is None else str(attempt.last_step))
-    table.add_row("checkpoint", "-" if attempt.last_checkpoint_step is None else str(attempt.last_checkpoint_step))
-    if attempt.resumed_from_step is not None:
-        table.add_row("resumed from", str(attempt.resumed_from_step))
-    for n in nodes:
-        table.add_row(f"node {n.node}", f"{n.phase}" + (f" on {n.host}" if n.host else "")
-                      + (f" (exit {n.exit_code})" if n.exit_code is not None else ""))
-    for a in record.attempts:
-        if a.outcome and a.outcome != "succeeded":
-            table.add_row(f"attempt {a.attempt}", f"{a.outcome}: {a.evidence or ''} -> {a.decision or ''}")
-    return Panel(table, title=f"{record.run} on {record.backend}: {record.status}", expand=False)
+    inner = max(10, width - 4)       # two borders, one space of padding each side
+    lines = [Text(text, style=TONES.get(tone, ""), no_wrap=True, overflow="crop")
+             for text, tone in P.fit(P.rows(state, now, unicode), inner, unicode)]
+    title = P.clip(P.title(state, unicode), inner - 4, unicode).rstrip()
+    return Panel(Group(*lines), title=title, title_align="left", width=width, padding=(0, 1),
+                 box=box.ROUNDED if unicode else box.ASCII)
 
 
-def make_display(force_plain: bool = False) -> PlainDisplay:
-    if force_plain or not sys.stdout.isatty():
-        return PlainDisplay()
-    return LiveDisplay()
+def wants_plain(plain: bool = False, stream: Any = None, env: Any = None) -> bool:
+    """Lines instead of the panel: asked for, not a terminal, or a terminal that cannot redraw."""
+    stream = sys.stdout if stream is None else stream
+    env = os.environ if env is None else env
+    return plain or not stream.isatty() or env.get("TERM", "") in DUMB_TERMS
+
+
+def make_display(plain: bool = False) -> PlainDisplay:
+    return PlainDisplay() if wants_plain(plain) else LiveDisplay()

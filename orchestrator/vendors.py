@@ -16,7 +16,7 @@ from .errors import ProfileError
 from .runtime.protocol import ENV_VENDOR_PATH
 from .runtime.vendor import RuntimeProfile, register
 from .resources import images_dir
-from .validate import Problems, build
+from .validate import Problems, build, index_url_problem
 
 
 @dataclass(frozen=True)
@@ -83,9 +83,15 @@ class VendorProfile:
     image_env: dict[str, str] = field(default_factory=dict)     # baked into the image
     system_packages: list[str] = field(default_factory=list)
     torch_packages: list[str] = field(default_factory=list)     # what pip needs when the base lacks torch
+    # A PEP 503 index pip adds with --extra-index-url (build-image's pip steps, `wmctl wheelhouse`):
+    # the CPU wheel index for the cpu profile, so torch is not PyPI's multi-GB CUDA build.
+    torch_index_url: str | None = None
     docker: DockerExposure = field(default_factory=DockerExposure)
     kubernetes: KubernetesExposure = field(default_factory=KubernetesExposure)
     runtime: RuntimeSection = field(default_factory=RuntimeSection)
+    # What a failing rank says when its device, not the job, failed (case-insensitive substrings
+    # of the node's output): the run is retried away from that node, and the record says so.
+    device_fault_patterns: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     unverified: list[str] = field(default_factory=list)
     notes: str = ""
@@ -137,6 +143,10 @@ def _load_cached(path: str) -> VendorProfile:
         raise ProfileError(f"vendor profile {p} cannot be read: {exc}") from None
     problems: Problems = []
     profile = build(VendorProfile, data, "", problems)
+    if profile is not None and profile.torch_index_url is not None:
+        problem = index_url_problem(profile.torch_index_url)
+        if problem:
+            problems.append(("torch_index_url", problem))
     if problems or profile is None:
         detail = "; ".join(f"{k}: {v}" for k, v in problems)
         raise ProfileError(f"vendor profile {p} is invalid: {detail}")

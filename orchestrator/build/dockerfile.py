@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from ..errors import BuildError
 from .context import REQUIREMENTS_DIR, WHEELHOUSE_DIR, WHEELHOUSE_TORCH_DIR
-from .quoting import DEB_PACKAGE, check_ident, check_image_path, check_ref, check_single_line, dq, execform
+from .quoting import (DEB_PACKAGE, check_ident, check_image_path, check_index_url, check_ref, check_single_line,
+                      dq, execform, index_args)
 
 
 APT_SCRIPT = r"""set -e
@@ -59,6 +60,7 @@ class DockerfileInputs:
     has_torch_wheels: bool = True
     has_dep_wheels: bool = True
     torch_packages: tuple[str, ...] = ()
+    torch_index_url: str | None = None          # the profile's: an extra index for both pip steps
     optional_packages: tuple[str, ...] = ()     # the profile's: skipped when absent/offline
     required_packages: tuple[str, ...] = ()     # the user's image.system_packages
     image_env: tuple[tuple[str, str], ...] = ()
@@ -89,6 +91,8 @@ def _validate(inputs: DockerfileInputs) -> None:
         check_single_line(pkg, f"vendor profile torch_packages[{i}]")
         if pkg.startswith("-"):
             raise BuildError(f"vendor profile torch_packages[{i}]: {pkg!r} looks like a pip option, not a package")
+    if inputs.torch_index_url is not None:
+        check_index_url(inputs.torch_index_url, f"vendor profile {inputs.vendor} torch_index_url")
     for key, value in inputs.image_env:
         check_ident(key, f"vendor profile image_env.{key}")
         check_single_line(value, f"vendor profile image_env.{key}")
@@ -123,7 +127,13 @@ def render_dockerfile(inputs: DockerfileInputs, template_text: str | None = None
         template_text = (templates_dir() / "Dockerfile.j2").read_text(encoding="utf-8")
     env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
     env.filters.update(dq=dq, execform=execform, ident=_ident_filter, ref=_ref_filter, path=_path_filter)
-    pip_source = ["--no-index", "--find-links", "/tmp/wmctl/wheelhouse/"] if inputs.offline else []
+    # Online, the profile's torch index is an *extra* index: pip's configured one (PyPI, or a
+    # mirror) keeps serving everything else, and for torch pip takes the best match across both,
+    # which is the index's: its 2.13.0+cpu sorts after PyPI's 2.13.0 (PEP 440 local versions).
+    # The requirements step gets it too, so torchvision/torchaudio there match the CPU torch.
+    # Offline, only the wheelhouse is read (it was filled through the same index).
+    pip_source = (["--no-index", "--find-links", "/tmp/wmctl/wheelhouse/"] if inputs.offline
+                  else index_args(inputs.torch_index_url))
     torch_step = bool(inputs.torch_packages)
     packages = list(inputs.optional_packages) + list(inputs.required_packages)
     text = env.from_string(template_text).render(

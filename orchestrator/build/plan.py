@@ -153,7 +153,7 @@ def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: s
         offline=wh is not None, requirements=requirements is not None,
         requirements_rel=requirements_files[0][0] if requirements_files else "requirements.txt",
         has_torch_wheels=bool(torch_wheels), has_dep_wheels=bool(dep_wheels),
-        torch_packages=torch_packages,
+        torch_packages=torch_packages, torch_index_url=profile.torch_index_url,
         optional_packages=tuple(profile.system_packages), required_packages=tuple(image.system_packages),
         # The image knows its vendor as a job does: `python -m orchestrator.runtime.preflight` in it
         # needs no profile folder and no YAML parser.

@@ -63,3 +63,26 @@ def execform(items: Sequence[Any]) -> str:
     """A JSON array for exec-form RUN/COPY: no shell parses it. ASCII-only JSON: newlines, quotes,
     line separators and every non-ASCII character become escapes, so the array stays one line."""
     return json.dumps([str(x) for x in items], ensure_ascii=True)
+
+
+def check_index_url(value: str, field_name: str) -> str:
+    from ..validate import index_url_problem
+
+    problem = index_url_problem(value)
+    if problem:
+        raise BuildError(f"{field_name}: {problem}")
+    return value
+
+
+def index_args(url: str | None) -> list[str]:
+    """pip's options for an extra index: ``--extra-index-url URL``, plus ``--trusted-host`` for a
+    plain-http one (pip ignores an http index on any host but localhost otherwise, with only a
+    warning, and the package would quietly come from the default index instead)."""
+    if not url:
+        return []
+    from urllib.parse import urlsplit
+
+    args = ["--extra-index-url", url]
+    if urlsplit(url).scheme == "http":
+        args += ["--trusted-host", urlsplit(url).netloc]
+    return args

@@ -84,9 +84,9 @@ def plan_document(plan: Any, output: str) -> str:
 
 
 def echo_line(line: str) -> None:
-    from ..display import stamp
+    from ..display import iso_stamp
 
-    click.echo(stamp(line))
+    click.echo(f"{iso_stamp()} {line}")
 
 
 def write_out_dir(plan: Any, out_dir: Path, output: str) -> list[Path]:
@@ -114,23 +114,42 @@ def require(condition: bool, field: str, message: str) -> None:
 
 
 
+def plain_option(func: Callable) -> Callable:
+    return click.option("--plain", is_flag=True,
+                        help="Timestamped lines only, no live panel (the default when stdout is not a terminal, "
+                             "or TERM=dumb).")(func)
+
+
 @contextlib.contextmanager
-def interrupted_watch(run: str) -> Iterator[None]:
-    """Ctrl-C stops the watcher, not the run: say so, and how to re-attach or stop it (exit 130)."""
+def interrupted_watch(run: str, *, submitted_here: bool = False, watching: bool = True) -> Iterator[None]:
+    """Ctrl-C stops the watcher, never the run (its processes, containers or pods are in sessions
+    of their own): say which watcher stopped, that the run goes on, and how to re-attach or cancel
+    it (exit 130). ``submitted_here``: the watcher is the one `submit` ran in the foreground;
+    ``watching``: false for a `submit` that starts no watcher in this process."""
     try:
         yield
     except KeyboardInterrupt:
-        click.echo(f"\nstopped watching {run}; the run goes on, and nothing will resume it if it fails. "
-                   f"Re-attach: wmctl watch {run} --auto-resume; stop it: wmctl cancel {run}", err=True)
+        from ..state import open_store
+
+        if submitted_here and not open_store(run).exists():
+            click.echo(f"\ninterrupted before {run} was recorded: nothing was submitted", err=True)
+            raise SystemExit(130) from None
+        who = (f"stopped the watcher that `wmctl submit` ran in the foreground (no --detach) for {run}"
+               if submitted_here else f"stopped watching {run}")
+        if not watching:
+            who = f"interrupted after {run} was submitted; no watcher was started"
+        click.echo(f"\n{who}; the run goes on, and nothing will resume it if it fails.\n"
+                   f"  re-attach: wmctl watch {run} --auto-resume\n"
+                   f"  cancel:    wmctl cancel {run}", err=True)
         raise SystemExit(130) from None
 
 
 @contextlib.contextmanager
-def display_for(watching: bool) -> Iterator[Any]:
+def display_for(watching: bool, plain: bool = False) -> Iterator[Any]:
     """The watcher's display: a live panel on a terminal while it watches, plain lines otherwise."""
     from ..display import make_display
 
-    display = make_display(force_plain=not watching)
+    display = make_display(plain=plain or not watching)
     try:
         yield display
     finally:

@@ -6,10 +6,11 @@ import click
 
 from .. import api
 from ._common import echo_line
+from ._params import run_argument
 
 
 @click.command("delete", help="Remove an ended run: its record, logs and leftover objects (never its checkpoints).")
-@click.argument("run")
+@run_argument
 def command(run):
 
     record = api.delete(run, echo=echo_line)

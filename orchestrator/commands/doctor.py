@@ -27,9 +27,23 @@ from ..errors import MachineUnfit, OptionError
               help="Bytes of one batch (e.g. 64m), to size /dev/shm for workers x prefetch x batch.")
 @click.option("--shm-path", default="/dev/shm", show_default=True, hidden=True)
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--kubernetes", "kube", is_flag=True,
+              help="Check a Kubernetes cluster instead of this machine: access, devices, CRDs, PodSecurity, DNS.")
+@click.option("--context", default=None, help="kubeconfig context (with --kubernetes).")
+@click.option("--kubeconfig", default=None, help="kubeconfig file(s), ':'-separated (with --kubernetes).")
+@click.option("-n", "--namespace", default=None,
+              help="Namespace (with --kubernetes; default: the spec's, else default).")
+@click.option("--spec", "spec_path", default=None, metavar="SPEC",
+              help="Job spec whose needs to check (with --kubernetes): queue, PVCs, PriorityClass, hostPath.")
 def command(vendor: str | None, expect_devices: int | None, shm_min: str | None,
-            num_workers: int, prefetch_factor: int, batch_bytes: str, shm_path: str, output: str) -> None:
+            num_workers: int, prefetch_factor: int, batch_bytes: str, shm_path: str, output: str,
+            kube: bool, context: str | None, kubeconfig: str | None, namespace: str | None,
+            spec_path: str | None) -> None:
     """Check devices, shared memory, dtype support and the vendor runtime."""
+    if kube:
+        return _kubernetes(vendor, context, kubeconfig, namespace, spec_path, output)
+    if context or kubeconfig or namespace or spec_path:
+        raise OptionError("--context, --kubeconfig, -n and --spec go with --kubernetes")
     # The checks and the report live in the runtime, so `python -m orchestrator.runtime.preflight`
     # (inside images, without click) says exactly what this command says.
     from ..runtime.preflight import collect, counts, format_json, format_text, parse_size
@@ -67,3 +81,32 @@ def command(vendor: str | None, expect_devices: int | None, shm_min: str | None,
         # ctx.exit's code is returned rather than used as the exit status. Its own exit code (9):
         # the checks ran and found the machine unfit, which is neither bad input nor a wmctl bug.
         raise MachineUnfit(f"doctor found {errors} error(s); see the hints above")
+
+
+def _kubernetes(vendor: str | None, context: str | None, kubeconfig: str | None, namespace: str | None,
+                spec_path: str | None, output: str) -> None:
+    """``doctor --kubernetes``: the cluster preflight (backends/kubernetes/doctor.py)."""
+    from ..adaptors.kubernetes import load_api_client, single_try
+    from ..backends.kubernetes.doctor import check_cluster, report_json
+    from ..runtime.preflight import counts, format_text
+    from ..spec import load_spec
+    from ..vendors import load_profile
+
+    spec = load_spec(spec_path) if spec_path else None
+    name = vendor or (spec.image.vendor if spec is not None else None)
+    profile = load_profile(name) if name else None
+    ns = namespace or (spec.kubernetes.namespace if spec is not None else "default")
+    api_client = single_try(load_api_client(context, kubeconfig))
+    try:
+        findings = check_cluster(api_client, ns, spec, profile)
+    finally:
+        api_client.close()
+    errors, _ = counts(findings)
+    if output == "json":
+        click.echo(report_json(findings, ns))
+    else:
+        for line in format_text(findings, f"wmctl doctor: Kubernetes namespace {ns}"
+                                + (f", vendor {profile.name}" if profile else "")):
+            click.echo(line)
+    if errors:
+        raise MachineUnfit(f"doctor found {errors} error(s) in the cluster; see the hints above")

@@ -1,20 +1,41 @@
-"""`wmctl logs RUN [--node I] [--attempt N] [-f] [--watcher]`."""
+"""`wmctl logs RUN [--node I | --all-nodes] [--attempt N] [-f] [--tail N] [--since DUR] [--timestamps] [--raw]
+[--watcher]`: a run's output (kubectl logs and docker logs habits)."""
 
 from __future__ import annotations
+
+import collections
+import time
 
 import click
 
 from .. import api
+from ._params import Duration, run_argument
 
 
-@click.command("logs", help="Print (or follow) the output of one node of a run, or of its detached watcher.")
-@click.argument("run")
-@click.option("--node", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--attempt", type=click.IntRange(min=0), default=None, help="Default: the latest attempt.")
-@click.option("-f", "--follow", is_flag=True)
+@click.command("logs", help="Print (or follow) the output of a run's nodes, or of its detached watcher. "
+                            "WMCTL-PROGRESS lines are hidden unless --raw.")
+@run_argument
+@click.option("--node", type=click.IntRange(min=0), default=0, show_default=True, help="Which node (0-based).")
+@click.option("--all-nodes", is_flag=True, help="Every node, each line led by [node I].")
+@click.option("--attempt", type=click.IntRange(min=0), default=None,
+              help="Default: the latest attempt (and, with -f, the ones after it).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing as lines come, into the run's next attempts.")
+@click.option("--tail", type=click.IntRange(min=0), default=None, metavar="N", help="Only the last N lines.")
+@click.option("--since", type=Duration(), default=None, help="Only lines of the last DUR (10m, 2h).")
+@click.option("--timestamps", is_flag=True, help="Lead each line with its time (RFC 3339, UTC).")
+@click.option("--raw", is_flag=True, help="Keep the WMCTL-PROGRESS lines.")
 @click.option("--watcher", is_flag=True, help="The detached watcher's lines (`submit --detach --auto-resume`).")
-def command(run, node, attempt, follow, watcher):
-
-    lines = api.watcher_log(run) if watcher else api.logs(run, node=node, attempt=attempt, follow=follow)
+def command(run, node, all_nodes, attempt, follow, tail, since, timestamps, raw, watcher):
+    if watcher:
+        extra = [flag for flag, used in (("--since", since is not None), ("--timestamps", timestamps),
+                                         ("--all-nodes", all_nodes), ("-f", follow)) if used]
+        if extra:
+            raise click.UsageError(f"{', '.join(extra)}: not with --watcher (its log is one file; --tail N works)")
+        lines = api.watcher_log(run)
+        for line in (lines if tail is None else collections.deque(lines, maxlen=tail)):
+            click.echo(line)
+        return
+    lines = api.logs(run, node=node, attempt=attempt, follow=follow, all_nodes=all_nodes, tail=tail,
+                     since=None if since is None else time.time() - since, timestamps=timestamps, raw=raw)
     for line in lines:
         click.echo(line)

@@ -3,7 +3,8 @@ CSV or JSON, for a spreadsheet, a plot or a dashboard.
 
 The columns are fixed (METRICS_COLUMNS): time (when the job printed the line, else when the
 watcher saw it), attempt, event, step, loss, samples, the step time split (step_s, data, compute,
-comm: shares of the step), the checkpoint (path, seconds) and the resume's step and exactness.
+comm: shares of the step), the checkpoint (path, seconds), the resume's step and exactness, and
+for the watcher's own failure events (``"by": "watcher"``) the failure class and the decision.
 An unknown value is empty in CSV, null in JSON and - in the table."""
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any
 import click
 
 from .. import api
+from ._params import run_argument
 
 METRICS_COLUMNS = ("time", "attempt", "event", "step", "loss", "samples", "step_s", "data", "compute", "comm",
-                   "path", "seconds", "exact")
+                   "path", "seconds", "exact", "class", "decision")
 
 
 def flat(event: dict[str, Any]) -> dict[str, Any]:
@@ -30,11 +32,12 @@ def flat(event: dict[str, Any]) -> dict[str, Any]:
         "samples": event.get("samples"), "step_s": timing.get("step_s"),
         "data": timing.get("data_share"), "compute": timing.get("compute_share"), "comm": timing.get("comm_share"),
         "path": event.get("path"), "seconds": event.get("seconds"), "exact": event.get("exact"),
+        "class": event.get("kind"), "decision": event.get("decision"),      # the watcher's failure events
     }
 
 
 @click.command("metrics", help="Print the progress events kept for a run (steps, loss, timing, checkpoints).")
-@click.argument("run")
+@run_argument
 @click.option("--attempt", type=click.IntRange(min=0), default=None, help="Only this attempt's events.")
 @click.option("-o", "--output", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 def command(run, attempt, output):
@@ -50,7 +53,7 @@ def command(run, attempt, output):
             writer.writerow({k: "" if v is None else v for k, v in row.items()})
         click.echo(buf.getvalue(), nl=False)
         return
-    shown = ("attempt", "event", "step", "loss", "samples", "step_s", "seconds")
+    shown = ("attempt", "event", "step", "loss", "samples", "step_s", "seconds", "class")
     table = [tuple(c.upper() for c in shown)]
     for row in rows:
         table.append(tuple("-" if row[c] is None else (f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]))

@@ -11,10 +11,11 @@ import click
 from .. import api
 from ..supervisor import steps_redone, summary
 from ..serialize import dump
+from ._params import run_argument
 
 
 @click.command("status", help="Show a run's attempts, failures, last step and checkpoint.")
-@click.argument("run")
+@run_argument
 @click.option("-o", "--output", type=click.Choice(["table", "yaml", "json"]), default="table", show_default=True)
 def command(run, output):
     view = api.status(run)

@@ -2,45 +2,79 @@
 
 from __future__ import annotations
 
+import contextlib
+import shlex
+
 import click
 
 from .. import api
-from ._common import backend_option, display_for, interrupted_watch, load, overrides_from, plan_document, spec_options
+from ._common import (backend_option, display_for, interrupted_watch, load, overrides_from, plain_option, plan_document,
+                      spec_options)
+from ._output import FORMATS, StderrLines, emit, run_result
 
 
 @click.command("submit", help="Submit a job spec as a run. --dry-run prints what would be submitted.")
 @spec_options
 @backend_option
 @click.option("--dry-run", is_flag=True, help="Print the plan (same output as `wmctl render`) and exit.")
-@click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
+@click.option("-o", "--output", type=click.Choice(FORMATS), default=None,
+              help="With --dry-run: the plan as yaml (default) or json. Otherwise: table (default: the watcher's "
+                   "lines), or json/yaml: the run at the end, in `wmctl list`'s schema (lines go to stderr).")
 @click.option("--watch/--no-watch", "watch", default=None,
               help="Supervise the run after submitting (default: on with --auto-resume).")
 @click.option("--auto-resume", is_flag=True, help="On node failure, resubmit from the latest checkpoint.")
 @click.option("--context", "kube_context", default=None, help="Kubernetes context (kubeconfig).")
+@click.option("--kubeconfig", default=None,
+              help="Kubernetes config file(s), ':'-separated as in $KUBECONFIG (default: $KUBECONFIG, then "
+                   "~/.kube/config); kept in the run record for later commands.")
 @click.option("--resume-from", "resume_from", default=None, metavar="RUN|PATH",
               help="Start from another run's newest checkpoint (or a checkpoint folder), on purpose: fine-tuning, "
                    "a changed world size. Used until this run has a checkpoint of its own.")
 @click.option("--replace", is_flag=True, help="Replace an ended run of the same name (its checkpoints are kept).")
 @click.option("--detach", is_flag=True, help="Return after submitting. With --auto-resume a detached watcher "
                                              "supervises the run (`wmctl logs RUN --watcher`).")
+@click.option("--in-cluster", "in_cluster", is_flag=True,
+              help="Return after submitting; the run's watcher runs in the cluster (kubernetes.watcher_image) and "
+                   "its state is kept there (WMCTL_RUN_STORE=kubernetes), for status/watch/cancel from any machine.")
+@plain_option
 def command(spec_path, set_flags, nodes, image_tag, vendor, namespace, backend, dry_run, output, watch,
-            auto_resume, kube_context, resume_from, replace, detach):
+            auto_resume, kube_context, kubeconfig, resume_from, replace, detach, in_cluster, plain):
 
+    if dry_run and output == "table":
+        raise click.UsageError("-o table: a plan prints as yaml or json")
     job = load(spec_path, overrides_from(set_flags, nodes, image_tag, vendor, namespace))
-    request = api.dryrun(job, backend, auto_resume=auto_resume, context=kube_context, resume_from=resume_from)
+    request = api.dryrun(job, backend, auto_resume=auto_resume, context=kube_context, kubeconfig=kubeconfig,
+                         resume_from=resume_from)
     if dry_run:
         request.backend.close()
-        click.echo(plan_document(request.plan, output), nl=False)
+        click.echo(plan_document(request.plan, output or "yaml"), nl=False)
         return
+    if in_cluster:
+        try:
+            store_env = api.check_in_cluster(request)
+        except BaseException:
+            request.backend.close()
+            raise
+        with interrupted_watch(job.spec.name, submitted_here=True, watching=False), display_for(False) as display:
+            code = api.schedule(request, watch=False, echo=display, replace=replace)
+            if code == 0:
+                display(api.start_cluster_watcher(job.spec.name))
+                reach = " ".join(f"{k}={shlex.quote(v)}" for k, v in store_env.items())
+                display(f"its state is in the cluster: {reach} wmctl status {job.spec.name}")
+        raise SystemExit(code)
     watching = (request.auto_resume if watch is None else watch) and not detach
     run = job.spec.name
-    with interrupted_watch(run), display_for(watching) as display:
-        code = api.schedule(request, watch=watching, echo=display, show_state=display.state, replace=replace)
+    structured = output in ("json", "yaml")
+    shown = contextlib.nullcontext(StderrLines()) if structured else display_for(watching, plain)
+    with interrupted_watch(run, submitted_here=True, watching=watching), shown as display:
+        code = api.schedule(request, watch=watching, echo=display, view=display, replace=replace)
         if code == 0 and not watching:
             if request.auto_resume:
                 pid = api.spawn_watcher(run, auto_resume=True)
                 display(f"watcher {pid} supervises {run} with auto-resume; its lines: `wmctl logs {run} --watcher`")
             else:
                 display(f"nothing will resume {run} if it fails (no watcher runs): `wmctl watch {run} --auto-resume` "
-                        "starts one; `wmctl status` shows where it stands")
+                        f"starts one; `wmctl status {run}` shows where it stands")
+    if structured:
+        emit(run_result(run), output)
     raise SystemExit(code)

@@ -70,9 +70,15 @@ def image_python_version(base: str | None, python: str | None) -> tuple[str, str
 
 
 def download_command(packages: list[str], requirements: Path | None, dest: Path, python_version: str,
-                     platforms: list[str]) -> list[str]:
+                     platforms: list[str], torch_index_url: str | None = None) -> list[str]:
+    """The pip download line. The profile's torch index is added with --extra-index-url, as in
+    the image's pip steps: pip's own index (PyPI or a configured mirror) still serves every other
+    package, which --index-url would have cut off (the CPU index carries torch and a few of its
+    dependencies, not a job's requirements)."""
+    from ..build.quoting import index_args
+
     cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--dest", str(dest),
-           "--python-version", python_version, "--implementation", "cp"]
+           "--python-version", python_version, "--implementation", "cp", *index_args(torch_index_url)]
     for plat in platforms:
         cmd += ["--platform", plat]
     if requirements is not None:
@@ -136,9 +142,12 @@ def command(spec_path: str, directory: str | None, python_version: str | None, p
         raise BuildError(f"--python-version: {version!r} is not MAJOR.MINOR, e.g. 3.10")
     tags = list(platforms) or default_platforms()
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = download_command(packages, requirements, dest, version, tags)
+    cmd = download_command(packages, requirements, dest, version, tags, profile.torch_index_url)
     shown = ", ".join(tags) if platforms else f"{tags[0]} ... {tags[-1]} ({len(tags)} platform tags)"
     click.echo(f"pip download for python {version} ({shown}) into {dest}")
+    if profile.torch_index_url:
+        click.echo(f"torch index (vendor profile {profile.name}): {profile.torch_index_url}, "
+                   "beside pip's configured index")
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     except subprocess.TimeoutExpired:

@@ -16,6 +16,18 @@ TROUBLESHOOTING: dict[str, dict[str, str]] = {
         "fix": "use the collective library the vendor tunes for its cards (the profile's dist_backend), "
                "larger gradient accumulation, gradient compression",
     },
+    "communication_host": {
+        "symptom": "communication share too high on CPU (gloo)",
+        "cause": "gloo all-reduces through host memory and TCP, on the cores that also compute",
+        "fix": "fewer all-reduces per sample (larger gradient accumulation), fewer ranks per node with more "
+               "threads each, gradient compression",
+    },
+    "communication_tuned": {
+        "symptom": "communication share too high with the vendor's own collective library",
+        "cause": "the interconnect, or all-reduces the backward pass cannot hide",
+        "fix": "larger gradient accumulation, larger DDP buckets (bucket_cap_mb), gradient compression; "
+               "check the links between the cards and the nodes",
+    },
     "random_crashes": {
         "symptom": "random crashes in training",
         "cause": "unstable network or PCIe link",
@@ -47,3 +59,25 @@ TROUBLESHOOTING: dict[str, dict[str, str]] = {
 def hint(key: str) -> str:
     row = TROUBLESHOOTING[key]
     return f"{row['cause']}: {row['fix']}"
+
+
+def communication_hint(accelerator: bool, tuned: str | None, in_use: str | None) -> str:
+    """The communication advice that fits the job: on CPU there is no vendor library to switch to;
+    a job already on the vendor's own library is told what else helps; a job on another one (gloo
+    on an accelerator) is told which library to use, by name.
+
+    ``accelerator``: the job computes on an accelerator; ``tuned``: the collective library its
+    vendor profile names (dist_backend); ``in_use``: the process group's backend, when known.
+    """
+    if not accelerator:
+        return hint("communication_host")
+    if tuned and in_use and in_use.lower() == tuned.lower():
+        return hint("communication_tuned")
+    row = TROUBLESHOOTING["communication"]
+    if tuned and in_use:
+        return (f"{row['cause']}: this job all-reduces with {in_use}; use {tuned}, the library the vendor tunes "
+                "for its cards (the profile's dist_backend), then larger gradient accumulation, gradient compression")
+    if tuned:
+        return (f"{row['cause']}: all-reduce with {tuned}, the library the vendor tunes for its cards (the "
+                "profile's dist_backend), then larger gradient accumulation, gradient compression")
+    return hint("communication")

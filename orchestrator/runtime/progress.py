@@ -2,6 +2,13 @@
 
 Only global rank 0 speaks (every rank would otherwise multiply the lines in `docker logs`).
 Thread-safe: an async checkpoint commits from a background thread.
+
+``callback``: called with each event as a dict (the line's JSON: ``event``, ``time`` and the
+fields), on rank 0, after the line is written, one call at a time, in the thread that emitted it.
+It forwards the same events to TensorBoard, W&B or anything else without parsing logs. An
+exception it raises never reaches the training loop: the first is reported on stderr (once), all
+are counted in ``callback_errors``, and later events still reach the callback. A line the
+callback itself emits is written, not forwarded to it again.
 """
 
 from __future__ import annotations
@@ -9,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from orchestrator.runtime import protocol
 from orchestrator.runtime.dist import env_int, rank
@@ -24,15 +31,21 @@ class Progress:
         stream: TextIO | None = None,
         path: str | None = None,
         enabled: bool | None = None,
+        callback: Callable[[dict[str, Any]], object] | None = None,
     ) -> None:
         default_every = env_int(protocol.ENV_HEARTBEAT_EVERY, DEFAULT_HEARTBEAT_EVERY)
         self.every = max(1, every if every is not None else default_every)
         self.path = path if path is not None else (os.environ.get(protocol.ENV_PROGRESS_FILE) or None)
         self.enabled = (rank() == 0) if enabled is None else enabled
         self._stream = stream
-        self._lock = threading.Lock()
+        # Reentrant: the callback runs under it and may itself emit (its line is written, not
+        # forwarded again); a plain Lock would hang training there.
+        self._lock = threading.RLock()
+        self._forwarding = False
         self.run = os.environ.get(protocol.ENV_RUN, "")
         self.attempt = env_int(protocol.ENV_ATTEMPT, 0)
+        self.callback = callback
+        self.callback_errors = 0
 
     def emit(self, event: str, **fields: Any) -> str | None:
         if not self.enabled:
@@ -47,7 +60,26 @@ class Progress:
             if self.path:
                 with open(self.path, "a", encoding="utf-8") as fh:
                     fh.write(line + "\n")
+            if self.callback is not None and not self._forwarding:
+                self._forwarding = True
+                try:
+                    self._forward(line)
+                finally:
+                    self._forwarding = False
         return line
+
+    def _forward(self, line: str) -> None:
+        event, callback = protocol.parse_progress(line), self.callback
+        if event is None or callback is None:
+            return
+        try:
+            callback(event)
+        except Exception as exc:     # the user's code: training goes on whatever it raises
+            self.callback_errors += 1
+            if self.callback_errors == 1:
+                sys.stderr.write(f"wmctl: the progress callback raised {type(exc).__name__}: {exc}; training "
+                                 "goes on, later events still reach it (further errors are counted, not shown)\n")
+                sys.stderr.flush()
 
     def start(self, world_size: int, **fields: Any) -> str | None:
         return self.emit("start", run=self.run, attempt=self.attempt, world_size=world_size, **fields)

@@ -24,11 +24,13 @@ Summaries are plain dicts of floats/strings/None, ready for a JSON progress line
 
 from __future__ import annotations
 
+import sys
 import time
 from contextlib import contextmanager
 from typing import Callable
 
-from .advice import hint
+from . import vendor as vendor_profiles
+from .advice import communication_hint, hint
 
 PHASES = ("data", "compute", "comm")
 _BOTTLENECK = {"data": "data", "compute": "compute", "comm": "communication", "other": "other"}
@@ -58,8 +60,9 @@ def split_backward(nosync: list[float], sync: list[float]) -> tuple[float, float
 
 
 def classify(data_s: float, compute_s: float, comm_s: float | None, step_s: float,
-             warn_comm: float = 0.30, warn_data: float = 0.30) -> dict:
-    """Shares of the whole step, the bottleneck and the warnings. ``comm_s`` None: unmeasured."""
+             warn_comm: float = 0.30, warn_data: float = 0.30, comm_advice: str | None = None) -> dict:
+    """Shares of the whole step, the bottleneck and the warnings. ``comm_s`` None: unmeasured.
+    ``comm_advice``: what to do about communication on this job's hardware (advice.communication_hint)."""
     step_s = max(step_s, data_s + compute_s + (comm_s or 0.0))
     other_s = max(0.0, step_s - data_s - compute_s - (comm_s or 0.0))
 
@@ -76,7 +79,7 @@ def classify(data_s: float, compute_s: float, comm_s: float | None, step_s: floa
     if comm_share is not None and comm_share > warn_comm:
         warnings.append(
             f"communication is {comm_share:.0%} of the step (threshold {warn_comm:.0%}; on H100 it is "
-            f"usually under 10%): {hint('communication')}"
+            f"usually under 10%): {comm_advice or hint('communication')}"
         )
     if data_share is not None and data_share > warn_data:
         warnings.append(
@@ -115,13 +118,21 @@ class StepTimer:
 
     ``device_module``: the vendor's torch module (torch.cuda, torch.musa, ...) whose
     ``synchronize()`` is called before each clock reading; None or cpu: no sync.
+
+    The communication advice fits the job: ``profile`` (default: the job's vendor profile, as
+    wmctl hands it over) names the library the vendor tunes; ``dist_backend`` (default: the
+    initialised process group's) the one in use. On CPU there is no vendor library to suggest.
     """
 
     def __init__(self, device_module=None, warn_comm_share: float = 0.30, warn_data_share: float = 0.30,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter,
+                 profile: vendor_profiles.RuntimeProfile | None = None, dist_backend: str | None = None):
         is_cpu = (device_module is None or device_module == "cpu"
                   or getattr(device_module, "__name__", "") == "torch.cpu")
         self._sync = None if is_cpu else getattr(device_module, "synchronize", None)
+        self._profile = profile
+        self._accelerator = not is_cpu
+        self._dist_backend = dist_backend
         self.warn_comm_share = warn_comm_share
         self.warn_data_share = warn_data_share
         self._clock = clock
@@ -134,6 +145,17 @@ class StepTimer:
         self._step_start: float | None = None
         self._active: str | None = None
         self.steps = 0
+
+    def comm_advice(self) -> str:
+        """What to do about a high communication share, for this job's device and library."""
+        if self._profile is None:
+            try:
+                self._profile = vendor_profiles.for_job()
+            except vendor_profiles.VendorUnknown:
+                self._profile = vendor_profiles.CPU
+        accelerator = self._accelerator or self._profile.accelerator
+        tuned = self._profile.dist_backend if self._profile.accelerator else None
+        return communication_hint(accelerator, tuned, self._dist_backend or _backend_in_use())
 
     def _now(self) -> float:
         if self._sync is not None:
@@ -187,7 +209,8 @@ class StepTimer:
             # Explicit collectives were still timed: keep them out of "other" but do not call
             # the total "communication" when the all-reduce in backward could not be separated.
             compute += self._current["comm"]
-        summary = classify(data, compute, comm, step_s, self.warn_comm_share, self.warn_data_share)
+        summary = classify(data, compute, comm, step_s, self.warn_comm_share, self.warn_data_share,
+                           self.comm_advice())
         self._totals["data"] += data
         self._totals["compute"] += compute
         self._totals["comm"] += comm or 0.0
@@ -205,6 +228,18 @@ class StepTimer:
         n = max(self.steps, 1)
         comm = None if self._unmeasured_steps else self._totals["comm"] / n
         out = classify(self._totals["data"] / n, self._totals["compute"] / n, comm, self._total_step / n,
-                       self.warn_comm_share, self.warn_data_share)
+                       self.warn_comm_share, self.warn_data_share, self.comm_advice())
         out["steps"] = self.steps
         return out
+
+
+def _backend_in_use() -> str | None:
+    """The initialised default process group's backend (gloo, nccl or a vendor's library), if any. Never
+    imports torch: a job that all-reduces has imported it already."""
+    tdist = sys.modules.get("torch.distributed")
+    try:
+        if tdist is not None and tdist.is_available() and tdist.is_initialized():
+            return str(tdist.get_backend()).lower()
+    except (RuntimeError, ValueError):
+        return None
+    return None

@@ -56,8 +56,9 @@ def write_spec(root: Path, image_extra: str = "", name: str = "tiny", requiremen
 
 
 def make_wheel(folder: Path, name: str, version: str = "1.0", requires: tuple[str, ...] | list[str] = (),
-               tag: str = "py3-none-any") -> Path:
-    """A minimal valid wheel (METADATA, WHEEL, RECORD) that pip can read."""
+               tag: str = "py3-none-any", init: str = "") -> Path:
+    """A minimal valid wheel (METADATA, WHEEL, RECORD) that pip can read; ``init`` is its
+    package's ``__init__.py``."""
     import zipfile
 
     path = folder / f"{name}-{version}-{tag}.whl"
@@ -66,7 +67,7 @@ def make_wheel(folder: Path, name: str, version: str = "1.0", requires: tuple[st
         f"Requires-Dist: {r}\n" for r in requires)
     wheel = f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: {tag}\n"
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr(f"{name}/__init__.py", "")
+        zf.writestr(f"{name}/__init__.py", init)
         zf.writestr(f"{info}/METADATA", meta)
         zf.writestr(f"{info}/WHEEL", wheel)
         zf.writestr(f"{info}/RECORD", "")
@@ -184,6 +185,48 @@ def test_online_mode_uses_the_index(tmp_path):
     text = plan_for(write_spec(tmp_path / "job")).dockerfile
     req_run = next(l for l in text.splitlines() if l.startswith("RUN ") and "/tmp/wmctl/req/requirements.txt" in l)
     assert "--no-index" not in req_run and "wheelhouse" not in text
+
+
+def _pip_runs(text: str) -> list[list[str]]:
+    return [json.loads(l[4:]) for l in text.splitlines() if l.startswith("RUN [") and '"pip"' in l]
+
+
+def test_cpu_profile_pip_steps_add_its_torch_index_beside_pips_own(tmp_path):
+    profile = load_profile("cpu")
+    assert profile.torch_index_url == "https://download.pytorch.org/whl/cpu"
+    torch_run, req_run, runtime_run = _pip_runs(plan_for(write_spec(tmp_path / "job")).dockerfile)
+    for argv in (torch_run, req_run):     # torchvision in requirements must match the CPU torch too
+        assert argv[argv.index("--extra-index-url") + 1] == profile.torch_index_url, argv
+        assert "--index-url" not in argv and "--trusted-host" not in argv
+    assert torch_run[-2:] == ["torch==2.13.0", "numpy"]
+    assert "--extra-index-url" not in runtime_run
+    # Offline: only the wheelhouse (filled through the index by `wmctl wheelhouse`); no URL at all.
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    (wh / "six-1.17.0-py2.py3-none-any.whl").write_bytes(b"x")
+    assert profile.torch_index_url not in plan_for(write_spec(tmp_path / "job"), wheelhouse=wh).dockerfile
+
+
+def test_a_profile_without_torch_index_renders_no_index_option(tmp_path):
+    profile = dataclasses.replace(load_profile("cpu"), torch_index_url=None)
+    plan = plan_for(write_spec(tmp_path / "job"), profile=profile)
+    assert not any("--extra-index-url" in argv for argv in _pip_runs(plan.dockerfile))
+    # The index is part of what the image is: another index, another content digest.
+    assert plan.digest != plan_for(write_spec(tmp_path / "job")).digest
+
+
+@pytest.mark.parametrize("value", ["https://x/cpu --index-url https://evil", "ftp://x/cpu", "https://u:p@x/cpu",
+                                   "https://x/cpu\nRUN touch /pwned", "/whl/cpu"])
+def test_render_refuses_a_bad_torch_index_url_naming_the_field(value):
+    with pytest.raises(BuildError, match="vendor profile cpu torch_index_url"):
+        render_dockerfile(_inputs(torch_index_url=value))
+
+
+def test_a_plain_http_torch_index_is_trusted_so_pip_does_not_skip_it():
+    text = render_dockerfile(_inputs(torch_index_url="http://mirror.lan:8080/whl/cpu/?a=$(id)"))
+    (torch_run,) = [argv for argv in _pip_runs(text) if "torch" in argv]
+    assert torch_run[torch_run.index("--extra-index-url") + 1] == "http://mirror.lan:8080/whl/cpu/?a=$(id)"
+    assert torch_run[torch_run.index("--trusted-host") + 1] == "mirror.lan:8080"
 
 
 def test_offline_rejects_required_system_packages(tmp_path):

@@ -1,0 +1,210 @@
+"""`wmctl logs`: one node's or every node's output, of one attempt or, following, of every
+attempt the run makes until it ends.
+
+What each backend can narrow (``--tail``, ``--since``, ``--timestamps``) is its ``log_options``,
+checked once by ``backends.check_logs`` before any engine is asked. What is the same everywhere
+lives here: the node prefix of ``--all-nodes``, hiding WMCTL-PROGRESS lines (``--raw`` keeps
+them), and following into the next attempt while a watcher resubmits the run.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Callable, Iterator
+
+from . import backends
+from .backends.base import Backend, LogQuery
+from .errors import BackendError, RunNotFound
+from .layout import attempt_name
+from .runtime.protocol import PROGRESS_PREFIX
+from .state import RunRecord, RunStore, open_store
+
+POLL_S = 0.3    # how often a follower looks for the next attempt (a run folder read)
+
+
+def node_prefix(node: int) -> str:
+    """What leads each line of ``--all-nodes``."""
+    return f"[node {node}] "
+
+
+def attempt_banner(run: str, attempt: int) -> str:
+    """The line a follower prints when the run moves to its next attempt."""
+    return f"==> {attempt_name(run, attempt)} (attempt {attempt}) <=="
+
+
+def logs(run: str, *, node: int = 0, attempt: int | None = None, follow: bool = False, all_nodes: bool = False,
+         tail: int | None = None, since: float | None = None, timestamps: bool = False,
+         raw: bool = False) -> Iterator[str]:
+    """The lines ``wmctl logs`` prints. ``since``: a Unix time. With ``follow`` and no
+    ``attempt``, the newest attempt is followed and then each one a watcher starts after it."""
+    store = open_store(run)
+    record = store.load()
+    if not record.attempts:
+        raise RunNotFound(f"run {run} has no attempts yet, so no logs", hint=f"see `wmctl status {run}`")
+    query = LogQuery(tail=tail, since=since, timestamps=timestamps)
+    backends.check_logs(backends.backend_class(record.backend), query)
+    numbers = [a.attempt for a in record.attempts]
+    if attempt is not None and attempt not in numbers:
+        raise RunNotFound(f"run {run} has no attempt {attempt}",
+                          hint=f"its attempts are {', '.join(map(str, numbers))} (see `wmctl status {run}`)")
+    count = _nodes(record)
+    if not all_nodes and count is not None and not 0 <= node < count:
+        shown = attempt_name(run, numbers[-1] if attempt is None else attempt)
+        raise RunNotFound(f"{shown} has no node {node}", hint=(f"its nodes are 0-{count - 1}" if count > 1 else
+                                                             "its only node is 0") + "; --all-nodes shows them all")
+    from .api import engine_of
+
+    engine = engine_of(record)
+    n = numbers[-1] if attempt is None else attempt
+    state = _Run(store, engine)
+    try:
+        while True:
+            stop = state.attempt_over(n) if follow else None
+            nodes = list(range(count or 1)) if all_nodes else [node]
+            lines = _attempt_lines(engine, record, n, nodes, follow=follow,
+                                   query=LogQuery(tail, since, timestamps, stop=stop), prefixed=all_nodes, raw=raw)
+            yield from lines
+            if not follow or attempt is not None:
+                return
+            n_next = state.next_attempt(n)
+            if n_next is None:
+                return
+            n = n_next
+            yield attempt_banner(run, n)
+    finally:
+        engine.close()
+
+
+def _nodes(record: RunRecord) -> int | None:
+    nodes = (record.spec or {}).get("nodes")
+    return nodes if isinstance(nodes, int) and nodes > 0 else None
+
+
+class _Run:
+    """The run as its record says, read again at most every ``every_s``. A run nobody watches is
+    reconciled with its backend in memory (``supervisor.reconcile``, never saved, no lease taken,
+    so a watcher starting meanwhile is never refused): a local node killed with its keeper writes
+    no exit file, and no watcher would record that its attempt ended."""
+
+    def __init__(self, store: RunStore, engine: Backend[Any], every_s: float = 1.0):
+        self.store, self.engine, self.every_s = store, engine, every_s
+        self._at = float("-inf")
+        self._record: RunRecord | None = None
+
+    def record(self) -> RunRecord | None:
+        """None once the run is deleted."""
+        from .supervisor import reconcile
+
+        if time.monotonic() - self._at >= self.every_s:
+            self._at = time.monotonic()
+            try:
+                rec = self.store.load()
+            except RunNotFound:
+                self._record = None
+                return None
+            if rec.status == "running" and self.store.lease() is None:
+                reconcile(rec, self.engine, wait_s=0.0)
+            self._record = rec
+        return self._record
+
+    def attempt_over(self, n: int) -> Callable[[], bool]:
+        """Has attempt ``n`` ended (an outcome, a newer attempt, an ended or deleted run)?"""
+        def over() -> bool:
+            rec = self.record()
+            if rec is None:
+                return True
+            mine = [a for a in rec.attempts if a.attempt == n]
+            return rec.status != "running" or not mine or mine[0].outcome is not None or rec.attempts[-1].attempt > n
+        return over
+
+    def next_attempt(self, n: int, sleep: Callable[[float], None] = time.sleep) -> int | None:
+        """Wait for the attempt after ``n`` (a watcher in backoff makes it later); None once the
+        run ended without one."""
+        while True:
+            rec = self.record()
+            if rec is None:
+                return None
+            later = [a.attempt for a in rec.attempts if a.attempt > n]
+            if later:
+                return min(later)
+            if rec.status != "running":
+                return None
+            sleep(POLL_S)
+
+
+def _attempt_lines(engine: Backend[Any], record: RunRecord, n: int, nodes: list[int], *, follow: bool,
+                   query: LogQuery, prefixed: bool, raw: bool) -> Iterator[str]:
+    from .api import ref_of
+
+    ref = ref_of(record, n)
+
+    def one(node: int) -> Iterator[str]:
+        prefix = node_prefix(node) if prefixed else ""
+        for line in _node_lines(engine, ref, node, follow=follow, query=query, raw=raw):
+            yield prefix + line
+
+    if not follow or len(nodes) == 1:
+        for node in nodes:
+            yield from one(node)
+        return
+    # following several nodes: each read on its own thread, lines as they come
+    lines: queue.Queue[tuple[str, Any]] = queue.Queue()
+
+    def pump(node: int) -> None:
+        try:
+            for line in one(node):
+                lines.put(("line", line))
+        except (RunNotFound, BackendError) as exc:
+            lines.put(("error", exc))
+        finally:
+            lines.put(("done", node))
+
+    for node in nodes:
+        threading.Thread(target=pump, args=(node,), daemon=True, name=f"wmctl-logs-{node}").start()
+    running = len(nodes)
+    while running:
+        kind, value = lines.get()
+        if kind == "line":
+            yield value
+        elif kind == "done":
+            running -= 1
+        else:
+            raise value
+
+
+def _node_lines(engine: Backend[Any], ref: Any, node: int, *, follow: bool, query: LogQuery,
+                raw: bool) -> Iterator[str]:
+    """One node's lines, WMCTL-PROGRESS lines hidden unless ``raw`` (``--tail N`` then counts the
+    lines shown). Following an attempt whose node has not started yet (no log, no pod) waits for
+    it while the attempt lasts."""
+    while True:
+        started = False
+        try:
+            asked = query if raw or query.tail is None else replace(query, tail=_raw_tail(engine, ref, node, query))
+            for line in engine.logs(ref, node=node, follow=follow, query=asked):
+                started = True
+                if raw or PROGRESS_PREFIX not in line:
+                    yield line
+            return
+        except (RunNotFound, BackendError):
+            if started or not follow or query.stop is None:
+                raise
+            if query.stop():
+                return      # the attempt ended before this node wrote a line: on to the next
+        time.sleep(POLL_S)
+
+
+def _raw_tail(engine: Backend[Any], ref: Any, node: int, query: LogQuery) -> int:
+    """How many of the node's last lines hold its last ``query.tail`` lines that are not progress
+    lines: asked for 4x more each time until they are there or the log has no more."""
+    want = query.tail or 0
+    k = max(want, 1)
+    while True:
+        lines = list(engine.logs(ref, node=node, follow=False, query=replace(query, tail=k, stop=None)))
+        shown = [i for i, line in enumerate(lines) if PROGRESS_PREFIX not in line]
+        if len(shown) >= want or len(lines) < k:
+            return len(lines) - shown[-want] if want and len(shown) >= want else len(lines) if want else 0
+        k *= 4

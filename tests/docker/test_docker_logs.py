@@ -1,0 +1,65 @@
+"""`wmctl logs` on a real Docker engine, while the containers run: --tail, --since, --timestamps
+and --all-nodes reach the engine's own log API (its per-line times), and what comes back is what
+`docker logs` holds."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from tests.integration import harness as h
+
+from .test_docker_faults import _no_stale_runs, home, image, leftovers, write_spec  # noqa: F401
+from .test_docker_lifecycle import job_spec, wmctl
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300)]
+LINE = re.compile(r"my own log: step (\d+) ")
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) (.*)$")
+
+
+def steps(text: str) -> list[int]:
+    return [int(m.group(1)) for m in LINE.finditer(text)]
+
+
+def test_docker_logs_flags_reach_the_engine(docker_client, image, home):
+    run = "dkl-logs"
+    spec = job_spec(home, run, image, "plain.py", steps=40, sleep=1.0, restart={"heartbeat_timeout": "30s"})
+    w = h.Watch(spec, home, "--backend", "docker")
+    try:
+        def node0_lines() -> list[int]:
+            found = [c for c in docker_client.containers.list(filters={"label": [f"wmctl.io/run={run}"]})
+                     if c.labels.get("wmctl.io/node") == "0"]
+            return steps(found[0].logs().decode(errors="replace")) if found else []
+        h.wait_until(lambda: len(node0_lines()) >= 6, 180, "six lines from node 0")
+
+        full = wmctl(home, "logs", run)
+        assert full.returncode == 0, full.stdout + full.stderr
+        got = steps(full.stdout)
+        assert got[:6] == [1, 2, 3, 4, 5, 6], full.stdout
+
+        tail = wmctl(home, "logs", run, "--tail", "2")
+        last = steps(tail.stdout)
+        assert tail.returncode == 0 and len(last) == 2 and last[1] == last[0] + 1 and last[0] >= 5, tail.stdout
+
+        stamped = wmctl(home, "logs", run, "--timestamps", "--tail", "1")
+        m = STAMP.match(stamped.stdout.strip().splitlines()[-1])
+        assert stamped.returncode == 0 and m and LINE.search(m.group(2)), stamped.stdout
+        when = datetime.strptime(m.group(1)[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
+        assert abs(time.time() - when.timestamp()) < 60, m.group(1)
+
+        # --since: only what the engine logged in the last 3 s (a line a second), never the start
+        recent = wmctl(home, "logs", run, "--since", "3s")
+        few = steps(recent.stdout)
+        assert recent.returncode == 0 and 1 <= len(few) <= 5 and 1 not in few, recent.stdout
+
+        both = wmctl(home, "logs", run, "--all-nodes", "--tail", "1")
+        prefixes = sorted(line.split("]")[0] + "]" for line in both.stdout.splitlines() if LINE.search(line))
+        assert both.returncode == 0 and prefixes == ["[node 0]", "[node 1]"], both.stdout
+    finally:
+        cancel = wmctl(home, "cancel", run)
+        w.wait(timeout=120)
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert not leftovers(docker_client, run)
