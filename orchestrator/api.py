@@ -22,10 +22,11 @@ from .build.record import RECORD_FILE, pinned_ref
 from .errors import (EngineUnavailable, OptionError, RunCancelled, RunExists, RunFailed, RunNotFound, SpecError,
                      WmctlError)
 from .plan import AttemptContext, Plan
+from .runtime.protocol import ENV_RUN_STORE, ENV_WATCHER_OBJECT
 from .spec import JobSpec, from_dict, load_spec, profile_problems
 from .spec import warnings as spec_warnings
 from .state import Lease, RunRecord, RunStore, list_runs, open_store
-from .supervisor import Supervisor
+from .supervisor import Supervisor, WatchView
 from .vendors import VendorProfile, load_profile
 
 Echo = Callable[[str], None]
@@ -137,19 +138,33 @@ class SubmitRequest:
     options: BackendOptions
 
 
-def backend_for(name: str, job: Job | None = None, *, context: str | None = None,
+def backend_for(name: str, job: Job | None = None, *, context: str | None = None, kubeconfig: str | None = None,
                 namespace: str | None = None) -> tuple[Backend[Any], BackendOptions]:
     ns = namespace or (job.spec.kubernetes.namespace if job else None)
-    options = BackendOptions(context=context, namespace=ns)
+    options = BackendOptions(context=context, namespace=ns, kubeconfig=_kubeconfig_files(kubeconfig))
     return backends.create(name, options), options
 
 
+def _kubeconfig_files(value: str | None) -> str | None:
+    """``--kubeconfig`` as the record keeps it: each file (':'-separated, as $KUBECONFIG) made
+    absolute, so a later command from another folder reads the same ones; a missing one is refused."""
+    if not value:
+        return None
+    files = [Path(p).expanduser() for p in value.split(os.pathsep) if p]
+    missing = [str(p) for p in files if not p.is_file()]
+    if missing:
+        raise OptionError(f"--kubeconfig: no such file {', '.join(missing)}",
+                          hint="give existing kubeconfig file(s), e.g. --kubeconfig ~/.kube/config")
+    return os.pathsep.join(str(p.resolve()) for p in files)
+
+
 def dryrun(job: Job, backend: str, *, auto_resume: bool = False, context: str | None = None,
-           attempt: int = 0, exclude: tuple[str, ...] = (), resume_from: str | None = None) -> SubmitRequest:
+           kubeconfig: str | None = None, attempt: int = 0, exclude: tuple[str, ...] = (),
+           resume_from: str | None = None) -> SubmitRequest:
     """Check the job for ``backend`` and plan one attempt of it, exactly as submitting would.
     ``resume_from``: another run's name, or a checkpoint folder, to start from on purpose."""
     auto_resume = auto_resume or job.spec.restart.auto_resume
-    engine, options = backend_for(backend, job, context=context)
+    engine, options = backend_for(backend, job, context=context, kubeconfig=kubeconfig)
     backends.check(type(engine), job.spec, auto_resume=auto_resume)
     problems = engine.check_host(job.spec)     # a missing read-only host folder, on this machine
     source = None
@@ -166,7 +181,8 @@ def dryrun(job: Job, backend: str, *, auto_resume: bool = False, context: str | 
 
 
 def schedule(request: SubmitRequest, *, watch: bool, echo: Echo,
-             show_state: Callable[..., None] | None = None, replace: bool = False) -> int:
+             show_state: Callable[..., None] | None = None, replace: bool = False,
+             view: WatchView | None = None) -> int:
     """Record the run and submit its planned attempt 0; with ``watch``, supervise it to the end.
     Returns the exit code (0, or RunFailed's when the run failed)."""
     job, engine = request.job, request.backend
@@ -185,7 +201,8 @@ def schedule(request: SubmitRequest, *, watch: bool, echo: Echo,
         record = RunRecord(run=spec.name, backend=engine.name,
                            spec_path=str(job.spec_path.resolve()) if job.spec_path else "",
                            overrides=overrides, spec_hash=spec.spec_hash(), auto_resume=request.auto_resume,
-                           kube_context=request.options.context, namespace=engine.namespace_of(spec),
+                           kube_context=request.options.context, kubeconfig=request.options.kubeconfig,
+                           namespace=engine.namespace_of(spec),
                            spec=spec.to_dict(), source_dir=str(spec.source_dir), run_id=secrets.token_hex(8),
                            resume_from=request.plan.context.resume_from)
         store.save(record)
@@ -194,13 +211,72 @@ def schedule(request: SubmitRequest, *, watch: bool, echo: Echo,
         engine.close()
         raise
     return _supervise(store, record, job, engine, watch=watch, echo=echo, show_state=show_state,
-                      first_plan=request.plan)
+                      first_plan=request.plan, view=view)
 
 
 def submit(job: Job, backend: str, *, auto_resume: bool = False, watch: bool = False, echo: Echo,
            context: str | None = None, show_state: Callable[..., None] | None = None, replace: bool = False) -> int:
     return schedule(dryrun(job, backend, auto_resume=auto_resume, context=context), watch=watch, echo=echo,
                     show_state=show_state, replace=replace)
+
+
+def check_in_cluster(request: SubmitRequest) -> dict[str, str]:
+    """Before anything is submitted: can ``request``'s backend run the run's watcher itself
+    (``submit --in-cluster``)? Its run state then goes to that backend's store for this process
+    and its children (WMCTL_RUN_STORE and the store's own settings), where the watcher will look.
+    Returns those settings, for reaching the run from this machine later."""
+    cls = type(request.backend)
+    if not (cls.cluster_watcher and cls.run_store):
+        able = [n for n in backends.names() if backends.backend_class(n).cluster_watcher]
+        raise OptionError(f"--in-cluster: the {cls.name} backend runs no watcher of its own",
+                          hint=f"use -b {' or -b '.join(able)}, or drop --in-cluster")
+    problems = cls.watcher_problems(request.job.spec)
+    if problems:
+        raise SpecError(problems)
+    chosen = (os.environ.get(ENV_RUN_STORE) or "").strip().lower()     # as state.open_store reads it
+    if chosen and chosen != cls.name:
+        raise OptionError(f"--in-cluster keeps the run's state in {cls.name}, but {ENV_RUN_STORE}={chosen}",
+                          hint=f"unset {ENV_RUN_STORE} or set it to {cls.name}")
+    wanted = {ENV_RUN_STORE: cls.name, **request.backend.store_environment(request.job.spec)}
+    for key, value in wanted.items():
+        if key == ENV_RUN_STORE:
+            continue
+        if os.environ.get(key) and os.environ[key] != value:
+            raise OptionError(f"--in-cluster keeps the run's state where its watcher reads it ({key}={value}), "
+                              f"but {key}={os.environ[key]}", hint=f"unset {key} or set it to {value}")
+    os.environ.update(wanted)
+    return wanted
+
+
+def start_cluster_watcher(run: str) -> str:
+    """Start ``run``'s watcher where the run lives (after ``check_in_cluster`` and ``schedule``)."""
+    record = open_store(run).load()
+    job, _ = job_of(record)
+    engine = engine_of(record)
+    try:
+        return engine.start_watcher(run, job.spec)
+    finally:
+        engine.close()
+
+
+def in_cluster_watcher() -> bool:
+    """Is this process a watcher that ``start_cluster_watcher`` started (a watcher pod)?"""
+    return bool(os.environ.get(ENV_WATCHER_OBJECT))
+
+
+def retire_cluster_watcher(run: str) -> str | None:
+    """Inside a watcher ``start_cluster_watcher`` started, once ``run`` has ended: remove what would
+    restart it (a note saying so), else None."""
+    if not in_cluster_watcher():
+        return None
+    record = open_store(run).load()
+    if record.status == "running":
+        return None
+    engine = engine_of(record)
+    try:
+        return engine.retire_watcher(run)
+    finally:
+        engine.close()
 
 
 def spawn_watcher(run: str, *, auto_resume: bool, wait_s: float = 20.0) -> int:
@@ -242,8 +318,11 @@ def _clear_the_name(store: RunStore, engine: Backend[Any], echo: Echo, *, replac
         old = view.record
         assert old is not None
         if old.status == "running":
+            # a run another watcher holds cannot be watched from here: look at it instead
+            look = (f"see it with `wmctl status {store.run}`" if view.lease
+                    else f"watch it with `wmctl watch {store.run}`")
             raise RunExists(f"run {store.run!r} already exists and has not ended ({view.watcher})",
-                            hint=f"watch it with `wmctl watch {store.run}`, `wmctl cancel {store.run}` it first, "
+                            hint=f"{look}, `wmctl cancel {store.run}` it first, "
                                  "or give this run another name (name: or --set name=...)")
         if not replace:
             ago = _ago(old.created_at)
@@ -298,14 +377,15 @@ def _delete(store: RunStore, engine: Backend[Any], record: RunRecord, echo: Echo
 
 
 def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any], *, watch: bool, echo: Echo,
-               show_state: Callable[..., None] | None, first_plan: Plan[Any] | None = None) -> int:
+               show_state: Callable[..., None] | None, first_plan: Plan[Any] | None = None,
+               view: WatchView | None = None) -> int:
     try:
         note = store.acquire_watcher()
         if note:
             echo(f"note: {note}")
         try:
             sup = Supervisor(job.spec, job.profile, engine, store, record, auto_resume=record.auto_resume,
-                             echo=echo, show_state=show_state, first_plan=first_plan)
+                             echo=echo, show_state=show_state, first_plan=first_plan, view=view)
             if not watch:
                 rec = sup.current_or_new_attempt()
                 echo(f"submitted {job.spec.name} attempt {rec.attempt}")
@@ -321,7 +401,8 @@ def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any
 
 # ---- runs --------------------------------------------------------------------------------------
 
-def watch(run: str, *, auto_resume: bool | None, echo: Echo, show_state: Callable[..., None] | None = None) -> int:
+def watch(run: str, *, auto_resume: bool | None, echo: Echo, show_state: Callable[..., None] | None = None,
+          view: WatchView | None = None) -> int:
     """Supervise a recorded run from where it is (adopting a running attempt)."""
     from .supervisor import resumable_unwatched, take_up_unwatched
 
@@ -341,12 +422,13 @@ def watch(run: str, *, auto_resume: bool | None, echo: Echo, show_state: Callabl
     for note in notes:
         echo(f"note: {note}")
     engine = engine_of(record)
-    return _supervise(store, record, job, engine, watch=True, echo=echo, show_state=show_state)
+    return _supervise(store, record, job, engine, watch=True, echo=echo, show_state=show_state, view=view)
 
 
 def engine_of(record: RunRecord) -> Backend[Any]:
     """The backend object a recorded run lives on."""
-    return backends.create(record.backend, BackendOptions(context=record.kube_context, namespace=record.namespace))
+    return backends.create(record.backend, BackendOptions(context=record.kube_context, namespace=record.namespace,
+                                                          kubeconfig=record.kubeconfig))
 
 
 def ref_of(record: RunRecord, attempt: int) -> AttemptRef:
@@ -424,6 +506,14 @@ def metrics(run: str, attempt: int | None = None) -> list[dict[str, Any]]:
     return events if attempt is None else [e for e in events if e.get("attempt") == attempt]
 
 
+def describe(run: str) -> list[dict[str, Any]]:
+    """The run's events and decisions, oldest first (``timeline.events``)."""
+    from .timeline import events
+
+    store = open_store(run)
+    return events(store.load(), store)
+
+
 def watcher_log(run: str) -> Iterator[str]:
     """What a detached watcher of ``run`` printed."""
     store = open_store(run)
@@ -438,16 +528,14 @@ def watcher_log(run: str) -> Iterator[str]:
             yield line.rstrip("\n")
 
 
-def logs(run: str, *, node: int = 0, attempt: int | None = None, follow: bool = False) -> Iterator[str]:
-    record = open_store(run).load()
-    if not record.attempts:
-        raise RunNotFound(f"run {run} has no attempts yet, so no logs", hint=f"see `wmctl status {run}`")
-    n = record.attempts[-1].attempt if attempt is None else attempt
-    engine = engine_of(record)
-    try:
-        yield from engine.logs(ref_of(record, n), node=node, follow=follow)
-    finally:
-        engine.close()
+def logs(run: str, *, node: int = 0, attempt: int | None = None, follow: bool = False, all_nodes: bool = False,
+         tail: int | None = None, since: float | None = None, timestamps: bool = False,
+         raw: bool = False) -> Iterator[str]:
+    """What `wmctl logs` prints: see ``logview.logs``."""
+    from .logview import logs as view
+
+    return view(run, node=node, attempt=attempt, follow=follow, all_nodes=all_nodes, tail=tail, since=since,
+                timestamps=timestamps, raw=raw)
 
 
 def cancel(run: str, *, graceful: bool = False, by: str | None = None, wait_s: float = 60.0,
@@ -484,3 +572,28 @@ def cancel(run: str, *, graceful: bool = False, by: str | None = None, wait_s: f
             record.attempts[-1].ended_at = time.time()
         store.save(record)
     return record
+
+
+def ended_at(record: RunRecord) -> float:
+    """When a run ended (its last attempt's end), or when it was submitted if no attempt says."""
+    return max((a.ended_at for a in record.attempts if a.ended_at is not None), default=record.created_at)
+
+
+def prune(older_than_s: float, *, echo: Echo, dry_run: bool = False, now: float | None = None) -> list[str]:
+    """Delete (``delete``: record, logs, leftover objects; never checkpoints) every run that ended
+    more than ``older_than_s`` ago. A running run, or one whose record cannot be read, is kept.
+    Returns the runs deleted (or, with ``dry_run``, that would be)."""
+    now = time.time() if now is None else now
+    done = []
+    for view in runs():
+        record = view.record
+        if record is None or record.status == "running" or now - ended_at(record) < older_than_s:
+            continue
+        if not dry_run:
+            try:
+                delete(record.run, echo=echo)
+            except RunExists as exc:        # resubmitted meanwhile: it is running again
+                echo(f"kept {record.run}: {exc.message}")
+                continue
+        done.append(record.run)
+    return done

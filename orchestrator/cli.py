@@ -27,9 +27,13 @@ COMMANDS = {
     "cancel": "cancel",
     "list": "list_runs",
     "metrics": "metrics",
+    "plot": "plot",
+    "describe": "describe",
     "delete": "delete",
+    "prune": "prune",
     "affinity": "affinity",
     "doctor": "doctor",
+    "completion": "completion",
 }
 
 HELP = {
@@ -43,9 +47,13 @@ HELP = {
     "cancel": "Cancel a run and tear down every attempt's processes/containers/objects.",
     "list": "List runs.",
     "metrics": "Print a run's kept progress events (steps, loss, timing, checkpoints) as a table, CSV or JSON.",
+    "plot": "Draw a run's loss and throughput against step, failures, resumes and redone steps marked.",
+    "describe": "Show a run's events and decisions in order (attempts, failures, checkpoints, resumes, cancel).",
     "delete": "Remove an ended run: its record, logs and leftover objects (never its checkpoints).",
+    "prune": "Delete the runs that ended more than --older-than DUR ago (never checkpoints, never a running run).",
     "affinity": "Print the per-rank CPU/NUMA binding plan for this machine.",
     "doctor": "Check devices, shared memory, dtype support and the vendor runtime.",
+    "completion": "Print the shell completion script for bash, zsh or fish (completes run names).",
 }
 
 

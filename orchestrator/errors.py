@@ -113,3 +113,10 @@ class MachineUnfit(WmctlError):
     vendor runtime): the check itself worked, so this is not an unexpected failure (1)."""
 
     exit_code = 9
+
+
+class MissingExtra(WmctlError):
+    """An optional extra this command needs is not installed (`wmctl plot` without matplotlib):
+    nothing was done; the message names the `pip install 'wmctl[...]'` that fixes it."""
+
+    exit_code = 10

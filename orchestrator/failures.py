@@ -22,6 +22,9 @@ APP_ERROR = "app_error"
 HANG = "hang"
 CANCELLED = "cancelled"
 STORAGE_FULL = "storage_full"      # the job's disk (checkpoint folder) is full: ENOSPC
+RENDEZVOUS = "rendezvous"          # a node's agent could not reach the rendezvous (c10d store): infrastructure
+UNSCHEDULABLE = "unschedulable"    # pods not created or not placed for restart.pending_timeout
+DEVICE_FAULT = "device_fault"      # the node's accelerator failed (ECC, lost device): the node, not the job
 
 # Decisions.
 RETRY = "retry"                    # same placement is fine
@@ -37,6 +40,14 @@ DEFAULT_DECISIONS = {
     APP_ERROR: STOP,    # a bug in the job: retrying burns the budget and hides it
     CANCELLED: STOP,
     STORAGE_FULL: STOP,  # a full disk stays full: retrying would fail the same save again
+    # pod 0 late (a cold image pull, pending behind the last attempt's pods), its store not yet
+    # listening, a DNS record not yet served: none of it is the job's fault, and a new attempt
+    # (whose nodes start together) usually joins. The no-new-checkpoint rule stops a loop.
+    RENDEZVOUS: RETRY,
+    # a quota, a PodSecurity level, a missing PriorityClass or no node that fits: the same request
+    # waits the same way. Only an attempt that excluded nodes is retried, with none excluded.
+    UNSCHEDULABLE: STOP,
+    DEVICE_FAULT: RETRY_ELSEWHERE,  # the same device fails again: away from it
 }
 
 SIGKILL_EXIT = 137
@@ -59,9 +70,15 @@ class Failure:
         return f"{self.kind}{where}: {self.evidence}"
 
 
+# A node-side fact that says a device failed (a backend's NODE_LOST reason): a device fault.
+DEVICE_REASONS = ("DeviceUnhealthy", "NodeProblem")
+
+
 def classify_event(ev: b.Event) -> Failure | None:
     """One event -> the failure it shows, or None for a healthy event."""
     k = ev.kind
+    if k == b.NODE_LOST and ev.reason in DEVICE_REASONS:
+        return Failure(DEVICE_FAULT, ev.node, ev.host, ev.time, ev.message or ev.reason or "device failed")
     if k == b.NODE_LOST:
         return Failure(NODE_LOST, ev.node, ev.host, ev.time, ev.message or ev.reason or "node lost")
     if k == b.NODE_PAUSED:
@@ -82,6 +99,8 @@ def classify_event(ev: b.Event) -> Failure | None:
             return Failure(PREEMPTED, ev.node, ev.host, ev.time, f"exit {code}: checkpointed and stopped on SIGTERM")
         if ev.reason == "OOMKilled":
             return Failure(OOM, ev.node, ev.host, ev.time, f"exit {code}, OOMKilled")
+        if ev.reason in DEVICE_REASONS:      # the exit, on a node whose own facts say it is at fault
+            return Failure(DEVICE_FAULT, ev.node, ev.host, ev.time, ev.message or f"exit {code} ({ev.reason})")
         if code in (SIGKILL_EXIT, -9) or ev.reason == "SIGKILL":
             return Failure(NODE_LOST, ev.node, ev.host, ev.time, f"exit {code}: killed (SIGKILL) from outside the job")
         if code in (SIGTERM_EXIT, -15):
@@ -91,8 +110,8 @@ def classify_event(ev: b.Event) -> Failure | None:
     return None
 
 
-_PRIORITY = {NODE_LOST: 0, HANG: 1, OOM: 2, IMAGE_PULL: 3, PREEMPTED: 4, STORAGE_FULL: 5, APP_ERROR: 5,
-             CANCELLED: 6}
+_PRIORITY = {NODE_LOST: 0, DEVICE_FAULT: 0, HANG: 1, OOM: 2, IMAGE_PULL: 3, UNSCHEDULABLE: 3, PREEMPTED: 4,
+             RENDEZVOUS: 4, STORAGE_FULL: 5, APP_ERROR: 5, CANCELLED: 6}
 
 
 def root_cause(events: list[b.Event]) -> Failure | None:
@@ -110,15 +129,39 @@ def root_cause(events: list[b.Event]) -> Failure | None:
     return first
 
 
-def hang_failure(last_heartbeat: float, now: float, timeout: float) -> Failure | None:
-    if now - last_heartbeat > timeout:
-        return Failure(HANG, None, None, now, f"no progress line for {now - last_heartbeat:.0f} s "
-                       f"(heartbeat timeout {timeout:.0f} s): a frozen node or a stuck collective")
-    return None
+def hang_failure(last_heartbeat: float, now: float, timeout: float,
+                 nodes: list[b.NodeStatus] | tuple[b.NodeStatus, ...] = ()) -> Failure | None:
+    """No progress for ``timeout``. When exactly one node is in a state no live node reports
+    (paused, or unknown: Kubernetes' pod phase Unknown), that is the hung node, named so the
+    next attempt is placed away from it; else the node is not known."""
+    if now - last_heartbeat <= timeout:
+        return None
+    why = (f"no progress line for {now - last_heartbeat:.0f} s (heartbeat timeout {timeout:.0f} s)")
+    hung = [n for n in nodes if n.phase in (b.PAUSED, b.UNKNOWN)]
+    if len(hung) == 1:
+        n = hung[0]
+        return Failure(HANG, n.node, n.host, now, f"{why}: node {n.node} is {n.phase}"
+                       + (f" ({n.reason})" if n.reason else "") + ", the others run")
+    return Failure(HANG, None, None, now, f"{why}: a frozen node or a stuck collective")
 
 
-def decide(failure: Failure, *, retry_on_oom: bool = False, exclude_failed_nodes: bool = True) -> str:
+def pending_failure(waiting: b.Event, since: float, now: float, timeout: float) -> Failure | None:
+    """Nodes not created or not placed for longer than restart.pending_timeout, with the
+    cluster's own reason (the scheduler's message, the Job controller's FailedCreate)."""
+    if now - since <= timeout:
+        return None
+    why = f"{waiting.reason}: {waiting.message}" if waiting.reason else waiting.message
+    return Failure(UNSCHEDULABLE, waiting.node, None, now,
+                   f"not placed for {now - since:.0f} s (restart.pending_timeout {timeout:.0f} s): {why}")
+
+
+def decide(failure: Failure, *, retry_on_oom: bool = False, exclude_failed_nodes: bool = True,
+           excluded: bool = False) -> str:
+    """``excluded``: the attempt ran with nodes excluded; an unschedulable one is retried
+    without them (never exclude so many nodes that the job cannot be placed)."""
     decision = DEFAULT_DECISIONS[failure.kind]
+    if failure.kind == UNSCHEDULABLE and excluded:
+        return RETRY
     if failure.kind == OOM and retry_on_oom:
         decision = RETRY
     if decision == RETRY_ELSEWHERE and not exclude_failed_nodes:
@@ -179,7 +222,8 @@ def job_error(lines: list[str]) -> JobError | None:
         tail = body[frames[-3] if len(frames) >= 3 else (frames[0] if frames else 0):]
         tail = tail[-ERROR_LINES:]
         where = ""
-        user_frames = [m for m in (_FRAME.match(body[i]) for i in frames) if m and not _is_launcher(m.group(1))]
+        user_frames = [m for m in (_FRAME.match(body[i]) for i in frames)
+                       if m and not _is_launcher(m.group(1)) and not _interpreter(m.group(1))]
         if user_frames:
             where = f' (File "{user_frames[-1].group(1).rsplit("/", 1)[-1]}", line {user_frames[-1].group(2)})'
         who = f"rank {rank}: " if rank is not None else (f"rank {root_rank}: " if root_rank is not None else "")
@@ -227,9 +271,15 @@ def _is_launcher(path: str) -> bool:
     return any(part in path for part in _LAUNCHER)
 
 
+def _interpreter(path: str) -> bool:
+    """The interpreter's own frames (`python -m` runs a module through <frozen runpy>): neither
+    the launcher's nor the job's."""
+    return path.startswith("<frozen ")
+
+
 def _launcher_only(body: list[str]) -> bool:
     """The launcher's own traceback (torchrun's ChildFailedError, wmctl-bind), not the job's."""
-    files = [m.group(1) for m in map(_FRAME.match, body) if m]
+    files = [m.group(1) for m in map(_FRAME.match, body) if m and not _interpreter(m.group(1))]
     return "ChildFailedError" in body[-1] or (bool(files) and all(_is_launcher(f) for f in files))
 
 
@@ -247,3 +297,94 @@ def storage_full(error: JobError) -> str | None:
     found = _ENOSPC_PATH.search(text)
     where = f" writing {found.group(1)}" if found else ""
     return f"the disk is full (ENOSPC){where}: free space there (old checkpoints, checkpoint.keep) and resubmit"
+
+
+# ---- the launcher's own failures: rendezvous, and shutdown noise after success ------------------
+
+# What torchrun's agent raises when it cannot reach the c10d store or the rendezvous never
+# completes: torch/distributed/elastic/rendezvous/api.py (RendezvousConnectionError,
+# RendezvousTimeoutError, RendezvousClosedError), c10d_rendezvous_backend.py (_create_tcp_store:
+# "The connection to the C10d store has failed", after read_timeout), and the store client's own
+# DistNetworkError / DistStoreError (torch/csrc/distributed/c10d/socket.cpp, TCPStore.cpp).
+_RDZV_ERROR = re.compile(r"^(?:torch\.distributed\.(?:elastic\.rendezvous\.api\.)?)?"
+                         r"(RendezvousConnectionError|RendezvousTimeoutError|RendezvousClosedError|"
+                         r"DistNetworkError|DistStoreError)\b:?\s*(.*)$")
+# The frames of the agent's exit path: launcher/api.py launch_agent's ``finally`` calls
+# ``rdzv_handler.shutdown()`` (dynamic_rendezvous.py shutdown -> _close) only after agent.run()
+# returned or raised; agent/server/api.py _invoke_run calls _exit_barrier only once the local
+# worker group SUCCEEDED. A failed worker group raises ChildFailedError before either.
+_EXIT_PATH = re.compile(r"^\s*File \"[^\"]*/torch/distributed/[^\"]*\", line \d+, in "
+                        r"(shutdown|_close|_exit_barrier)\s*$")
+
+# agent/server/api.py: the frames of an agent whose workers are (re)starting or running
+_WHILE_RUNNING = re.compile(r"^\s*File \"[^\"]*/torch/distributed/[^\"]*\", line \d+, in "
+                            r"(_invoke_run|_initialize_workers|_restart_workers|_rendezvous|next_rendezvous|"
+                            r"num_nodes_waiting)\s*$")
+
+
+def rendezvous_failure(lines: list[str]) -> str | None:
+    """The agent's own rendezvous failure in a node's output (a launcher traceback ending in a
+    rendezvous or store-connection error, no worker's traceback), as evidence; else None."""
+    blocks = _tracebacks(lines)
+    if not blocks or any(not _launcher_only(body) for _, body in blocks):
+        return None
+    last = blocks[-1][1][-1].strip()
+    found = _RDZV_ERROR.match(last)
+    if found is None:
+        return None
+    cause = next((m.group(0) for _, body in blocks for m in [_RDZV_ERROR.match(body[-1].strip())]
+                  if m and m.group(1).startswith("Dist")), None)
+    text = f"{found.group(1)}: {found.group(2)}".rstrip(": ")
+    if cause and cause != last:
+        text += f" (cause: {cause.split('.')[-1] if cause.startswith('torch.') else cause})"
+    return (f"torchrun's agent could not reach the rendezvous: {text}; a node that starts long before "
+            "node 0 waits rendezvous.read_timeout for its store")
+
+
+def shutdown_noise(lines: list[str]) -> str | None:
+    """Did this node's agent fail only on its way out, after its workers succeeded? Its every
+    traceback is the launcher's, ends in a rendezvous / store error, and passes through the
+    exit path (the rendezvous shutdown or the exit barrier), and no worker failed
+    (no ChildFailedError). Such an exit is not the job's failure: node 0, which hosts the store,
+    ended first. Returns the agent's error, or None."""
+    blocks = _tracebacks(lines)
+    if not blocks or any("ChildFailedError" in text or "Root Cause (first observed failure)" in text
+                         for text in lines):
+        return None
+    exits = 0
+    for _, body in blocks:
+        if not _launcher_only(body) or _RDZV_ERROR.match(body[-1].strip()) is None:
+            return None
+        on_exit_path = any(_EXIT_PATH.match(text) for text in body)
+        # an error while the workers ran (the monitor loop, a re-rendezvous), even if the shutdown
+        # in ``finally`` failed after it, killed them: not noise
+        if not on_exit_path and any(_WHILE_RUNNING.match(text) for text in body):
+            return None
+        exits += on_exit_path
+    return blocks[-1][1][-1].strip() if exits else None
+
+
+# Signals a worker dies of in the interpreter's or a collective library's teardown (std::terminate
+# on a still-joinable C++ thread, a communicator destroyed twice), as torchrun reports them.
+TEARDOWN_SIGNALS = frozenset({-6, 134, -11, 139})
+
+
+def teardown_crash(lines: list[str]) -> str | None:
+    """Did this node's worker die of a signal with no traceback of its own (an abort or a
+    segfault in teardown)? Only meaningful once the job has said it completed: then the work is
+    done and saved, and the exit is the shutdown's, not the job's. Returns the summary, or None."""
+    err = job_error(lines)
+    if err is None or err.lines or err.exit_code not in TEARDOWN_SIGNALS:
+        return None
+    return err.summary
+
+
+def device_fault(lines: list[str], patterns: list[str]) -> str | None:
+    """A failing node's output naming a failed device (the vendor profile's
+    device_fault_patterns, case-insensitive): the evidence, the line that said it; else None."""
+    wanted = [p.lower() for p in patterns if p]
+    for line in reversed(lines):
+        text = _strip(line).strip()
+        if any(p in text.lower() for p in wanted):
+            return f"device fault, decided by the node's output: {text[:300]!r}"
+    return None

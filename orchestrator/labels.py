@@ -12,7 +12,9 @@ VERSION = "wmctl.io/version"
 CANCEL_REQUESTED = "wmctl.io/cancel-requested"  # annotation: the cancel intent (JSON), set before teardown
 
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
-KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_QUEUE = f"{KUEUE_GROUP}/queue-name"
+KUEUE_JOB_UID = f"{KUEUE_GROUP}/job-uid"        # on the Workload Kueue creates for a Job: the Job's uid
 VOLCANO_GROUP = "scheduling.k8s.io/group-name"
 
 

@@ -7,6 +7,7 @@ rendezvous host and the node rank's source.
 from __future__ import annotations
 
 import json
+import math
 
 from .plan import AttemptContext
 from .runtime import protocol as p
@@ -66,7 +67,11 @@ def torchrun_args(spec: JobSpec, profile: VendorProfile, *, endpoint: str, rdzv_
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={rdzv_id}",
-        f"--rdzv-conf=join_timeout={int(spec.rendezvous.join_timeout_s)}",
+        # read_timeout: the c10d store's connect and read timeout
+        # (torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py _create_tcp_store, 60 s by
+        # default); whole seconds, at least 1, as torch's get_as_int wants.
+        f"--rdzv-conf=join_timeout={int(spec.rendezvous.join_timeout_s)},"
+        f"read_timeout={max(1, math.ceil(spec.rendezvous.read_timeout_s))}",
         "--max-restarts=0",
         "--no-python",
         *(launcher if launcher is not None else [LAUNCHER]),

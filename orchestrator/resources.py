@@ -32,3 +32,12 @@ def images_dir() -> Path:
 
 def manifests_dir() -> Path:
     return data_dir("manifests")
+
+
+def rbac_manifest() -> str:
+    """The watcher's RBAC manifest as installed with wmctl (a path on this machine, not in a
+    checkout), for hints that tell a user what to grant."""
+    try:
+        return str(manifests_dir() / "rbac-watcher.yaml")
+    except FileNotFoundError:
+        return "the watcher Role in wmctl's README (Kubernetes RBAC)"

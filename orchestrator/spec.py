@@ -133,6 +133,11 @@ class RestartSpec:
     exclude_failed_nodes: bool = True
     node_loss_timeout: Union[str, float] = "30s"
     heartbeat_timeout: Union[str, float] = "10m"
+    # how long nodes may stay not created (a quota, PodSecurity) or not placed (Unschedulable)
+    # while the cluster says why, before the attempt fails as `unschedulable`; a Job queued
+    # (Kueue, Volcano) without such a reason waits as long as it takes
+    pending_timeout: Union[str, float] = "30m"
+    node_silence_timeout: Union[str, float] = "15s"   # a node's runtime beat missing this long = node lost
     auto_resume: bool = False
     retry_on_oom: bool = False
 
@@ -148,15 +153,39 @@ class RestartSpec:
     def heartbeat_timeout_s(self) -> float:
         return parse_duration(self.heartbeat_timeout)
 
+    @cached_property
+    def pending_timeout_s(self) -> float:
+        return parse_duration(self.pending_timeout)
+
+    @cached_property
+    def node_silence_timeout_s(self) -> float:
+        return parse_duration(self.node_silence_timeout)
+
 
 @dataclass
 class RendezvousSpec:
     port: int = 29500
     join_timeout: Union[str, float] = "10m"   # c10d default is 600 s
+    # How long a node's agent waits for the c10d store on pod 0 (torch's read_timeout, 60 s by
+    # default, separate from join_timeout): a node that starts before a late pod 0 (a cold image
+    # pull, a pod pending behind the last attempt's) must not give up first. None: join_timeout.
+    read_timeout: Union[str, float, None] = None
 
     @cached_property
     def join_timeout_s(self) -> float:
         return parse_duration(self.join_timeout)
+
+    @cached_property
+    def read_timeout_s(self) -> float:
+        return parse_duration(self.read_timeout) if self.read_timeout is not None else self.join_timeout_s
+
+
+@dataclass
+class SecretKeyRef:
+    """An env value read from a Secret by the kubelet: the token never sits in the spec or manifest."""
+    secret: str
+    key: str
+    optional: bool = False
 
 
 @dataclass
@@ -174,6 +203,15 @@ class KubernetesSpec:
     ttl_seconds_after_finished: int = 3600
     termination_grace_period: Union[str, float] = "90s"  # torchrun's own SIGTERM->SIGKILL is 30 s
     cluster_domain: str = "cluster.local"  # the rendezvous endpoint is the pod's FQDN under it
+    # Pod knobs (checked in backends/kubernetes/check.py: pod_problems)
+    pod_annotations: dict[str, str] = field(default_factory=dict)   # on the pods: Istio opt-out, Multus networks
+    extra_resources: dict[str, str] = field(default_factory=dict)   # rdma/hca_shared_devices_a: 1, hugepages-1Gi: 8Gi
+    host_network: bool = False          # hostNetwork, with dnsPolicy ClusterFirstWithHostNet
+    capabilities: list[str] = field(default_factory=list)           # added to the container: IPC_LOCK, ...
+    secret_env: dict[str, SecretKeyRef] = field(default_factory=dict)  # HF_TOKEN: {secret: hf, key: token}
+    # `submit --in-cluster`: the watcher's image (wmctl installed) and ServiceAccount
+    watcher_image: str | None = None
+    watcher_service_account: str = "wmctl-watcher"
 
     @cached_property
     def termination_grace_period_s(self) -> int:
@@ -190,7 +228,7 @@ class DockerSpec:
 
 @dataclass
 class LocalSpec:
-    master_port: int | None = None        # default: rendezvous.port
+    master_port: int | None = None        # default: a free port the OS picks (not rendezvous.port)
 
 
 @dataclass
@@ -387,8 +425,8 @@ def warnings(spec: JobSpec) -> list[str]:
     if not secret:
         return []
     return [f"env {', '.join(secret)} look like credentials: plain env values are visible in the rendered "
-            "plan, `docker inspect` and the pod spec; on Kubernetes keep them in a Secret (a `secret` volume, "
-            "or an env reference once the spec supports it) and read them from there"]
+            "plan, `docker inspect` and the pod spec; on Kubernetes keep them in a Secret and name it in "
+            "kubernetes.secret_env (e.g. HF_TOKEN: {secret: hf, key: token}) or mount it as a `secret` volume"]
 
 
 def check(spec: JobSpec, problems: Problems, profile_names: list[str] | None = None) -> None:
@@ -478,7 +516,20 @@ def _check_lifecycle(spec: JobSpec, problems: Problems) -> None:
         problems.append(("restart.heartbeat_timeout", "must be at least 1s: with less, every attempt is a hang "
                          "before its first step; give the longest a healthy step (or a checkpoint save) may "
                          "take, e.g. 10m"))
+    pending = _check_duration(spec.restart, "pending_timeout", "restart.pending_timeout", problems)
+    if pending is not None and pending < 1:
+        problems.append(("restart.pending_timeout", "must be at least 1s: a pod takes a moment to be "
+                         "scheduled even on an idle cluster; give how long the job may wait to be placed, e.g. 30m"))
+    silence = _check_duration(spec.restart, "node_silence_timeout", "restart.node_silence_timeout", problems)
+    if silence is not None and silence < 3:
+        problems.append(("restart.node_silence_timeout", "must be at least 3s: a node beats once a second, and a "
+                         "busy host can miss a beat or two; the default is 15s"))
     _check_duration(spec.rendezvous, "join_timeout", "rendezvous.join_timeout", problems)
+    if spec.rendezvous.read_timeout is not None:
+        read = _check_duration(spec.rendezvous, "read_timeout", "rendezvous.read_timeout", problems)
+        if read is not None and read < 1:
+            problems.append(("rendezvous.read_timeout", "must be at least 1s (torch refuses a read timeout "
+                             "below one second); give how long a node may wait for node 0's store, e.g. 10m"))
     grace = _check_duration(spec.kubernetes, "termination_grace_period", "kubernetes.termination_grace_period",
                             problems)
     if grace is not None and grace < 1:
@@ -690,7 +741,9 @@ def _check_kubernetes(spec: JobSpec, problems: Problems) -> None:
         if not _is_dns_subdomain(secret or ""):
             problems.append((f"kubernetes.image_pull_secrets[{i}]", f"{secret!r} is not a Secret name: lowercase "
                              "letters, digits, '-' and '.', e.g. regcred"))
-    for fname in ("queue", "scheduler", "service_account", "priority_class"):
+    if k.watcher_image is not None and (why := imageref.problem(k.watcher_image)):
+        problems.append(("kubernetes.watcher_image", why))
+    for fname in ("queue", "scheduler", "service_account", "priority_class", "watcher_service_account"):
         value = getattr(k, fname)
         if value is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", value):
             problems.append((f"kubernetes.{fname}", f"{value!r} is not a valid Kubernetes name"))

@@ -11,6 +11,7 @@ cluster can implement the same interface. The store is the one owner of the watc
 from __future__ import annotations
 
 import fcntl
+import importlib
 import json
 import os
 import shutil
@@ -19,10 +20,11 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable, Iterable
 
 from . import layout
-from .errors import RecordDamaged, RunExists, RunNotFound
+from .errors import OptionError, RecordDamaged, RunExists, RunNotFound
+from .runtime.protocol import ENV_RUN_STORE
 
 # The watcher lease: a live watcher beats every LEASE_BEAT_S; on this host its flock is the proof
 # of life, and a lease from another host (a shared run folder) is live while its beat is younger
@@ -61,6 +63,7 @@ class RunRecord:
     spec_hash: str
     auto_resume: bool
     kube_context: str | None = None
+    kubeconfig: str | None = None       # `submit --kubeconfig`: every later command reads the same file
     namespace: str | None = None        # where the run's objects live, on a namespaced backend
     created_at: float = field(default_factory=time.time)
     status: str = "running"             # running, succeeded, failed
@@ -185,6 +188,37 @@ class RunStore(ABC):
         """Remove the run's state (record, lease, logs, metrics): `wmctl delete`, `--replace`."""
 
 
+def parse_metrics(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The events of a metrics.jsonl, in order. A line that is not a JSON object (the torn end
+    of an append cut short) is skipped: the others still count."""
+    out = []
+    for line in lines:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict):
+            out.append(item)
+    return out
+
+
+def parse_record(read: Callable[[], str], run: str, where: str, *, hint: str) -> RunRecord:
+    """A store's record text (``read()``) -> RunRecord, for every store: RecordDamaged naming
+    ``where`` when it cannot be read or parsed, or when a newer wmctl wrote it."""
+    try:
+        data = json.loads(read())
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, found {json.dumps(data)[:40]}")
+        record = RunRecord.from_dict(data)
+    except (OSError, KeyError, ValueError, TypeError) as exc:    # UnicodeDecodeError is a ValueError
+        raise RecordDamaged(f"the record of run {run!r} ({where}) is damaged: {exc}", hint=hint) from None
+    if record.version > RECORD_VERSION:
+        raise RecordDamaged(f"the record of run {run!r} was written by a newer wmctl "
+                            f"(record version {record.version}, this one reads up to {RECORD_VERSION})",
+                            hint="upgrade wmctl on this machine")
+    return record
+
+
 class LocalRunStore(RunStore):
     """Files under ``$WMCTL_HOME/runs/<run>``: ``run.json``, the watcher lock, ``attempt-N/``."""
 
@@ -201,22 +235,11 @@ class LocalRunStore(RunStore):
 
     def load(self) -> RunRecord:
         if not self.path.exists():
-            known = ", ".join(list_runs(self.home)) or "none"
+            known = ", ".join(local_runs(self.home)) or "none"
             raise RunNotFound(f"no run named {self.run!r} under {self.home} (known runs: {known})")
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-            if not isinstance(data, dict):
-                raise ValueError(f"expected a JSON object, found {json.dumps(data)[:40]}")
-            record = RunRecord.from_dict(data)
-        except (OSError, UnicodeDecodeError, ValueError, TypeError) as exc:
-            raise RecordDamaged(f"the record of run {self.run!r} ({self.path}) is damaged: {exc}",
-                                hint=f"the run's objects are untouched; look at the file, then move it aside "
-                                     f"(mv {self.path} {self.path}.bad) to forget the run") from None
-        if record.version > RECORD_VERSION:
-            raise RecordDamaged(f"the record of run {self.run!r} was written by a newer wmctl "
-                                f"(record version {record.version}, this one reads up to {RECORD_VERSION})",
-                                hint="upgrade wmctl on this machine")
-        return record
+        return parse_record(lambda: self.path.read_text(encoding="utf-8"), self.run, str(self.path),
+                            hint=f"the run's objects are untouched; look at the file, then move it aside "
+                                 f"(mv {self.path} {self.path}.bad) to forget the run")
 
     def save(self, record: RunRecord) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -235,7 +258,8 @@ class LocalRunStore(RunStore):
             holder = held.describe() if held else "another process on this host"
             raise RunExists(f"run {self.run!r} is already {holder}" if held else
                             f"run {self.run!r} is already watched by {holder}",
-                            hint="stop that watcher first, or use `wmctl status` to look without acting") from None
+                            hint=f"stop that watcher first, or use `wmctl status {self.run}` to look without "
+                                 "acting") from None
         note = None
         held = self._read_lease()
         if held is not None and held.host != socket.gethostname():
@@ -243,7 +267,7 @@ class LocalRunStore(RunStore):
             if held.age() < LEASE_STALE_S:
                 fh.close()
                 raise RunExists(f"run {self.run!r} is already {held.describe()}",
-                                hint="stop that watcher first (on its host), or use `wmctl status` to look "
+                                hint=f"stop that watcher first (on its host), or use `wmctl status {self.run}` to look "
                                      f"without acting; its lease goes stale {LEASE_STALE_S:.0f} s after its last beat")
             note = f"took over the stale lease of {held.pid}@{held.host} (last beat {held.age():.0f}s ago)"
         self._lock_fh = fh
@@ -346,16 +370,8 @@ class LocalRunStore(RunStore):
         path = self.dir / layout.METRICS_FILE
         if not path.exists():
             return []
-        out = []
         with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                try:
-                    item = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(item, dict):
-                    out.append(item)
-        return out
+            return parse_metrics(fh)
 
     def delete(self) -> None:
         # The record goes first: a folder without one is no run (list_runs), whatever is left.
@@ -366,9 +382,41 @@ class LocalRunStore(RunStore):
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+# Which module keeps run state for a WMCTL_RUN_STORE name: set by the backend
+# registry (a backend declares its ``run_store``), so this layer never imports the backends.
+_store_resolver: Callable[[str], "tuple[str | None, list[str]]"] | None = None
+
+
+def set_store_resolver(resolver: Callable[[str], "tuple[str | None, list[str]]"]) -> None:
+    """``resolver(name)`` -> (module path or None, every name that offers a store)."""
+    global _store_resolver
+    _store_resolver = resolver
+
+
+def _store_module() -> Any:
+    """Where run state is kept: this machine's files (WMCTL_RUN_STORE unset), or the module a
+    backend declares as its ``run_store`` (WMCTL_RUN_STORE=<backend name>)."""
+    kind = (os.environ.get(ENV_RUN_STORE) or "").strip().lower()
+    if not kind:
+        return None
+    module, offered = _store_resolver(kind) if _store_resolver is not None else (None, [])
+    if module is None:
+        raise OptionError(f"{ENV_RUN_STORE}={kind!r} names no run store",
+                          hint=f"use one of: {', '.join(offered) or 'none'}, or unset it to keep run state "
+                               "in this machine's files")
+    return importlib.import_module(module)
+
+
 def open_store(run: str) -> RunStore:
-    """The store of ``run`` on this machine."""
-    return LocalRunStore(run)
+    """The store of ``run``: this machine's files, or the cluster's (WMCTL_RUN_STORE)."""
+    module = _store_module()
+    return LocalRunStore(run) if module is None else module.open_store(run)
+
+
+def list_runs(home: Path | None = None) -> list[str]:
+    """Every run the chosen store keeps (``home``: the local store's root, for tests)."""
+    module = _store_module()
+    return local_runs(home) if module is None or home is not None else module.list_runs()
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -381,7 +429,7 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     os.replace(tmp, path)
 
 
-def list_runs(home: Path | None = None) -> list[str]:
+def local_runs(home: Path | None = None) -> list[str]:
     root = layout.runs_root(home)
     if not root.is_dir():
         return []

@@ -12,7 +12,7 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from . import failures as F
 from .backends import base as b
@@ -20,9 +20,16 @@ from .errors import EngineUnavailable, RunCancelled, RunFailed, WmctlError
 from .layout import run_dir
 from .plan import AttemptContext, Plan
 from .runtime.protocol import ENV_TEST_PAUSE_AT
+from .silence import SILENT, Silence
 from .state import AttemptRecord, RunRecord, RunStore
 
 POLL_INTERVAL_S = 0.25
+WAITING_PREFIX = "waiting to be placed: "   # a running attempt's evidence while the cluster says why it waits
+QUEUED_PREFIX = "queued: "                  # ... while a queue (Kueue) holds it and says why
+TEARDOWN_WAIT_S = 5.0     # a worker's signal death waits this long for rank 0's `completed` (teardown crash)
+# After the job completed and a node's exit was found benign, the other nodes' torchrun agents wait
+# in their exit barrier for an agent that has already left it; they are stopped after this long.
+EXIT_BARRIER_WAIT_S = 10.0
 LOG_TAIL_LINES = 400      # of a failed node's output, searched for the failing rank's error
 
 # The phases a test can hold open (WMCTL_TEST_PAUSE_AT=<phase>) to cancel a run inside them.
@@ -57,8 +64,19 @@ class AttemptTracker:
     first_progress_at: float | None = None
     first_step_at: float | None = None
     preempted: bool = False
+    completed_step: int | None = None       # the job's own `exit` event said completed, at this step
+    crash_held: dict[int, float] = field(default_factory=dict)   # node -> since when its signal death waits on rank 0
+    done_at: float | None = None            # since when the job is done: it completed, a node's exit was benign
     all_started_at: float | None = None
     warned: set[str] = field(default_factory=set)     # timing advice already shown
+    # node -> its agent's error, for a node whose workers succeeded and whose agent then failed
+    # only on its way out (failures.shutdown_noise): that exit is not the job's failure
+    benign: dict[int, str] = field(default_factory=dict)
+    tails: dict[int, list[str]] = field(default_factory=dict)   # node -> the end of its output, once read
+    waiting: b.Event | None = None          # the cluster's newest reason for nodes not created / not placed
+    waiting_since: float | None = None      # since when some node waits with a reason
+    queued: b.Event | None = None           # the queue's newest reason for holding the job (no timeout)
+    silence: Silence | None = None                    # the runtime's per-node beat (silence.py)
 
     def __post_init__(self) -> None:
         self.last_heartbeat = self.started_at
@@ -72,7 +90,14 @@ class AttemptTracker:
             # scheduling or pulling a large image is not a hang.
             self.all_started_at = now
             self.last_heartbeat = max(self.last_heartbeat, now)
+        if self.all_started_at is not None:
+            self.waiting = self.waiting_since = self.queued = None
         for ev in obs.events:
+            if ev.kind == b.NODE_WAITING and self.all_started_at is None:
+                self.waiting = ev
+                self.waiting_since = self.waiting_since if self.waiting_since is not None else now
+            if ev.kind == b.NODE_QUEUED and self.all_started_at is None:
+                self.queued = ev
             if ev.kind == b.OUTPUT and self.first_progress_at is None:
                 # A job without orchestrator.runtime: any output is its heartbeat. Once it has
                 # printed a progress line, only progress counts (a chatty job stuck in a
@@ -93,14 +118,25 @@ class AttemptTracker:
                 self.resumed_from_step = p["step"]
             if p.get("event") == "preempted":
                 self.preempted = True
+            if p.get("event") == "exit" and p.get("status") == "completed":
+                self.completed_step = p["step"] if isinstance(p.get("step"), int) else self.last_step
+            if self.silence is not None:
+                self.silence.feed(p, now)
         return obs.events
 
     @property
     def succeeded(self) -> bool:
-        return bool(self.nodes) and all(n.phase == b.SUCCEEDED for n in self.nodes)
+        return bool(self.nodes) and all(n.phase == b.SUCCEEDED or n.phase == b.FAILED and n.node in self.benign
+                                        for n in self.nodes)
 
-    def failure(self, now: float, heartbeat_timeout: float) -> F.Failure | None:
-        found = F.root_cause(self.events)
+    def failure(self, now: float, heartbeat_timeout: float, pending_timeout: float = float("inf")) -> F.Failure | None:
+        for ev in self.silence.lost(now) if self.silence is not None else []:
+            node = next((n.node for n in self.nodes if ev.host and n.host == ev.host), None)
+            self.events.append(replace(ev, node=node))
+        found = F.root_cause([ev for ev in self.events
+                              if not (ev.kind == b.NODE_EXITED and ev.node in self.benign)])
+        if found is None and self.waiting is not None and self.waiting_since is not None:
+            found = F.pending_failure(self.waiting, self.waiting_since, now, pending_timeout)
         if found is not None and found.kind == F.APP_ERROR and self.preempted:
             # torchrun's agent exits 1 whatever its workers' codes: the job's own `preempted`
             # line says the exit was the graceful, checkpointed stop.
@@ -110,7 +146,37 @@ class AttemptTracker:
             return found
         if self.succeeded or (self.all_started_at is None and self.first_progress_at is None):
             return None
-        return F.hang_failure(self.last_heartbeat, now, heartbeat_timeout)
+        if self.done_at is not None:
+            return None     # a done job's silence is its nodes' exit barrier (Supervisor._left_in_barrier)
+        return F.hang_failure(self.last_heartbeat, now, heartbeat_timeout, self.nodes)
+
+
+@dataclass(frozen=True)
+class News:
+    """What the supervisor tells a watcher's view besides its lines: the run, the attempt it
+    watches, that attempt's nodes, this round's events (as the backend reported them, event time
+    included), and the supervisor's own clocks. The live panel folds these; nothing is read twice."""
+
+    record: RunRecord
+    attempt: AttemptRecord
+    nodes: list[b.NodeStatus]
+    events: list[b.Event] = field(default_factory=list)
+    heartbeat_at: float | None = None     # the hang clock's last tick; None until it runs
+    heartbeat_timeout_s: float = 0.0
+    backoff_until: float | None = None    # waiting until then before the next attempt
+    # Once, when a watcher takes up a run: the progress events earlier attempts kept in the run
+    # store (metrics.jsonl), which no backend replays: the loss trend and checkpoints so far.
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class WatchView(Protocol):
+    """Where a watcher's lines and news go (orchestrator.display)."""
+
+    def line(self, text: str, at: float | None = None) -> None:
+        """One line; ``at``: when what it reports happened (an event replayed on attach), else now."""
+
+    def news(self, news: News) -> None:
+        """The state changed (see News)."""
 
 
 @dataclass
@@ -125,16 +191,22 @@ class Supervisor:
                  auto_resume: bool, first_plan: Plan[Any] | None = None,
                  echo: Callable[[str], None] = print, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], None] = time.sleep, poll_interval: float = POLL_INTERVAL_S,
-                 show_state: Callable[[RunRecord, AttemptRecord, list[b.NodeStatus]], None] | None = None):
+                 show_state: Callable[[RunRecord, AttemptRecord, list[b.NodeStatus]], None] | None = None,
+                 view: WatchView | None = None):
         self.spec, self.profile, self.backend = spec, profile, backend
         self.store, self.record = store, record
         self.auto_resume = auto_resume
         # The plan a dry run already made for the first attempt: submitted as printed.
         self._first_plan = first_plan
         self.echo, self.clock, self.sleep = echo, clock, sleep
+        # A view takes every line (with the event's own time where there is one) and the news.
+        self.view = view
+        if view is not None:
+            self.echo = view.line
         self.poll_interval = poll_interval
         self.show_state = show_state or (lambda record, attempt, nodes: None)
         self._outage_since: float | None = None
+        self._told_history = False
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -149,8 +221,12 @@ class Supervisor:
                 self.backend.release(ref)
                 return self._finish(rec, tracker, "succeeded", f"run {self.spec.name} succeeded on attempt "
                                     f"{rec.attempt} at step {tracker.last_step}", 0)
-            failure, error = self._with_job_error(ref, failure)
+            failure, error = with_job_error(self.backend, ref, failure,
+                                            tracker.tails.get(failure.node) if failure.node is not None else None,
+                                            self.profile)
             teardown_started = self.clock()
+            if failure.kind == F.NODE_LOST:      # no survivor can finish a collective (or its checkpoint)
+                self.backend.cut_grace(ref, [failure.host] if failure.host else [])
             self.backend.cancel(ref)
             rec.timings["teardown_s"] = round(self.clock() - teardown_started, 3)
             for note in self.backend.teardown_notes(ref):
@@ -160,7 +236,7 @@ class Supervisor:
             # A backend on one host (local, Docker) retries in place: "elsewhere" would be a promise it cannot keep.
             decision = F.decide(failure, retry_on_oom=self.spec.restart.retry_on_oom,
                                 exclude_failed_nodes=self.spec.restart.exclude_failed_nodes
-                                and self.backend.places_nodes)
+                                and self.backend.places_nodes, excluded=bool(rec.excluded_nodes))
             rec.error = list(error.lines) if error else []
             self._record_failure(rec, tracker, failure, decision)
             if failure.kind != F.CANCELLED and self._cancelled() is not None:
@@ -181,9 +257,12 @@ class Supervisor:
             stop = self._why_stop(rec, failure, decision)
             if stop:
                 return self._finish(rec, tracker, "failed", stop, RunFailed.exit_code)
-            backoff = self.spec.restart.backoff_s if failure.kind != F.PREEMPTED else 0.0
+            backoff, skipped = self._backoff_s(failure, decision)
+            if skipped and self.spec.restart.backoff_s:
+                self.echo(f"no backoff: {skipped}, so attempt {rec.attempt + 1} starts now")
             if backoff:
                 self.echo(f"backing off {backoff:.0f} s before attempt {rec.attempt + 1}")
+                self._tell(rec, tracker, backoff_until=self.clock() + backoff)
                 self._wait(backoff)
             late = self._cancelled()
             if late is not None:      # cancelled while backing off: nothing more is submitted
@@ -191,8 +270,16 @@ class Supervisor:
                                     RunCancelled.exit_code)
             rec = self._submit(rec.attempt + 1, parent=rec)
 
-    def _with_job_error(self, ref: b.AttemptRef, failure: F.Failure) -> tuple[F.Failure, F.JobError | None]:
-        return with_job_error(self.backend, ref, failure)
+    def _backoff_s(self, failure: F.Failure, decision: str) -> tuple[float, str | None]:
+        """restart.backoff, for failures that may repeat where they happened, or 0 and why it is
+        skipped. A preemption checkpointed and stopped on purpose (said elsewhere: None); a node
+        that failed (lost, a device fault, hung) and is excluded from the next attempt is left
+        behind: waiting would only lengthen the outage."""
+        if failure.kind == F.PREEMPTED:
+            return 0.0, None
+        if decision == F.RETRY_ELSEWHERE and failure.host and self.backend.places_nodes:
+            return 0.0, f"{failure.host} is excluded, the next attempt goes elsewhere"
+        return self.spec.restart.backoff_s, None
 
     def _cancelled(self) -> F.Failure | None:
         intent = self.store.cancel_intent()
@@ -231,14 +318,23 @@ class Supervisor:
                     f"attempts); last failure: {failure.describe()}")
         made_progress = rec.last_checkpoint_step is not None and (
             rec.resumed_from_step is None or rec.last_checkpoint_step > rec.resumed_from_step)
-        if rec.attempt > 0 and not made_progress:
+        if rec.attempt > 0 and not made_progress and failure.kind != F.UNSCHEDULABLE:   # nothing of it ran
             return (f"stopped: attempt {rec.attempt} committed no new checkpoint (resumed from step "
                     f"{rec.resumed_from_step}); retrying would loop. Last failure: {failure.describe()}")
         return None
 
     def _watch(self, ref: b.AttemptRef, rec: AttemptRecord) -> tuple[AttemptTracker, F.Failure | None]:
-        tracker = AttemptTracker(started_at=rec.submitted_at)
+        tracker = AttemptTracker(started_at=rec.submitted_at,
+                                 silence=Silence(self.spec.restart.node_silence_timeout_s))
         timeout = self.spec.restart.heartbeat_timeout_s
+        # A watcher adopting a running attempt reads its output from the start: the events an
+        # earlier watcher kept are shown again (at their own times) but kept once.
+        metrics = self.store.metrics()
+        kept = {metric_key(m) for m in metrics if m.get("attempt") == rec.attempt}
+        history = [] if self._told_history else [m for m in metrics if isinstance(m.get("attempt"), int)
+                                                 and m["attempt"] < rec.attempt]
+        self._told_history = True
+        self._tell(rec, tracker, history=history)
         pause_point(self.spec.name, STARTING)
         while True:
             now = self.clock()
@@ -251,31 +347,115 @@ class Supervisor:
                 self.sleep(self.poll_interval)
                 continue
             before = tracker.nodes
+            waited = (tracker.waiting, tracker.queued)
             events = tracker.feed(obs, now)
+            if (tracker.waiting, tracker.queued) != waited:
+                # `wmctl status` reads the record: the cluster's reason for the wait is said there
+                # until every node runs (or the wait ends the attempt); a reason that needs a person
+                # before a full queue's
+                why, prefix = ((tracker.waiting, WAITING_PREFIX) if tracker.waiting is not None
+                               else (tracker.queued, QUEUED_PREFIX))
+                rec.evidence = (f"{prefix}{why.reason + ': ' if why.reason else ''}{why.message}"
+                                if why is not None else None)
+                self.store.save(self.record)
             for ev in events:
                 self._show(rec, ev, tracker, now)
-                if ev.kind == b.PROGRESS and ev.progress:
+                if ev.kind == b.PROGRESS and ev.progress and metric_key(ev.progress) not in kept:
+                    kept.add(metric_key(ev.progress))
                     self.store.append_metric({**ev.progress, "attempt": rec.attempt, "seen": round(now, 3)})
             if events or tracker.nodes != before:
                 rec.last_step, rec.last_checkpoint_step = tracker.last_step, tracker.last_checkpoint_step
                 rec.resumed_from_step = tracker.resumed_from_step
                 self.show_state(self.record, rec, tracker.nodes)
+                self._tell(rec, tracker, events)
             if tracker.first_step_at and "first_step_s" not in rec.timings:
                 rec.timings["first_step_s"] = round(tracker.first_step_at - rec.submitted_at, 3)
                 self._sync(rec, tracker)
             if cancelled is not None:     # a graceful cancel: only the nodes' end (or the grace period's) counts
                 self.sleep(self.poll_interval)
                 continue
-            failure = tracker.failure(now, timeout)
+            failure = tracker.failure(now, timeout, self.spec.restart.pending_timeout_s)
             if failure is not None and failure.kind == F.CANCELLED and cancelled is None and self._cancelled():
                 # The backend saw the cancel (a Job's annotation) after this round read no intent
                 # here: the next round reads it, and a graceful one waits for the checkpoint.
                 continue
+            if failure is not None and self._benign_exit(ref, rec, tracker, failure):
+                self.sleep(self.poll_interval)     # the other nodes' ends decide (or rank 0's words)
+                continue
             if failure is not None:
                 return tracker, failure
-            if tracker.succeeded:
+            if tracker.succeeded or self._left_in_barrier(ref, rec, tracker, now):
                 return tracker, None
             self.sleep(self.poll_interval)
+
+    def _left_in_barrier(self, ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker, now: float) -> bool:
+        """Nodes still up EXIT_BARRIER_WAIT_S after the job completed and a node's exit was found
+        benign are stopped, and the attempt counts as succeeded. torchrun's agent whose workers
+        succeeded waits in its exit barrier (torch/distributed/elastic/agent/server/api.py
+        `_exit_barrier`, 300 s by default and not a torchrun flag) for every agent, but an agent
+        whose worker failed returns without joining it: unless that agent hosted the c10d store, the
+        others would sit there five minutes, and a watcher would call their silence a hang."""
+        if tracker.done_at is None or now - tracker.done_at < EXIT_BARRIER_WAIT_S:
+            return False
+        up = [str(n.node) for n in tracker.nodes if n.phase not in (b.SUCCEEDED, b.FAILED, b.LOST)]
+        self.echo(f"attempt {rec.attempt}: node(s) {', '.join(up) or '-'} still up {now - tracker.done_at:.0f} s after "
+                  f"the job completed at step {tracker.completed_step}: torchrun's exit barrier waits for an agent "
+                  "that has left it; stopped")
+        self.backend.cancel(ref)
+        return True
+
+    def _benign_exit(self, ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker,
+                     failure: F.Failure) -> bool:
+        """Is this app-looking exit only an agent's shutdown noise after its workers succeeded
+        (failures.shutdown_noise), or a worker's crash on its way out after the job reported
+        completion (failures.teardown_crash)? Then it is noted and the attempt is watched on: the
+        other nodes' ends decide. True also while such a crash waits (TEARDOWN_WAIT_S) for rank
+        0's `completed` line."""
+        if failure.kind != F.APP_ERROR or failure.node is None or failure.node in tracker.benign:
+            return False
+        lines = tracker.tails.get(failure.node)
+        if lines is None:
+            lines = node_tail(self.backend, ref, failure.node)
+        if lines is not None:
+            tracker.tails[failure.node] = lines     # read once: the failure's report uses it too
+        noise = F.shutdown_noise(lines) if lines is not None else None
+        if noise is not None:
+            tracker.benign[failure.node] = noise
+            if tracker.completed_step is not None:
+                tracker.done_at = tracker.done_at or self.clock()
+            self.echo(f"attempt {rec.attempt}: node {failure.node}'s workers finished; its torchrun agent then "
+                      f"failed on its way out ({noise}): not counted as a failure")
+            return True
+        lost = F.rendezvous_failure(lines) if lines is not None and tracker.completed_step is not None else None
+        if lost is not None:
+            # After rank 0's `completed` no work is left, so an agent that lost the c10d store
+            # (its host's agent left first: it succeeded, or its worker crashed on the way out)
+            # stopped nothing: its workers were done or leaving.
+            tracker.benign[failure.node] = lost
+            tracker.done_at = tracker.done_at or self.clock()
+            self.echo(f"attempt {rec.attempt}: node {failure.node}'s torchrun agent lost the rendezvous store after "
+                      f"the job reported completion at step {tracker.completed_step} (the node hosting it had "
+                      "ended): not counted as a failure")
+            return True
+        crash = F.teardown_crash(lines) if lines is not None else None
+        if crash is not None and tracker.completed_step is None:
+            # Rank 0 says `completed` after the last barrier, so a rank that crashed leaving it
+            # can end before that line is read: while another node still runs, its words are
+            # awaited a moment before the exit counts as the job's failure.
+            held = tracker.crash_held.setdefault(failure.node, self.clock())
+            others = any(n.node != failure.node and n.phase == b.RUNNING for n in tracker.nodes)
+            return others and self.clock() - held < TEARDOWN_WAIT_S
+        if crash is not None:
+            # The job said it completed (its last checkpoint committed before it said so), then a
+            # worker died of a signal with no error of its own: a crash in the interpreter's or
+            # the collective library's teardown (gloo + DCP in torch 2.13 abort now and then).
+            # Retrying would redo nothing; failing the run would call finished work lost.
+            tracker.benign[failure.node] = crash
+            tracker.done_at = tracker.done_at or self.clock()
+            self.echo(f"attempt {rec.attempt}: node {failure.node}'s worker died after the job reported completion "
+                      f"at step {tracker.completed_step} ({crash}): a crash on the way out, not counted as a failure")
+            return True
+        return False
 
     def _poll(self, ref: b.AttemptRef, tracker: AttemptTracker, now: float) -> b.Observation | None:
         """The backend's news, or None while its engine (Docker, the Kubernetes API) is out of
@@ -299,34 +479,40 @@ class Supervisor:
         return obs
 
     def _show(self, rec: AttemptRecord, ev: b.Event, tracker: AttemptTracker, now: float) -> None:
+        # Each line carries the time of what it reports: a watcher attaching to a running attempt
+        # reads its output from the start, and those lines say when they happened, not when read.
         if ev.kind == b.PROGRESS and ev.progress:
             p = ev.progress
             kind = p.get("event")
+            at = float(p["time"]) if isinstance(p.get("time"), (int, float)) else ev.time
             if kind == "checkpoint":
-                self.echo(f"attempt {rec.attempt}: checkpoint committed at step {p.get('step')}")
+                self._say(f"attempt {rec.attempt}: checkpoint committed at step {p.get('step')}", at)
                 self._sync(rec, tracker)
             elif kind == "resume":
-                self.echo(f"attempt {rec.attempt}: resumed from step {p.get('step')}")
+                # A resume the runtime could not make exact (another world size) says why.
+                how = f" (not exact: {p.get('reason') or 'reason not given'})" if p.get("exact") is False else ""
+                self._say(f"attempt {rec.attempt}: resumed from step {p.get('step')}{how}", at)
                 self._sync(rec, tracker)
             elif kind == "step":
-                self.echo(f"attempt {rec.attempt}: {step_line(p)}")
+                self._say(f"attempt {rec.attempt}: {step_line(p)}", at)
                 for warning in (p.get("timing") or {}).get("warnings") or []:
                     # The same advice every ten steps is noise: each kind ("data wait is 31% ...",
                     # "communication is ...") is said once an attempt.
                     kind = warning.split(" is ", 1)[0]
                     if kind not in tracker.warned:
                         tracker.warned.add(kind)
-                        self.echo(f"attempt {rec.attempt}: {warning}")
-            elif kind in ("start", "exit", "preempted"):
-                self.echo(f"attempt {rec.attempt}: {kind} " + ", ".join(f"{k}={v}" for k, v in p.items()
-                                                                       if k not in ("event", "time")))
+                        self._say(f"attempt {rec.attempt}: {warning}", at)
+            elif kind in ("start", "exit", "preempted", SILENT):
+                self._say(f"attempt {rec.attempt}: {kind} " + ", ".join(f"{k}={v}" for k, v in p.items()
+                                                                        if k not in ("event", "time")), at)
         elif ev.kind == b.OUTPUT:
             if tracker.first_progress_at is None:     # the job's own progress, one line a second
-                self.echo(f"attempt {rec.attempt}: node {ev.node} | {ev.message}")
+                self._say(f"attempt {rec.attempt}: node {ev.node} | {ev.message}", ev.time)
         elif ev.kind != b.PROGRESS:
             detail = f" exit {ev.exit_code}" if ev.exit_code is not None else ""
             why = f" ({ev.message})" if ev.message else ""
-            self.echo(f"attempt {rec.attempt}: node {ev.node} {ev.kind}{detail}{why}")
+            who = f"node {ev.node} " if ev.node is not None else ""    # a Job-level fact names no node
+            self._say(f"attempt {rec.attempt}: {who}{ev.kind}{detail}{why}", ev.time)
 
     # -- attempts ------------------------------------------------------------------------------
     def current_or_new_attempt(self) -> AttemptRecord:
@@ -346,6 +532,11 @@ class Supervisor:
 
     def _submit(self, attempt: int, parent: AttemptRecord | None) -> AttemptRecord:
         excluded = list(parent.excluded_nodes) if parent else []
+        if parent and parent.outcome == F.UNSCHEDULABLE and excluded:
+            # never exclude so many nodes that the job cannot be placed: the exclusions go
+            self.echo(f"attempt {attempt}: attempt {parent.attempt} could not be placed with "
+                      f"{', '.join(excluded)} excluded; excluding none")
+            excluded = []
         if (parent and parent.decision == F.RETRY_ELSEWHERE and parent.failed_host
                 and parent.failed_host not in excluded and self.backend.places_nodes):
             excluded.append(parent.failed_host)
@@ -388,6 +579,11 @@ class Supervisor:
         rec.outcome, rec.evidence, rec.decision = failure.kind, failure.evidence, decision
         rec.failed_node, rec.failed_host = failure.node, failure.host
         self.store.save(self.record)
+        # Kept beside the job's own progress events (marked as the watcher's), so a metrics
+        # consumer sees where each attempt ended and why without reading the record.
+        self.store.append_metric({"event": "failure", "by": "watcher", "time": round(rec.ended_at, 3),
+                                  "attempt": rec.attempt, "step": rec.last_step, "kind": failure.kind,
+                                  "decision": decision, "node": failure.node, "host": failure.host})
 
     def _sync(self, rec: AttemptRecord, tracker: AttemptTracker) -> None:
         rec.last_step = tracker.last_step
@@ -403,22 +599,45 @@ class Supervisor:
         self.record.final_report = report + "\n" + summary(self.record)
         self.store.save(self.record)
         self.show_state(self.record, rec, tracker.nodes)
+        self._tell(rec, tracker)
         self.echo(self.record.final_report)
         return Outcome(status, self.record.final_report, code)
 
+    def _tell(self, rec: AttemptRecord, tracker: AttemptTracker, events: list[b.Event] | None = None,
+              backoff_until: float | None = None, history: list[dict[str, Any]] | None = None) -> None:
+        if self.view is None:
+            return
+        # The hang clock runs once every node runs or the job reported progress (AttemptTracker.failure).
+        ticking = tracker.all_started_at is not None or tracker.first_progress_at is not None
+        self.view.news(News(self.record, rec, list(tracker.nodes), list(events or []),
+                            tracker.last_heartbeat if ticking else None,
+                            self.spec.restart.heartbeat_timeout_s, backoff_until, list(history or [])))
 
-def with_job_error(backend: b.Backend[Any], ref: b.AttemptRef,
-                   failure: F.Failure) -> tuple[F.Failure, F.JobError | None]:
+    def _say(self, text: str, at: float | None) -> None:
+        """A line about an event, stamped with the event's time when a view shows times."""
+        if self.view is not None:
+            self.view.line(text, at)
+        else:
+            self.echo(text)
+
+
+def with_job_error(backend: b.Backend[Any], ref: b.AttemptRef, failure: F.Failure,
+                   lines: list[str] | None = None, profile: Any = None) -> tuple[F.Failure, F.JobError | None]:
     """An application error is reported in the failing rank's own words: its traceback's end,
-    read from its node's output before a teardown takes the node away."""
+    read from its node's output (``lines``, when already read) before a teardown takes the
+    node away. An exit that was the torchrun agent's own rendezvous failure is infrastructure."""
     if failure.kind != F.APP_ERROR or failure.node is None:
         return failure, None
-    tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
-    try:
-        tail.extend(backend.logs(ref, node=failure.node, follow=False))
-    except WmctlError:
+    lines = lines if lines is not None else node_tail(backend, ref, failure.node)
+    if lines is None:
         return failure, None
-    error = F.job_error(list(tail))
+    rendezvous = F.rendezvous_failure(lines)
+    if rendezvous is not None:      # the agent's, not the job's: infrastructure, retried
+        return replace(failure, kind=F.RENDEZVOUS, evidence=f"{failure.evidence}; {rendezvous}"), None
+    error = F.job_error(lines)
+    device = F.device_fault(lines, getattr(profile, "device_fault_patterns", None) or [])
+    if device is not None:          # the vendor's words for a failed device: the node, not the job
+        return replace(failure, kind=F.DEVICE_FAULT, evidence=f"{failure.evidence}; {device}"), error
     if error is None:
         return failure, None
     full = F.storage_full(error)
@@ -427,26 +646,48 @@ def with_job_error(backend: b.Backend[Any], ref: b.AttemptRef,
     return replace(failure, evidence=f"{failure.evidence}; {error.summary}"), error
 
 
+def node_tail(backend: b.Backend[Any], ref: b.AttemptRef, node: int) -> list[str] | None:
+    """The end of one node's output (None when it cannot be read)."""
+    tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+    try:
+        tail.extend(backend.logs(ref, node=node, follow=False))
+    except WmctlError:
+        return None
+    return list(tail)
+
+
+def metric_key(progress: dict[str, Any]) -> tuple[Any, ...]:
+    """What tells one progress line from another within an attempt: its event, step and the job's time."""
+    return progress.get("event"), progress.get("step"), progress.get("time")
+
+
+STEP_PARTS = ("compute", "data", "comm", "other")
+
+
 def step_line(progress: dict[str, Any]) -> str:
-    """One step report as a line: loss, then where the step's time went and what bounds it.
+    """One step report as a line: loss, then where the step's time went, largest part first (the
+    first part is the bottleneck). At most three parts, none under 1%, so that a stamped line of a
+    run up to step 99,999 fits 100 columns.
 
     >>> step_line({"step": 300, "loss": 0.0059, "timing": {"step_s": 0.0604, "bottleneck": "compute",
-    ...     "compute_share": 0.56, "data_share": 0.27, "comm_share": 0.16}})
-    'step 300 loss 0.0059 | 60.4 ms/step: compute 56% data 27% comm 16% -> compute-bound'
+    ...     "compute_share": 0.56, "data_share": 0.27, "comm_share": 0.16, "other_share": 0.01}})
+    'step 300 loss 0.0059, 60.4 ms: compute 56% data 27% comm 16%'
     """
     text = f"step {progress.get('step')}"
     loss = progress.get("loss")
-    if isinstance(loss, (int, float)):
-        text += f" loss {loss:.4f}"
+    if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+        text += f" loss {loss:.4g}"
+    elif isinstance(loss, str):
+        text += f" loss {loss[:12]}"
     timing = progress.get("timing")
     if isinstance(timing, dict) and isinstance(timing.get("step_s"), (int, float)):
-        text += f" | {timing['step_s'] * 1000:.1f} ms/step:"
-        for part in ("compute", "data", "comm"):
-            share = timing.get(f"{part}_share")
-            if isinstance(share, (int, float)):
-                text += f" {part} {share * 100:.0f}%"
-        if timing.get("bottleneck"):
-            text += f" -> {timing['bottleneck']}-bound"
+        text += f", {timing['step_s'] * 1000:.1f} ms"
+        shares = [(part, timing.get(f"{part}_share")) for part in STEP_PARTS]
+        measured = [(part, float(v)) for part, v in shares
+                    if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0.005]
+        ranked = sorted(measured, key=lambda pv: -pv[1])[:3]
+        if ranked:
+            text += ":" + "".join(f" {part} {v * 100:.0f}%" for part, v in ranked)
     return text
 
 

@@ -313,3 +313,31 @@ def _all_defaults(cls: type) -> bool:
         f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
         for f in dataclasses.fields(cls) if f.init
     )
+
+
+def index_url_problem(value: object) -> str | None:
+    """What is wrong with a package index URL (a vendor profile's ``torch_index_url``), or None.
+
+    It reaches pip as one exec-form argument, so quoting is not the concern: the value must be an
+    http(s) URL with a host, one line, no spaces, and no credentials (the Dockerfile and its RUN
+    lines are kept in the image's history, and the dry run prints them)."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(value, str):
+        return f"expected a URL string such as https://download.pytorch.org/whl/cpu, got {type(value).__name__}"
+    bad = re.search(r"[\s\x00-\x1f\x7f-\x9f\u2028\u2029]", value)
+    if bad:
+        return f"{value!r} contains {bad.group()!r}; write one URL without spaces, e.g. https://download.pytorch.org/whl/cpu"
+    try:
+        parts = urlsplit(value)
+        _port = parts.port    # raises ValueError for a port that is not a number in range
+    except ValueError as exc:
+        return f"{value!r} is not a URL ({exc}); e.g. https://download.pytorch.org/whl/cpu"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return (f"{value!r} is not an http(s) URL with a host; give the PEP 503 index pip should use, "
+                "e.g. https://download.pytorch.org/whl/cpu")
+    if parts.username is not None or parts.password is not None:
+        return ("the URL carries credentials (user:password@), which would be kept in the image's history; "
+                "use an index that needs none, or give pip its credentials through a netrc in the base image")
+    return None
+

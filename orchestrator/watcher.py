@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from . import api
+from .display import PlainDisplay
 from .errors import WmctlError
-
-
-def _line(text: str) -> None:
-    print(f"[{time.strftime('%Y-%m-%dT%H:%M:%S%z')}] {text}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,10 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run")
     parser.add_argument("--auto-resume", action="store_true")
     args = parser.parse_args(argv)
+    lines = PlainDisplay()
     try:
-        return api.watch(args.run, auto_resume=True if args.auto_resume else None, echo=_line)
+        return api.watch(args.run, auto_resume=True if args.auto_resume else None, echo=lines, view=lines)
     except WmctlError as exc:
-        _line(f"error: {exc}")
+        lines(f"error: {exc}")
         return exc.exit_code
 
 

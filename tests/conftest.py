@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
+
+# A suite started as a background job of a non-interactive shell (`bash .ci/run &`, nohup, a CI
+# runner's script) starts with SIGINT ignored (POSIX sh: an asynchronous list ignores SIGINT),
+# and every process it starts inherits that across exec: the tests that play a user's Ctrl-C
+# would play it on processes that cannot hear it. An interactive terminal gives its foreground
+# job SIGINT's default; so does this, for the processes the tests start (a handler, unlike
+# SIG_IGN, is reset to the default on exec).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ..errors import BackendError, SpecError
+from ..errors import BackendError, OptionError, SpecError
 from ..plan import AttemptContext, HostFacts, Plan
 from ..validate import Problems
-from .base import Backend, BackendOptions
+from ..state import set_store_resolver
+from .base import LOG_OPTION_FLAGS, Backend, BackendOptions, LogQuery
 
 # name -> module whose BACKEND is the backend class; the first is the default.
 REGISTRY: dict[str, str] = {
@@ -28,6 +29,16 @@ DEFAULT = next(iter(REGISTRY))
 
 def names() -> list[str]:
     return list(REGISTRY)
+
+
+def run_store(name: str) -> tuple[str | None, list[str]]:
+    """The module that keeps run state for backend ``name`` (None: it keeps none), and every
+    backend that offers one: how WMCTL_RUN_STORE=<name> is resolved (state.open_store)."""
+    offered = [n for n in REGISTRY if backend_class(n).run_store]
+    return (backend_class(name).run_store if name in REGISTRY else None), offered
+
+
+set_store_resolver(run_store)
 
 
 def register(name: str, module: str) -> None:
@@ -93,3 +104,14 @@ def _persistent_checkpoint_problems(spec: Any) -> Problems:
     if vol.read_only:
         return [("checkpoint.dir", f"volume {vol.name!r} holding the checkpoint dir is read_only")]
     return []
+
+
+def check_logs(cls: type[Backend[Any]], query: LogQuery) -> None:
+    """The log options a backend cannot serve (its ``log_options``), refused before it is asked."""
+    missing = [LOG_OPTION_FLAGS[name] for name in query.asked() if name not in cls.log_options]
+    if missing:
+        able = [n for n in REGISTRY if all(f.lstrip("-") in backend_class(n).log_options for f in missing)]
+        where = f"runs on {', '.join(able)} keep them" if able else "no backend keeps them"
+        why = (" (it keeps no per-line times)" if set(missing) <= {"--since", "--timestamps"} else "")
+        raise OptionError(f"{', '.join(missing)}: the {cls.name} backend's logs cannot serve this{why}; {where}",
+                          hint=f"drop {', '.join(missing)}; --all-nodes and -f work on every backend")

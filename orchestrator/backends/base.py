@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Generic, Iterator
+from typing import Any, Callable, ClassVar, Generic, Iterator
 
 from ..layout import attempt_name
 from ..runtime.protocol import run_checkpoint_dir
@@ -32,6 +32,8 @@ NODE_PAUSED = "node_paused"            # frozen (docker pause, SIGSTOP): no exit
 OOM_KILLED = "oom_killed"              # the kernel/kubelet killed it for memory
 EVICTED = "evicted"                    # preempted / evicted / DisruptionTarget (graceful)
 IMAGE_PULL_FAILED = "image_pull_failed"
+NODE_WAITING = "node_waiting"          # not created or not placed yet; the cluster says why (no failure alone)
+NODE_QUEUED = "node_queued"            # held by a queue until it admits the job (Kueue): waits as long as it takes
 PROGRESS = "progress"                  # a WMCTL-PROGRESS line from rank 0 (also the heartbeat)
 OUTPUT = "output"                      # any other line: the heartbeat of a job that prints no progress lines
 CANCELLED = "cancelled"
@@ -43,6 +45,20 @@ ARCHIVE_TAIL_LINES = 20000
 # A job that never imports orchestrator.runtime prints no progress lines; its own output is its
 # sign of life. One line per node per second is enough for that and keeps a chatty job cheap.
 OUTPUT_EVERY_S = 1.0
+
+
+# The node that keeps the runtime's witness (runtime/liveness.py WITNESS: group rank 1, which is
+# node 1 wherever ranks follow the sorted host names, Kubernetes and Docker) reports group rank
+# 0's node when it goes silent, on its own output. Backends that read only node 0's output follow
+# node 1's as well, for these lines alone: one more stream per attempt, whatever the job's size.
+WITNESS_NODE = 1
+WITNESS_EVENTS = ("node_silent", "node_beat")
+
+
+def witness_progress(payload: dict[str, Any]) -> bool:
+    """Is this progress line from the witness stream one to keep (about group rank 0)?"""
+    g = payload.get("group_rank")
+    return payload.get("event") in WITNESS_EVENTS and isinstance(g, int) and not isinstance(g, bool) and g == 0
 
 
 def output_event(last: dict[int, float], node: int, host: str | None, line: str,
@@ -104,10 +120,52 @@ class Observation:
 
 
 @dataclass(frozen=True)
+class LogQuery:
+    """Which lines of a node's output ``logs`` returns, beyond following it. A backend serves the
+    fields its ``log_options`` names; ``backends.check_logs`` refuses the others before asking."""
+
+    tail: int | None = None         # only the last N lines ("tail")
+    since: float | None = None      # only lines written at or after this Unix time ("since")
+    timestamps: bool = False        # each line led by its RFC 3339 time and a space ("timestamps")
+    #: while following: stop once this says the attempt is over, on a backend whose stream cannot
+    #: tell (a local node killed with its keeper writes no exit file).
+    stop: Callable[[], bool] | None = None
+
+    def asked(self) -> list[str]:
+        """The log options this query uses, by their ``log_options`` names."""
+        return [name for name, used in (("tail", self.tail is not None), ("since", self.since is not None),
+                                        ("timestamps", self.timestamps)) if used]
+
+
+LOG_OPTION_FLAGS = {"tail": "--tail", "since": "--since", "timestamps": "--timestamps"}
+
+
+def rfc3339(unix_ns: int) -> str:
+    """A log line's time as ``--timestamps`` prints it on every backend: Go's RFC3339Nano in UTC
+    (trailing zeros of the fraction dropped), as the kubelet and the Docker engine write it."""
+    secs, frac = divmod(int(unix_ns), 1_000_000_000)
+    digits = f"{frac:09d}".rstrip("0")
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + (f".{digits}Z" if digits else "Z")
+
+
+def kept_lines(lines: list[str], query: "LogQuery", *, what: str) -> list[str]:
+    """A kept (archived) log, which holds no times: ``tail`` applies; ``since`` and
+    ``timestamps`` cannot, and say so."""
+    if query.since is not None or query.timestamps:
+        from ..errors import OptionError
+
+        flag = "--since" if query.since is not None else "--timestamps"
+        raise OptionError(f"{flag}: {what} was torn down and its kept log holds no times",
+                          hint=f"drop {flag} (--tail N still works), or ask while the attempt runs")
+    return lines if query.tail is None else lines[-query.tail:] if query.tail else []
+
+
+@dataclass(frozen=True)
 class BackendOptions:
     """How to reach a backend's engine: what a user gives on the command line or a record holds."""
 
     context: str | None = None      # Kubernetes: kubeconfig context
+    kubeconfig: str | None = None   # Kubernetes: the kubeconfig file (default: $KUBECONFIG, ~/.kube/config)
     namespace: str | None = None    # Kubernetes: default namespace of the run's objects
 
 
@@ -126,6 +184,12 @@ class Backend(ABC, Generic[R]):
     places_nodes: ClassVar[bool] = False
     #: can ``cancel(graceful=True)`` send SIGTERM and wait for the job's checkpoint?
     graceful_cancel: ClassVar[bool] = False
+    #: a module keeping run state where the runs live (``open_store(run)``, ``list_runs()``),
+    #: chosen with WMCTL_RUN_STORE=<backend name>; None: run state stays on this machine only
+    run_store: ClassVar[str | None] = None
+    #: can it run a run's watcher where the runs live (``start_watcher``, ``retire_watcher``)?
+    #: Only with a ``run_store``: the watcher there must find the run's state.
+    cluster_watcher: ClassVar[bool] = False
     #: do nodes run ``image.tag`` (so it must be set and the command must be non-empty)?
     runs_image: ClassVar[bool] = True
     #: do checkpoints outlive a node without a volume (a local run writes to this machine's disk)?
@@ -138,6 +202,9 @@ class Backend(ABC, Generic[R]):
     #: can ``poll`` tell how an attempt ended whose objects are all gone (Kubernetes: a Job the TTL
     #: removed, from the Job controller's Event)? If not, such an attempt is a loss nobody saw.
     resolves_gone: ClassVar[bool] = False
+    #: which ``LogQuery`` fields ``logs`` serves ("tail", "since", "timestamps"); following and
+    #: --all-nodes work everywhere. Checked in one place: ``backends.check_logs``.
+    log_options: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def create(cls, options: BackendOptions) -> "Backend[Any]":
@@ -201,13 +268,21 @@ class Backend(ABC, Generic[R]):
         """New events since the last poll plus the state of every node."""
 
     @abstractmethod
-    def logs(self, ref: AttemptRef, node: int = 0, follow: bool = False) -> Iterator[str]:
-        """Lines of one node's output."""
+    def logs(self, ref: AttemptRef, node: int = 0, follow: bool = False,
+             query: LogQuery | None = None) -> Iterator[str]:
+        """Lines of one node's output, narrowed by ``query`` (only fields in ``log_options``)."""
 
     @abstractmethod
     def cancel(self, ref: AttemptRef, graceful: bool = False) -> None:
         """Tear down everything of the attempt at once (SIGTERM first and a wait for the job's
         checkpoint with ``graceful``, where ``graceful_cancel``). Idempotent."""
+
+    def cut_grace(self, ref: AttemptRef, dead_hosts: list[str]) -> None:
+        """A peer of the attempt is known dead (node_lost): its survivors are blocked in a
+        collective that cannot complete, and so is any SIGTERM checkpoint they would try. End
+        them with a short grace period rather than their full one, and the pods of the dead
+        hosts at once, before ``cancel``. Default: nothing (a backend whose teardown kills at
+        once)."""
 
     def note_cancel(self, ref: AttemptRef, intent: dict[str, Any]) -> None:
         """Write the cancel intent onto the attempt's own objects too, before the teardown, where
@@ -227,6 +302,26 @@ class Backend(ABC, Generic[R]):
     @abstractmethod
     def attempts(self, run: str) -> list[AttemptRef]:
         """Every attempt of ``run`` this backend still knows, oldest first."""
+
+    @classmethod
+    def watcher_problems(cls, spec: Any) -> list[tuple[str, str]]:
+        """(field, why) for a spec whose watcher ``start_watcher`` could not start."""
+        return []
+
+    def store_environment(self, spec: Any) -> dict[str, str]:
+        """The environment (beyond WMCTL_RUN_STORE) under which this backend's ``run_store`` keeps
+        a run where ``start_watcher``'s watcher reads it: the submitting machine must write there."""
+        return {}
+
+    def start_watcher(self, run: str, spec: Any) -> str:
+        """Start ``run``'s watcher where the runs live (``cluster_watcher``); returns how to
+        follow it. Its state must already be in the backend's ``run_store``."""
+        raise NotImplementedError(f"{self.name} runs no watcher of its own (cluster_watcher is False)")
+
+    def retire_watcher(self, run: str) -> str | None:
+        """Inside the watcher that ``start_watcher`` started, once the run has ended: remove what
+        would restart it. None when this process is no such watcher."""
+        return None
 
     def close(self) -> None:
         """Stop this object's background threads (watches, log followers); the attempts

@@ -180,6 +180,34 @@ def test_docker_pause_of_a_node_is_a_hang_torn_down_and_resumed(docker_client, i
     redone(home, run)
 
 
+def test_docker_frozen_rank0_training_is_named_by_the_witness_and_resumed(docker_client, image, home, reference):
+    """Rank 0's training process stops (SIGSTOP: a hung host, its container and torchrun agent
+    look healthy). Rank 0 was the beat's reader, so group rank 1's witness (runtime/liveness.py)
+    reports it on node 1's output, which the backend follows for that alone: node 0 is lost
+    after restart.node_silence_timeout, not after the 10-minute heartbeat_timeout."""
+    import os
+    import signal
+
+    run = "dkf-frozen0"
+    w = watch(write_spec(home, run, image, job_args=["--beat"],
+                         restart={"heartbeat_timeout": "10m", "node_silence_timeout": "5s"}), home)
+    wait_progress(docker_client, run, 0, "checkpoint", 10)
+    top = container(docker_client, run, 0, 0).top(ps_args="-eo pid,args")
+    pid_at = top["Titles"].index("PID")
+    workers = [int(p[pid_at]) for p in top["Processes"]
+               if "counter.py" in p[-1] and "torchrun" not in p[-1] and "torch.distributed.run" not in p[-1]]
+    assert workers, top
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)           # the host sees the container's processes
+    assert w.wait(300) == 0, w.output
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["node_lost", "succeeded"], rec["final_report"]
+    first = rec["attempts"][0]
+    assert first["failed_node"] == 0 and "no liveness beat" in first["evidence"], first["evidence"]
+    assert final_state(home, run) == reference
+    assert not leftovers(docker_client, run)
+
+
 def test_docker_kill_during_checkpoint_write_resumes_from_the_previous_one(docker_client, image, home, reference):
     run = "dkf-torn"
     w = watch(write_spec(home, run, image, every=10, job_args=["--slow-commit", "4"]), home)

@@ -40,12 +40,28 @@ def write_spec(tmp: Path, name: str, *, nodes: int = 2, steps: int = 40, every: 
     return path
 
 
+def dump_stacks(proc: subprocess.Popen) -> str:
+    """Where a process that should have ended is stuck: started with PYTHONFAULTHANDLER=1, SIGABRT
+    makes it print every thread's stack (to its stderr) before it dies. Returns its stderr when
+    the test holds it as a pipe."""
+    exited = proc.poll()
+    if exited is not None:
+        return f"(it had exited with {exited}: something else holds its output open)"
+    os.kill(proc.pid, signal.SIGABRT)
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return "(no stacks: it did not die on SIGABRT)"
+    return err or ""
+
+
 class Watch:
     """A `wmctl submit --auto-resume` process and the run folder it writes."""
 
     def __init__(self, spec: Path, home: Path, *extra: str, command: str = "submit"):
         self.home = home
-        self.env = {**os.environ, "WMCTL_HOME": str(home), "PYTHONPATH": str(REPO)}
+        self.env = {**os.environ, "WMCTL_HOME": str(home), "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1"}
         self.out_path = home / f"watch-{int(time.time() * 1000)}.out"
         home.mkdir(parents=True, exist_ok=True)
         self.out = open(self.out_path, "w")
@@ -58,6 +74,9 @@ class Watch:
     def wait(self, timeout: float = 240) -> int:
         try:
             return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {timeout} s:\n{dump_stacks(self.proc)}\n"
+                                 f"{self.output}") from None
         finally:
             self.out.close()
 

@@ -260,6 +260,19 @@ def test_an_app_error_is_reported_with_the_jobs_own_traceback(home):
     assert 'crash.py", line 18, in load_batch' in status and "torch/distributed" not in status
 
 
+def test_a_rank_that_aborts_after_the_job_completed_does_not_fail_the_run(home):
+    """Rank 1 dies of SIGABRT after the last barrier (as gloo + DCP teardown sometimes does): the
+    job said it completed, its checkpoint is committed, so the run succeeded, and says why."""
+    run = "aborts-at-exit"
+    spec = h.write_spec(home, run, nodes=2, steps=6, every=3, sleep=0.05, job="tiny.py",
+                        job_args=["--abort-at-exit", "1"])
+    w = h.Watch(spec, home)
+    assert w.wait(timeout=120) == 0, w.output
+    assert "aborted (SIGABRT)): a crash on the way out, not counted as a failure" in w.output
+    assert h.record(home, run)["status"] == "succeeded"
+    assert submitted_attempts(home, run) == [0]
+
+
 def test_a_command_that_does_not_exist_is_named(home):
     import yaml
     run = "no-command"

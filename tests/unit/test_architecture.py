@@ -28,9 +28,13 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.commands", 7),
     ("orchestrator.api", 6),
     ("orchestrator.watcher", 6),         # the detached watcher process: the library's watch
+    ("orchestrator.logview", 6),         # `wmctl logs`: the library's logs, across nodes and attempts
     ("orchestrator.supervisor", 5),
+    ("orchestrator.timeline", 5),        # `wmctl describe`: a run's events, from its folder
     ("orchestrator.display", 5),
+    ("orchestrator.panel", 5),           # the live panel's model: pure, rows out of the supervisor's news
     ("orchestrator.failures", 5),
+    ("orchestrator.silence", 5),         # the runtime's node beat turned into node loss
     # backends: the registry, each package's face and its engine (they reach the SDKs and the store)
     ("orchestrator.backends", 4),
     ("orchestrator.backends.local.engine", 4),
@@ -39,6 +43,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends.kubernetes.engine", 4),
     ("orchestrator.backends.kubernetes.client", 4),
     ("orchestrator.backends.kubernetes.watch", 4),
+    ("orchestrator.backends.kubernetes.nodewatch", 4),
     # pure planning: renderers, checks, classifiers, and what they share
     ("orchestrator.backends.base", 3),
     ("orchestrator.backends.host_paths", 3),
@@ -53,6 +58,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.launch", 3),
     ("orchestrator.templating", 3),
     ("orchestrator.build", 3),
+    ("orchestrator.plot", 3),            # run pictures: pure plot data, a text chart, matplotlib drawing
     # the ground floor: spec types, names and paths, vendor profiles, run state
     ("orchestrator.spec", 2),
     ("orchestrator.validate", 2),

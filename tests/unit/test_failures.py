@@ -169,3 +169,91 @@ def test_a_full_disk_without_a_path_names_no_frame_of_the_traceback_as_the_path(
              "[rank0]: OSError: [Errno 28] No space left on device", *report(rank=0)]
     why = F.storage_full(job_error(lines))
     assert why is not None and "checkpoint.py" not in why and "writing" not in why
+
+
+# ---- the launcher's own failures --------------------------------------------------------------
+# Frames as torch 2.13's files name them (launcher/api.py launch_agent's finally, dynamic_rendezvous.py
+# shutdown/_close, agent/server/api.py _invoke_run/_exit_barrier, c10d_rendezvous_backend.py).
+TD = "/venv/lib/python3.11/site-packages/torch/distributed"
+
+
+def frames(*where):
+    out = []
+    for path, fn in where:
+        out += [f'  File "{TD}/{path}", line 10, in {fn}', "    code()"]
+    return out
+
+
+SHUTDOWN = ["Traceback (most recent call last):",
+            '  File "/venv/bin/torchrun", line 8, in <module>', "    sys.exit(main())",
+            *frames(("launcher/api.py", "launch_agent"), ("elastic/rendezvous/dynamic_rendezvous.py", "shutdown"),
+                    ("elastic/rendezvous/dynamic_rendezvous.py", "_close"),
+                    ("elastic/rendezvous/c10d_rendezvous_backend.py", "_call_store")),
+            "torch.distributed.DistNetworkError: failed to recv, got 0 bytes"]
+MONITOR = ["Traceback (most recent call last):",
+           '  File "/venv/bin/torchrun", line 8, in <module>', "    sys.exit(main())",
+           *frames(("launcher/api.py", "launch_agent"), ("elastic/agent/server/api.py", "_invoke_run"),
+                   ("elastic/rendezvous/dynamic_rendezvous.py", "num_nodes_waiting")),
+           "torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d "
+           "store has failed. See inner exception for details."]
+USER = ["[rank1]:Traceback (most recent call last):", '[rank1]:  File "/w/train.py", line 3, in <module>',
+        "[rank1]:    main()", "[rank1]:RuntimeError: boom"]
+
+
+def test_an_agent_failing_only_on_its_way_out_is_shutdown_noise():
+    assert F.shutdown_noise(["done rank 1", *SHUTDOWN]) == "torch.distributed.DistNetworkError: failed to recv, got 0 bytes"
+
+
+@pytest.mark.parametrize("lines", [
+    MONITOR,                                   # lost the store while its workers ran: they were killed
+    [*MONITOR, "During handling of the above exception, another exception occurred:", "", *SHUTDOWN],
+    [*USER, *SHUTDOWN],                        # a worker failed
+    [*SHUTDOWN, "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+     "Root Cause (first observed failure):"],
+    [*SHUTDOWN[:-1], "ValueError: something else"],
+    ["done rank 1"],
+])
+def test_anything_else_is_not_shutdown_noise(lines):
+    assert F.shutdown_noise(lines) is None
+
+
+def test_a_worker_dying_of_an_abort_with_no_error_of_its_own_is_a_teardown_crash():
+    assert F.teardown_crash(["terminate called without an active exception", *report(rank=1, code=-6)]) \
+        == "rank 1 exit -6: aborted (SIGABRT)"
+    assert F.teardown_crash(report(rank=0, code=-11)) == "rank 0 exit -11: segmentation fault"
+
+
+@pytest.mark.parametrize("lines", [
+    report(rank=1, code=1),                     # an exit code, not a signal
+    report(rank=1, code=-9),                    # killed from outside: not the job's own teardown
+    [*USER, *report(rank=1, code=-6)],          # the worker raised first: its error is the story
+    ["done rank 1"],
+])
+def test_a_worker_that_failed_with_words_or_was_killed_is_no_teardown_crash(lines):
+    assert F.teardown_crash(lines) is None
+
+
+def as_module(block):
+    """The same traceback when torchrun runs as `python -m torch.distributed.run` (the local
+    backend): the interpreter's <frozen runpy> frames come first."""
+    return [block[0], '  File "<frozen runpy>", line 198, in _run_module_as_main',
+            '  File "<frozen runpy>", line 88, in _run_code', "    exec(code, run_globals)", *block[1:]]
+
+
+def test_the_interpreters_frozen_frames_are_neither_the_launchers_nor_the_jobs():
+    """A launcher traceback under `python -m` is still the launcher's (a rendezvous failure,
+    shutdown noise), and a job's error never names <frozen runpy> as where it happened."""
+    assert F.rendezvous_failure(as_module(MONITOR)) is not None
+    assert F.shutdown_noise(["done rank 1", *as_module(SHUTDOWN)]) is not None
+    err = F.job_error(as_module(["Traceback (most recent call last):", '  File "/w/train.py", line 7, in <module>',
+                                 "    main()", "ValueError: bad"]))
+    assert err is not None and err.summary == 'ValueError: bad (File "train.py", line 7)'
+
+
+def test_a_rendezvous_failure_is_infrastructure_but_never_hides_a_workers_error():
+    found = F.rendezvous_failure(MONITOR)
+    assert found and "RendezvousConnectionError" in found and "read_timeout" in found
+    assert F.rendezvous_failure([*USER, *MONITOR]) is None
+    assert F.rendezvous_failure(["exit 1"]) is None
+    assert F.decide(F.Failure(F.RENDEZVOUS, 1, "h", 0.0, "x")) == F.RETRY
+

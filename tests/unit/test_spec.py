@@ -79,6 +79,17 @@ def test_a_heartbeat_timeout_under_a_second_is_refused(text):
     assert "at least 1s" in p["restart.heartbeat_timeout"]
 
 
+@pytest.mark.parametrize("text", ["0s", "2s", 2.5, "-1s", "soon"])
+def test_a_node_silence_timeout_under_three_seconds_or_garbled_is_refused(text):
+    p = problems_of({"restart": {"node_silence_timeout": text}})
+    assert "restart.node_silence_timeout" in p
+
+
+def test_node_silence_timeout_defaults_to_15_seconds():
+    assert spec_from(BASE).restart.node_silence_timeout_s == 15.0
+    assert spec_from({**BASE, "restart": {"node_silence_timeout": "1m"}}).restart.node_silence_timeout_s == 60.0
+
+
 @pytest.mark.parametrize("text,says", [
     ("-1s", "cannot be negative"), ("-1m30s", "cannot be negative"), (-3, "cannot be negative"),
     ("", "write it like 30s, 1m30s"), ("1x", "unknown unit 'x'"), ("1d", "unknown unit 'd'"),

@@ -103,6 +103,7 @@ class DockerBackend(b.Backend[DockerRequest]):
     graceful_cancel = True   # `docker stop`: SIGTERM, then SIGKILL after the grace period
     # secret and config_map are Kubernetes objects: a Docker host has no such thing to mount
     volume_sources = frozenset(("pvc", "host_path", "nfs", "empty_dir"))
+    log_options = frozenset({"tail", "since", "timestamps"})   # the engine keeps each line's time
 
     def __init__(self, client: Any = None, *, pull: bool = False, log_follow: bool = True):
         self._client = client
@@ -329,9 +330,10 @@ class DockerBackend(b.Backend[DockerRequest]):
                              name=f"wmctl-docker-events-{ref.attempt_name}")
         st.threads.append(t)
         t.start()
-        if self._log_follow and 0 in names:
-            t = threading.Thread(target=self._follow_progress, args=(st, names[0]), daemon=True,
-                                 name=f"wmctl-docker-log-{ref.attempt_name}")
+        followed = [0, b.WITNESS_NODE] if self._log_follow else []
+        for node in (n for n in followed if n in names):
+            t = threading.Thread(target=self._follow_progress, args=(st, names[node], node), daemon=True,
+                                 name=f"wmctl-docker-log-{node}-{ref.attempt_name}")
             st.threads.append(t)
             t.start()
         return st
@@ -370,10 +372,16 @@ class DockerBackend(b.Backend[DockerRequest]):
             st.streams.remove(stream)
             st.stop.wait(1.0)
 
-    def _follow_progress(self, st: _Attempt, name: str) -> None:
+    def _follow_progress(self, st: _Attempt, name: str, node: int = 0) -> None:
+        """Node 0's output: progress lines and the output heartbeat. The witness node's
+        (base.WITNESS_NODE): its reports about node 0 only."""
         output_at: dict[int, float] = {}
         for ns, line in self._log_lines(name, follow=True, stop=st.stop, streams=st.streams):
             payload = parse_progress(line)
+            if node != 0:
+                if payload is not None and b.witness_progress(payload):
+                    st.inbox.put(("progress", b.Event(b.PROGRESS, ns / 1e9, node, name, progress=payload)))
+                continue
             if payload is not None:
                 stamp = payload.get("time")
                 t = float(stamp) if isinstance(stamp, (int, float)) else ns / 1e9
@@ -384,16 +392,20 @@ class DockerBackend(b.Backend[DockerRequest]):
                 st.inbox.put(("progress", sign))
 
     def _log_lines(self, name: str, *, follow: bool, stop: threading.Event | None = None,
-                   streams: list[Any] | None = None) -> Iterator[tuple[int, str]]:
-        """(timestamp ns, line) of a container's output. Following survives read timeouts on a
-        silent container by reconnecting from the last timestamp (lines at or before it skipped)."""
+                   streams: list[Any] | None = None, tail: int | None = None,
+                   since: float | None = None) -> Iterator[tuple[int, str]]:
+        """(timestamp ns, line) of a container's output (the last ``tail`` lines, those at or after
+        ``since``). Following survives read timeouts on a silent container by reconnecting from
+        the last timestamp (lines at or before it skipped)."""
         errors, rexc = sdk.errors()
         stop = stop or threading.Event()
         last_ns = 0
         while not stop.is_set():
+            first = not last_ns
             try:
                 stream = self.client.api.logs(name, stream=True, follow=follow, timestamps=True,
-                                              since=max(1, last_ns // 10**9) if last_ns else None)
+                                              tail=tail if first and tail is not None else "all",
+                                              since=(max(1, last_ns // 10**9) if last_ns else since))
             except errors.NotFound:
                 return
             except rexc.RequestException:
@@ -505,10 +517,12 @@ class DockerBackend(b.Backend[DockerRequest]):
                 st.signals[node] = int(sig) if sig.isdigit() else {"SIGKILL": 9, "SIGTERM": 15}.get(sig, 0)
             st.event_times[(node, action)] = t
 
-    def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False) -> Iterator[str]:
+    def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False,
+             query: b.LogQuery | None = None) -> Iterator[str]:
+        query = query or b.LogQuery()
         archived = open_store(ref.run).archived_log(ref.attempt, node)
         if archived is not None:   # the attempt was torn down: its containers are gone
-            yield from archived
+            yield from b.kept_lines(archived, query, what=ref.attempt_name)
             return
         with sdk.engine(f"reading the log of node {node} of {ref.attempt_name}"):
             st = self._state_for(ref)
@@ -519,8 +533,10 @@ class DockerBackend(b.Backend[DockerRequest]):
             if not self._exists(name):
                 raise RunNotFound(f"the container of node {node} of {ref.attempt_name} ({name}) is gone, "
                                   "and its log with it", hint="logs last as long as the attempt's containers")
-            for _ns, line in self._log_lines(name, follow=follow):
-                yield line
+            for ns, line in self._log_lines(name, follow=follow, tail=query.tail, since=query.since):
+                if query.since is not None and ns and ns < query.since * 1e9:
+                    continue        # the engine's `since` is whole seconds
+                yield f"{b.rfc3339(ns)} {line}" if query.timestamps else line
 
     # ------------------------------------------------------------ teardown and listing
 

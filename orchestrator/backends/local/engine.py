@@ -8,6 +8,7 @@ the watcher itself was restarted.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -115,6 +116,7 @@ class LocalBackend(b.Backend[LocalRequest]):
     graceful_cancel = True            # SIGTERM to every process, then a wait for the checkpoint
     runs_image = False                # the agents run this machine's interpreter
     checkpoints_outlive_nodes = True  # checkpoints are on this machine's disk
+    log_options = frozenset({"tail"})  # a node's output goes straight to a file: no per-line times
 
     def __init__(self) -> None:
         self._watches: dict[str, list[_NodeWatch]] = {}
@@ -126,8 +128,11 @@ class LocalBackend(b.Backend[LocalRequest]):
 
     def host_facts(self, spec) -> HostFacts:
         """This machine, and a rendezvous port free on it now (the dry run and the submit
-        choose it the same way)."""
-        return HostFacts.of_this_machine(port=free_port(spec.local.master_port or spec.rendezvous.port))
+        choose it the same way): ``local.master_port`` when set and free, else one the OS picks.
+        Never ``rendezvous.port`` (29500) by default: every run on this machine would then aim at
+        one port, and an agent that finds it taken joins the other run's store as a client, then
+        fails when that run ends."""
+        return HostFacts.of_this_machine(port=free_port(spec.local.master_port or 0))
 
     def check_host(self, spec) -> list[tuple[str, str]]:
         """The job runs in image.context (its working directory): a folder that is not there
@@ -249,7 +254,9 @@ class LocalBackend(b.Backend[LocalRequest]):
         return events
 
     # -- logs / cancel / attempts ------------------------------------------------------------
-    def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False) -> Iterator[str]:
+    def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False,
+             query: b.LogQuery | None = None) -> Iterator[str]:
+        query = query or b.LogQuery()
         path = layout.node_log(ref.run, ref.attempt, node)
         if not path.exists():
             # Not found (6), like the Docker and Kubernetes backends: no such attempt, no such
@@ -265,12 +272,31 @@ class LocalBackend(b.Backend[LocalRequest]):
             raise RunNotFound(f"no log for node {node} of {ref.attempt_name} yet ({path})",
                               hint="the node has not started yet; try again in a moment")
         with open(path, "r", encoding="utf-8", errors="replace") as fh:
+            # A line is shown once its newline is written: a node caught mid-write (a job's
+            # block-buffered stdout flushes 8 KiB at a time, wherever a line stands) never shows a
+            # line cut in two. What is left without one when the node has ended is shown as it is.
+            pending = ""
+            if query.tail is not None:          # the last N lines, then (following) what comes next
+                last = collections.deque(fh, maxlen=query.tail)
+                if follow and last and not last[-1].endswith("\n"):
+                    pending = last.pop()
+                yield from (line.rstrip("\n") for line in last)
             while True:
-                line = fh.readline()
-                if line:
-                    yield line.rstrip("\n")
+                chunk = fh.readline()
+                if chunk:
+                    pending += chunk
+                    if pending.endswith("\n"):
+                        yield pending[:-1]
+                        pending = ""
                     continue
-                if not follow or layout.node_exit_file(ref.run, ref.attempt, node).exists():
+                ended = not follow or layout.node_exit_file(ref.run, ref.attempt, node).exists() or \
+                    (query.stop is not None and query.stop())
+                if ended:
+                    # what it wrote before it ended or died, after the last look
+                    rest = (pending + fh.read()).split("\n")
+                    if rest[-1] == "":
+                        rest.pop()
+                    yield from rest
                     return
                 time.sleep(0.2)
 

@@ -28,9 +28,14 @@ p.add_argument("--sleep", type=float, default=0.1)
 p.add_argument("--fail-at", type=int, default=-1)
 p.add_argument("--alloc-mb", type=int, default=0)
 p.add_argument("--slow-commit", type=float, default=0.0)
+p.add_argument("--beat", action="store_true", help="start the runtime's per-node liveness beat")
 args = p.parse_args()
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+if args.beat:
+    from orchestrator.runtime import liveness
+
+    liveness.start()
 rank, world = dist.get_rank(), dist.get_world_size()
 ckpt_dir = os.environ["WMCTL_CHECKPOINT_DIR"]
 stop = {"flag": False}

@@ -17,6 +17,9 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--every", type=int, default=5)
 ap.add_argument("--sleep", type=float, default=0.05)
+ap.add_argument("--abort-at-exit", type=int, default=None, metavar="RANK",
+                help="this rank aborts (SIGABRT, no error of its own) after the last barrier, as a "
+                     "collective library's teardown sometimes does")
 args = ap.parse_args()
 
 dist.init_from_env(verify_affinity=False)
@@ -52,4 +55,7 @@ if dist.rank() == 0:
     weights = [float(v) for v in torch.nn.utils.parameters_to_vector(model.parameters())]
     with open(os.path.join(root, "final.json"), "w") as fh:
         json.dump({"run": os.environ.get("WMCTL_RUN"), "steps": step, "weights": weights}, fh)
+dist.barrier()
 progress.exit(status="completed", step=step)
+if args.abort_at_exit == dist.rank():
+    os.abort()
