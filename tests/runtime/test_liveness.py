@@ -33,10 +33,17 @@ def store_pair():
     yield server, clients
 
 
-def test_reader_names_the_node_whose_beat_stops_and_its_return(store_pair, monkeypatch):
+def _fast(monkeypatch):
+    """Beat every 0.05 s, suspect after 1 s: twenty missed beats, a margin that a loaded 2-core CI
+    machine's scheduling does not eat. Call it before any beat thread starts: a thread reads
+    BEAT_S when it waits, and one started first waits the default second, silent to the witness."""
     monkeypatch.setattr(liveness, "BEAT_S", 0.05)
-    monkeypatch.setattr(liveness, "SUSPECT_S", 0.4)
+    monkeypatch.setattr(liveness, "SUSPECT_S", 1.0)
     monkeypatch.setattr(liveness, "REPORT_S", 0.2)
+
+
+def test_reader_names_the_node_whose_beat_stops_and_its_return(store_pair, monkeypatch):
+    _fast(monkeypatch)
     _, (c0, c1, reader) = store_pair
     c0.set(liveness.HOST_KEY.format(0), "node-a")
     c1.set(liveness.HOST_KEY.format(1), "node-b")
@@ -49,7 +56,7 @@ def test_reader_names_the_node_whose_beat_stops_and_its_return(store_pair, monke
     for t in threads:
         t.start()
     try:
-        time.sleep(0.5)
+        time.sleep(1.2)
         assert lines == []                         # both beat: nothing to say
         stop1.set()                                # node-b's host stops
         deadline = time.monotonic() + 5
@@ -57,7 +64,7 @@ def test_reader_names_the_node_whose_beat_stops_and_its_return(store_pair, monke
             time.sleep(0.05)
         silent = [kw for e, kw in lines if e == "node_silent"]
         assert len(silent) >= 2 and {kw["group_rank"] for kw in silent} == {1}
-        assert silent[0]["host"] == "node-b" and silent[0]["silent_s"] >= 0.4
+        assert silent[0]["host"] == "node-b" and silent[0]["silent_s"] >= 1.0
         assert silent[1]["silent_s"] > silent[0]["silent_s"]     # repeated, growing
         stop1.clear()
         threading.Thread(target=liveness._beat, args=(c1, 1), kwargs={"stop": stop1}, daemon=True).start()
@@ -73,8 +80,7 @@ def test_a_node_that_finished_is_not_reported_silent(store_pair, monkeypatch):
     """A node whose process exited by itself (atexit marks it done) stops beating on purpose:
     rank 0, still saving its last checkpoint while torchrun's exit barrier holds the others,
     must not call it silent."""
-    monkeypatch.setattr(liveness, "BEAT_S", 0.05)
-    monkeypatch.setattr(liveness, "SUSPECT_S", 0.3)
+    _fast(monkeypatch)
     _, (c0, c1, reader) = store_pair
     stop_r = threading.Event()
     lines: list[tuple[str, dict]] = []
@@ -85,15 +91,13 @@ def test_a_node_that_finished_is_not_reported_silent(store_pair, monkeypatch):
     t = threading.Thread(target=liveness._read, args=(reader, 2, lambda e, **kw: lines.append((e, kw))),
                          kwargs={"stop": stop_r}, daemon=True)
     t.start()
-    time.sleep(1.0)
+    time.sleep(2.0)                    # twice SUSPECT_S
     stop_r.set(), c0_stop.set()
     assert lines == []
 
 
 def _witnessing(monkeypatch, connect):
-    monkeypatch.setattr(liveness, "BEAT_S", 0.05)
-    monkeypatch.setattr(liveness, "SUSPECT_S", 0.4)
-    monkeypatch.setattr(liveness, "REPORT_S", 0.2)
+    _fast(monkeypatch)
     stop = threading.Event()
     lines: list[tuple[str, dict]] = []
     t = threading.Thread(target=liveness._witness, args=(connect, lambda e, **kw: lines.append((e, kw))),
@@ -114,17 +118,18 @@ def test_the_witness_names_rank_0s_node_when_its_beat_stops_and_its_return(store
     by someone when its machine dies."""
     _, (c0, c1, _) = store_pair
     c0.set(liveness.HOST_KEY.format(0), "node-a")
+    _fast(monkeypatch)
     beat0 = threading.Event()
     threading.Thread(target=liveness._beat, args=(c0, 0), kwargs={"stop": beat0}, daemon=True).start()
     stop, lines, _ = _witnessing(monkeypatch, lambda: c1)
     try:
-        time.sleep(0.6)
+        time.sleep(1.2)
         assert lines == []                          # node 0 beats: nothing to say
         beat0.set()                                 # node-a's host stops
         silent = _wait_for(lines, "node_silent", 2)
         assert len(silent) >= 2 and silent[0] == {"group_rank": 0, "host": "node-a",
                                                    "silent_s": silent[0]["silent_s"], "witness": 1}
-        assert silent[0]["silent_s"] >= 0.4 and silent[1]["silent_s"] > silent[0]["silent_s"]
+        assert silent[0]["silent_s"] >= 1.0 and silent[1]["silent_s"] > silent[0]["silent_s"]
         beat0.clear()
         threading.Thread(target=liveness._beat, args=(c0, 0), kwargs={"stop": beat0}, daemon=True).start()
         assert _wait_for(lines, "node_beat") == [{"group_rank": 0, "host": "node-a", "witness": 1}]

@@ -108,7 +108,10 @@ class ClusterRunStore(RunStore):
         self._lease_rv: str | None = None
         self._chunk: tuple[int, str] | None = None      # (index, text) of the metrics chunk being filled
         self._unwritten: list[str] = []                  # step events waiting for the next write
-        self._written_at = 0.0                           # when the chunk was last written (monotonic)
+        # When the chunk was last written (monotonic); never yet, so the first event goes at once.
+        # Not 0.0: monotonic() counts from boot, and a watcher started within METRICS_FLUSH_S of
+        # its machine's boot would hold its first events back.
+        self._written_at = float("-inf")
         self._lost: str | None = None                   # why this watcher's lease is gone: it writes no more
 
     # --- plumbing --------------------------------------------------------------------------------
