@@ -93,22 +93,26 @@ class _Run:
         self.store, self.engine, self.every_s = store, engine, every_s
         self._at = float("-inf")
         self._record: RunRecord | None = None
+        # Each followed node asks from its own thread. Without the lock a second thread, asking
+        # while the first one loads, read the cache before the first load filled it: None, "the
+        # run is deleted", and that node's whole output was skipped.
+        self._lock = threading.Lock()
 
     def record(self) -> RunRecord | None:
         """None once the run is deleted."""
         from .supervisor import reconcile
 
-        if time.monotonic() - self._at >= self.every_s:
-            self._at = time.monotonic()
-            try:
-                rec = self.store.load()
-            except RunNotFound:
-                self._record = None
-                return None
-            if rec.status == "running" and self.store.lease() is None:
-                reconcile(rec, self.engine, wait_s=0.0)
-            self._record = rec
-        return self._record
+        with self._lock:
+            if time.monotonic() - self._at >= self.every_s:
+                try:
+                    rec = self.store.load()
+                except RunNotFound:
+                    self._record, self._at = None, time.monotonic()
+                    return None
+                if rec.status == "running" and self.store.lease() is None:
+                    reconcile(rec, self.engine, wait_s=0.0)
+                self._record, self._at = rec, time.monotonic()
+            return self._record
 
     def attempt_over(self, n: int) -> Callable[[], bool]:
         """Has attempt ``n`` ended (an outcome, a newer attempt, an ended or deleted run)?"""

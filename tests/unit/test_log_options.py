@@ -114,3 +114,34 @@ def test_local_follow_never_cuts_a_line_a_node_is_writing_in_pieces(tmp_path, mo
     writer.join()
     assert list(LocalBackend().logs(ref)) == ["first line", "wmctl-bind: cpus 0-3", "last, unfinished"]
     assert list(LocalBackend().logs(ref, follow=True, query=b.LogQuery(tail=1))) == ["last, unfinished"]
+
+
+def test_followed_nodes_asking_at_once_all_see_the_run():
+    """`logs -f --all-nodes` asks "has the attempt ended?" from one thread per node. A node whose
+    thread asked while another's first read of the record was under way was told the run was
+    deleted, and its whole output was skipped (CI: node 1's lines missing before the banner)."""
+    import threading
+    import time
+
+    from orchestrator.logview import _Run
+    from orchestrator.state import RunRecord
+
+    rec = RunRecord(run="r", backend="local", spec_path="", overrides={}, spec_hash="h", auto_resume=True)
+
+    class SlowStore:
+        def load(self):
+            time.sleep(0.3)                 # a record read on a loaded machine
+            return rec
+
+        def lease(self):
+            return object()                 # a watcher holds it: nothing to reconcile
+
+    run = _Run(SlowStore(), engine=None)     # type: ignore[arg-type]
+    seen: list = []
+    threads = [threading.Thread(target=lambda: seen.append(run.record())) for _ in range(4)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join(timeout=10)
+    assert seen == [rec] * 4
