@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,9 +63,10 @@ class Watch:
     def __init__(self, spec: Path, home: Path, *extra: str, command: str = "submit"):
         self.home = home
         self.env = {**os.environ, "WMCTL_HOME": str(home), "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1"}
-        self.out_path = home / f"watch-{int(time.time() * 1000)}.out"
         home.mkdir(parents=True, exist_ok=True)
-        self.out = open(self.out_path, "w")
+        fd, path = tempfile.mkstemp(dir=home, prefix="watch-", suffix=".out")   # two Watches never share one
+        self.out_path = Path(path)
+        self.out = os.fdopen(fd, "w")
         args = [str(spec), "--auto-resume"] if command == "submit" else list(extra[:1])
         rest = extra if command == "submit" else extra[1:]
         self.proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", command, *args, *rest],

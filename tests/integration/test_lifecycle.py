@@ -433,6 +433,7 @@ def _tiny_spec(home, run, ckpt_dir, steps=20):
     return spec
 
 
+@pytest.mark.timeout(600)       # three runs, two at once, on 2 cores
 def test_two_runs_sharing_a_checkpoint_folder_keep_to_their_own(home):
     shared = home / "shared-ckpt"
     watchers = [h.Watch(_tiny_spec(home, run, shared), home) for run in ("sweep-a", "sweep-b")]
@@ -470,7 +471,8 @@ def test_resume_from_another_run_on_purpose(home):
 def test_ctrl_c_stops_the_watcher_not_the_run_and_says_how_to_reattach(home):
     import signal
     run = "ctrl-c"
-    spec = h.write_spec(home, run, nodes=2, steps=60, every=5, sleep=0.1)
+    # 300 steps (30 s): the run must outlast the watcher's exit on a loaded machine
+    spec = h.write_spec(home, run, nodes=2, steps=300, every=5, sleep=0.1)
     w = h.Watch(spec, home)
     h.wait_step(home, run, 0, 3)
     os.kill(w.proc.pid, signal.SIGINT)

@@ -39,6 +39,7 @@ def _redone(home, run):
     return out
 
 
+@pytest.mark.timeout(600)       # the first also pays for the module's uninterrupted reference run
 @pytest.mark.parametrize("node", [1, 0], ids=["worker-node", "rank0-rendezvous-node"])
 def test_sigkill_of_a_node_resumes_and_matches_uninterrupted(home, reference, node):
     run = f"kill-node{node}"
@@ -57,7 +58,9 @@ def test_sigkill_of_a_node_resumes_and_matches_uninterrupted(home, reference, no
 
 def test_sigterm_is_graceful_and_loses_no_step(home, reference):
     run = "sigterm"
-    spec = h.write_spec(home, run, every=1000)   # no periodic checkpoints: only the SIGTERM one
+    # no periodic checkpoints: only the SIGTERM one; 0.4 s a step leaves about 11 s after step 12
+    # for the signal to land before the run would end by itself (the state is the same at 40 steps)
+    spec = h.write_spec(home, run, every=1000, sleep=0.4)
     w = h.Watch(spec, home)
     h.wait_step(home, run, 0, 12)
     h.signal_agent(home, run, 0, 0, signal.SIGTERM)
@@ -123,7 +126,9 @@ def test_retry_budget_spent_reports_clearly(home):
 
 def test_failure_without_new_checkpoint_stops(home):
     run = "noprogress"
-    spec = h.write_spec(home, run, sleep=0.15)
+    # an attempt that resumed holds 30 s before its first step: the kill below lands before it
+    # commits anything new however slowly this machine sees the resume line
+    spec = h.write_spec(home, run, sleep=0.15, job_args=["--hold-after-resume", "30"])
     w = h.Watch(spec, home)
     h.wait_checkpoint(home, run, 0, 5)
     h.kill_node(run, 0, 1)
@@ -196,10 +201,12 @@ def test_cancel_from_another_process_ends_the_watched_run_cancelled(home):
 
 
 def test_a_script_that_never_imports_the_runtime_is_not_killed_as_a_hang(home):
-    """It prints its own lines (one a second for 8 s) and never a progress line; the heartbeat
-    timeout is 4 s. Its output is its sign of life, and it reaches the watch lines."""
+    """It prints its own lines (one a second for 20 s) and never a progress line; the heartbeat
+    timeout is 10 s (the clock starts when torchrun starts, before torch is imported: the margin
+    is for that on a loaded machine). Its output is its sign of life, and it reaches the watch lines."""
     run = "plain"
-    spec = h.write_spec(home, run, nodes=1, steps=8, sleep=1.0, job="plain.py", restart={"heartbeat_timeout": "4s"})
+    spec = h.write_spec(home, run, nodes=1, steps=20, sleep=1.0, job="plain.py",
+                        restart={"heartbeat_timeout": "10s"})
     w = h.Watch(spec, home)
     assert w.wait(timeout=120) == 0, w.output
     rec = h.record(home, run)

@@ -187,7 +187,12 @@ def test_sim_bookmarks_keep_a_quiet_watch_resumable_after_compaction(fake_api):
         assert all(int(w.resource_version) >= now_rv for w in watchers)
         fake_api.store.compact()
         fake_api.faults.drop_watches()
-        time.sleep(0.5)
+
+        def reconnects() -> int:
+            return sum(s["reconnects"] for s in b.watch_stats(ref).values())
+        deadline = time.monotonic() + 10       # each watch thread must get a core to see its stream end
+        while time.monotonic() < deadline and reconnects() < 3:
+            time.sleep(0.05)
         stats = b.watch_stats(ref)
         assert sum(s["reconnects"] for s in stats.values()) >= 3
         assert sum(s["relists"] for s in stats.values()) == 0

@@ -206,6 +206,34 @@ def test_delete_removes_every_object_of_the_run_and_no_other(fake_api):
 
 # --- through the command line, from several machines --------------------------------------------
 
+class Lines:
+    """A process's output, read as it comes (a thread), so a test waits for what a watcher says
+    instead of sleeping a guess of how long it takes to say it (the watcher needs
+    PYTHONUNBUFFERED=1, as the in-cluster watcher's Deployment sets)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.lines = proc, []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def text(self, join: bool = False) -> str:
+        if join:
+            self._reader.join(timeout=10)
+        return "".join(self.lines)
+
+    def wait_for(self, what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while what not in self.text():
+            if time.monotonic() > deadline or (self.proc.poll() is not None and not self._reader.is_alive()):
+                pytest.fail(f"the process never said {what!r}:\n" + self.text()[-3000:])
+            time.sleep(0.1)
+
+
 def machine(fake_api, tmp_path: Path, name: str) -> dict[str, str]:
     (tmp_path / name).mkdir(exist_ok=True)
     env = sim_env(fake_api, tmp_path / name)
@@ -257,15 +285,17 @@ def test_sim_a_killed_watcher_is_replaced_elsewhere_without_a_second_submit(fake
     assert refused.returncode != 0 and "already watched by" in out, out
 
     backdate_lease(fake_api, "icl", LEASE_STALE_S + 1)
-    adopter = wmctl(b, "watch", "icl", "--auto-resume")
+    adopter = wmctl({**b, "PYTHONUNBUFFERED": "1"}, "watch", "icl", "--auto-resume")
+    said = Lines(adopter)
     try:
-        time.sleep(3)
-        assert adopter.poll() is None, adopter.communicate()[0]
+        said.wait_for("took over the stale lease", 60)     # the cancel below meets a watched run
+        assert adopter.poll() is None, said.text()
         c = machine(fake_api, tmp_path, "c")
         cancel = wmctl(c, "cancel", "icl")
         cout = cancel.communicate(timeout=60)[0]
         assert cancel.returncode == 0, cout
-        out = adopter.communicate(timeout=60)[0]
+        adopter.wait(timeout=60)
+        out = said.text(join=True)
     finally:
         if adopter.poll() is None:
             os.killpg(adopter.pid, signal.SIGKILL)

@@ -30,8 +30,7 @@ from .fakeapi.rbac import User
 from .fakeapi.server import FakeApiServer
 from .manifests import watcher_rbac
 from .test_cli_sim import progress
-from .test_cluster_runstore import backdate_lease
-from orchestrator.state import LEASE_BEAT_S
+from .test_cluster_runstore import Lines, backdate_lease
 
 pytestmark = pytest.mark.timeout(180)
 REPO = Path(__file__).resolve().parents[2]
@@ -156,19 +155,21 @@ def test_sim_the_in_cluster_watcher_survives_its_pod_and_retires_with_the_run(tl
     # The Deployment controller starts a new pod while the dead one's lease is still fresh: it
     # waits (no exit, no CrashLoopBackOff), then takes the lease over once it goes stale.
     second = pod_process(fake, cert, dep, tmp_path / "pod2")
+    said = Lines(second)
     try:
-        time.sleep(4)
-        assert second.poll() is None, second.communicate()[0]
+        said.wait_for("waiting to take over", 60)      # it met the fresh lease (PYTHONUNBUFFERED: lines as they come)
+        assert second.poll() is None, said.text()
         backdate_lease(fake, "inc", 61)
-        time.sleep(LEASE_BEAT_S + 3)
-        assert second.poll() is None, second.communicate()[0]
+        said.wait_for("took over the stale lease", 60)
+        assert second.poll() is None, said.text()
         env = {**alice, "WMCTL_RUN_STORE": "kubernetes"}
         status = run(env, "status", "inc", "-o", "json")
         assert status.returncode == 0, status.stdout + status.stderr
         assert json.loads(status.stdout)["status"] == "running"
         cancel = run(env, "cancel", "inc")
         assert cancel.returncode == 0, cancel.stdout + cancel.stderr
-        out = second.communicate(timeout=90)[0]
+        second.wait(timeout=90)
+        out = said.text(join=True)
     finally:
         if second.poll() is None:
             os.killpg(second.pid, signal.SIGKILL)

@@ -16,7 +16,6 @@ import kubernetes_validate
 import pytest
 
 from orchestrator.backends.kubernetes.engine import KubernetesBackend
-from orchestrator.plan import AttemptContext
 from orchestrator.spec import from_dict
 from orchestrator.state import LocalRunStore as RunStore
 from orchestrator.state import RunRecord

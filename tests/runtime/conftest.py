@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -70,6 +71,22 @@ class Job:
 
         out = [e for e in (parse_progress(line) for line in self.text().splitlines()) if e]
         return [e for e in out if kind is None or e["event"] == kind]
+
+    def completed(self, timeout: float = 240) -> None:
+        """The job ran to its end. torchrun exits 0, or, now and then on a loaded machine, a rank
+        dies of SIGABRT in gloo's teardown after the job reported ``exit completed`` ("terminate
+        called without an active exception", torchrun then SIGTERMs the rest and exits 1): every
+        result was written before it (the final dump precedes the last barrier), and the
+        supervisor counts it as benign for the same reason (supervisor._benign_exit). Anything
+        else fails the test."""
+        rc = self.wait(timeout)
+        if rc == 0:
+            return
+        text = self.text()
+        exits = self.events("exit")
+        codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", text))
+        assert exits and exits[-1]["status"] == "completed" and "-6" in codes and codes <= {"-6", "-15"} \
+            and "terminate called without an active exception" in text, f"torchrun rc {rc}\n{text[-4000:]}"
 
     def wait(self, timeout: float = 240) -> int:
         try:
@@ -189,8 +206,7 @@ def baseline(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Cal
                            "--dump-final", str(d / "final.pt"),
                            "--record-samples", str(d / "samples")]
             job = start_job(args, d / "log.txt")
-            rc = job.wait()
-            assert rc == 0, job.text()[-4000:]
+            job.completed()
             cache[key] = {"final": d / "final.pt", "samples": effective_samples(d / "samples"),
                           "dir": d, "job": job}
         return cache[key]
@@ -249,7 +265,7 @@ def sigkill_resume_chain(tmp_path: Path, base: list[str], ckpt: Path, sharded: b
 
     final = tmp_path / "final.pt"
     job = start_job(base + ["--dump-final", str(final)], tmp_path / "a3.log", job_env(WMCTL_ATTEMPT="3"))
-    assert job.wait() == 0, job.text()[-4000:]
+    job.completed()
     resumed = job.events("resume")
     assert [e["step"] for e in resumed] == [12] and resumed[0]["exact"] is True
     assert job.events("exit")[-1]["status"] == "completed"

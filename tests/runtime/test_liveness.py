@@ -25,9 +25,10 @@ def _free_port() -> int:
 def store_pair():
     import torch.distributed as dist
 
-    port = _free_port()
-    server = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=10),
+    # port 0: the server binds a free port itself (a port found free, then bound later, may be taken)
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=10),
                            wait_for_workers=False)
+    port = server.port
     clients = [dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=10))
                for _ in range(3)]
     yield server, clients
@@ -179,7 +180,7 @@ def test_the_witness_never_reports_a_rank_0_that_finished(store_pair, monkeypatc
     c0.add(liveness.KEY.format(0), 1)
     liveness._done(c0, 0)
     stop, lines, t = _witnessing(monkeypatch, lambda: c1)
-    t.join(timeout=2)
+    t.join(timeout=10)
     stop.set()
     assert not t.is_alive() and lines == []
 

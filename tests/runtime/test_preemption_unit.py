@@ -74,7 +74,9 @@ def test_short_pg_timeout_turns_a_vanished_peer_into_an_error(tmp_path: Path) ->
             os._exit(5)
         print("NO-TIMEOUT", flush=True)
     """))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "WMCTL_PG_TIMEOUT": "3", "WMCTL_TORCH_MODULE": "cpu"}
+    # 10 s, not less: the timeout covers init_process_group too, where both ranks import torch on a
+    # loaded machine; the point is seconds, not the 30 minutes of the default
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WMCTL_PG_TIMEOUT": "10", "WMCTL_TORCH_MODULE": "cpu"}
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           str(script)], capture_output=True, text=True, env=env, timeout=170, cwd=REPO)
     assert "TIMEOUT" in out.stdout and "NO-TIMEOUT" not in out.stdout, out.stdout + out.stderr[-3000:]

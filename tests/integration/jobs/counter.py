@@ -29,6 +29,8 @@ p.add_argument("--fail-at", type=int, default=-1)
 p.add_argument("--alloc-mb", type=int, default=0)
 p.add_argument("--slow-commit", type=float, default=0.0)
 p.add_argument("--beat", action="store_true", help="start the runtime's per-node liveness beat")
+p.add_argument("--hold-after-resume", type=float, default=0.0,
+               help="seconds to wait after a resume before the first step (a test's window to act)")
 args = p.parse_args()
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))
@@ -85,6 +87,7 @@ if found is not None:
     start = found
     if rank == 0:
         emit_progress("resume", step=start)
+    time.sleep(args.hold_after_resume)
 if rank == 0:
     emit_progress("start", world_size=world, attempt=os.environ.get("WMCTL_ATTEMPT"))
 
