@@ -74,7 +74,10 @@ def test_sim_cli_submit_auto_resume_status_and_logs(fake_api, tmp_path):
             return [p for p in fake_api.store.list("pods")[0]
                     if p["metadata"]["labels"].get("job-name") == job and p["status"].get("phase") == "Running"]
         assert cluster.run_until(lambda: len(running_pods("clisim-a0")) == 2, timeout=30)
-        time.sleep(0.5)                               # the checkpoint line reaches the watcher
+        # the watcher has the checkpoint line (it keeps each progress event in the run's metrics)
+        metrics = Path(env["WMCTL_HOME"]) / "runs" / "clisim" / "metrics.jsonl"
+        assert cluster.run_until(lambda: metrics.exists() and '"checkpoint"' in metrics.read_text(), timeout=60), \
+            "the watcher never saw checkpoint 10"
         dead = next(p["spec"]["nodeName"] for p in running_pods("clisim-a0")
                     if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1")
         cluster.kill_node(dead)

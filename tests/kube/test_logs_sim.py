@@ -103,7 +103,14 @@ def test_cli_logs_follow_every_node_into_the_next_attempt_with_kubeconfig(fake_a
             return [p for p in fake_api.store.list("pods")[0]
                     if p["metadata"]["labels"].get("job-name") == job and p["status"].get("phase") == "Running"]
         assert cluster.run_until(lambda: len(running("klogs-a0")) == 2, timeout=30)
-        time.sleep(0.5)
+
+        def written(index: str, line: str) -> bool:      # the pod's script got that far
+            pod = next(p for p in running("klogs-a0")
+                       if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == index)
+            return line in fake_api.api.log_lines(pod["metadata"]["namespace"], pod["metadata"]["name"],
+                                                  pod["spec"]["containers"][0]["name"])
+        assert cluster.run_until(lambda: written("0", progress("checkpoint", 10)) and written("1", "a0 hello"),
+                                 timeout=30)
         tail = wmctl("logs", "klogs", "--all-nodes", "--tail", "1", "--raw")
         out, err = tail.communicate(timeout=30)
         assert tail.returncode == 0, err
