@@ -24,9 +24,11 @@ from the moment every pod of the next attempt runs (rendezvous needs them all).
 Compared: the Kubernetes signals alone (a job without the runtime), the runtime's node beat
 (restart.node_silence_timeout 15 s; rank 0 reports 3 s after the last beat, as liveness.py
 does), the beat with restart.backoff 0 s, and rank 0's own node dying (pod 1's runtime, the
-witness, reports it on pod 1's log, which the backend follows for that alone). The supervisor's
-20 ms poll and the API's latencies are magnified by 1/SCALE_TIMELINE in the printed figures
-(about 0.5 s).
+witness, reports it on pod 1's log, which the backend follows for that alone). The product's
+own waits (the supervisor's poll, the teardown's wait for the old pods) are scaled like
+Kubernetes' durations; the fake cluster's 20 ms controller loop (0.5 Kubernetes seconds a hop,
+about a kubelet's 1 s PLEG relist) and the API's real latencies are magnified by
+1/SCALE_TIMELINE in the printed figures.
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ def timeline_trial(*, beat: bool, backoff_s: float, grace_period: float = 40.0,
     from orchestrator.runtime.protocol import format_progress
     from orchestrator.spec import from_dict
     from orchestrator.state import LocalRunStore, RunRecord
+    from orchestrator import supervisor
+    from orchestrator.backends.kubernetes import engine
     from orchestrator.supervisor import Supervisor
     from orchestrator.vendors import load_profile
 
@@ -132,6 +136,8 @@ def timeline_trial(*, beat: bool, backoff_s: float, grace_period: float = 40.0,
                          (restart_s * S + 0.5 * S, format_progress("step", step=11))])
     cluster.start()
     backend = KubernetesBackend(make_client(server.url), watch_timeout=30)
+    gone_poll_s = engine.GONE_POLL_S
+    engine.GONE_POLL_S = gone_poll_s * S
     if not cut_grace:          # main before this change: the survivors kept their full grace period
         backend.cut_grace = lambda ref, dead_hosts: None      # type: ignore[method-assign]
     # Detection ends when the teardown starts: the "attempt N failed" line is printed after it.
@@ -146,8 +152,11 @@ def timeline_trial(*, beat: bool, backoff_s: float, grace_period: float = 40.0,
     record = RunRecord(run=spec.name, backend="kubernetes", spec_path="tl.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=True)
     lines: list[tuple[float, str]] = []
+    # The product's own waits are scaled like Kubernetes' durations: the supervisor's poll
+    # (POLL_INTERVAL_S) and the teardown's wait for the old pods (GONE_POLL_S) are real seconds in
+    # a real cluster, so here they are Kubernetes seconds too.
     sup = Supervisor(spec, load_profile("cpu"), backend, store, record, auto_resume=True,
-                     echo=lambda ln: lines.append((time.time(), ln)), poll_interval=0.02)
+                     echo=lambda ln: lines.append((time.time(), ln)), poll_interval=supervisor.POLL_INTERVAL_S * S)
     thread = threading.Thread(target=sup.run, daemon=True)
     thread.start()
     stop = threading.Event()
@@ -201,6 +210,7 @@ def timeline_trial(*, beat: bool, backoff_s: float, grace_period: float = 40.0,
         thread.join(timeout=60)          # attempt 1 completes: the supervisor returns
         return {k: v / S for k, v in out.items()}
     finally:
+        engine.GONE_POLL_S = gone_poll_s
         stop.set()
         backend.close()
         cluster.stop()

@@ -115,8 +115,11 @@ class _AttemptState:
 # How long a graceful cancel waits past the pods' grace period for the kubelets to report them
 # ended (their status reaches the API server after the container exits).
 GRACEFUL_MARGIN_S = 15.0
-# The survivors' grace period once a peer is known dead (cut_grace): room to flush their logs.
-DEAD_PEER_GRACE_S = 3
+# The survivors' grace period once a peer is known dead (cut_grace): room to flush their logs,
+# nothing more, as no checkpoint can commit without the dead peer (every rank writes its part
+# before rank 0's marker). 2 s is the kubelet's own floor for a graceful stop: a shorter grace
+# is raised to it (minimumGracePeriodInSeconds, pkg/kubelet/kuberuntime/kuberuntime_manager.go).
+DEAD_PEER_GRACE_S = 2
 GRACEFUL_POLL_S = 0.5
 # While some node has no pod, the Job's Events are read this often for the Job controller's
 # FailedCreate (a quota, PodSecurity, a missing PriorityClass): the only place that refusal shows.
