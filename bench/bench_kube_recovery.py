@@ -107,7 +107,6 @@ def timeline_trial(*, beat: bool, backoff_s: float, grace_period: float = 40.0,
     from orchestrator.state import LocalRunStore, RunRecord
     from orchestrator import supervisor
     from orchestrator.backends.kubernetes import engine
-    from orchestrator.supervisor import Supervisor
     from orchestrator.vendors import load_profile
 
     S = SCALE_TIMELINE
@@ -136,8 +135,6 @@ def timeline_trial(*, beat: bool, backoff_s: float, grace_period: float = 40.0,
                          (restart_s * S + 0.5 * S, format_progress("step", step=11))])
     cluster.start()
     backend = KubernetesBackend(make_client(server.url), watch_timeout=30)
-    gone_poll_s = engine.GONE_POLL_S
-    engine.GONE_POLL_S = gone_poll_s * S
     if not cut_grace:          # main before this change: the survivors kept their full grace period
         backend.cut_grace = lambda ref, dead_hosts: None      # type: ignore[method-assign]
     # Detection ends when the teardown starts: the "attempt N failed" line is printed after it.
@@ -154,9 +151,12 @@ def timeline_trial(*, beat: bool, backoff_s: float, grace_period: float = 40.0,
     lines: list[tuple[float, str]] = []
     # The product's own waits are scaled like Kubernetes' durations: the supervisor's poll
     # (POLL_INTERVAL_S) and the teardown's wait for the old pods (GONE_POLL_S) are real seconds in
-    # a real cluster, so here they are Kubernetes seconds too.
-    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, auto_resume=True,
-                     echo=lambda ln: lines.append((time.time(), ln)), poll_interval=supervisor.POLL_INTERVAL_S * S)
+    # a real cluster, so here they are Kubernetes seconds too (restored in the finally below).
+    gone_poll_s = engine.GONE_POLL_S
+    engine.GONE_POLL_S = gone_poll_s * S
+    sup = supervisor.Supervisor(spec, load_profile("cpu"), backend, store, record, auto_resume=True,
+                                echo=lambda ln: lines.append((time.time(), ln)),
+                                poll_interval=supervisor.POLL_INTERVAL_S * S)
     thread = threading.Thread(target=sup.run, daemon=True)
     thread.start()
     stop = threading.Event()
