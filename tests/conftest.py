@@ -7,6 +7,8 @@ import signal
 
 import pytest
 
+pytest_plugins = ["tests.ci_no_skip"]
+
 # A suite started as a background job of a non-interactive shell (`bash .ci/run &`, nohup, a CI
 # runner's script) starts with SIGINT ignored (POSIX sh: an asynchronous list ignores SIGINT),
 # and every process it starts inherits that across exec: the tests that play a user's Ctrl-C

@@ -1,7 +1,7 @@
 """Fixtures for tests that need a real Docker engine.
 
 - ``docker_client``: a client from the environment (DOCKER_HOST honoured). With
-  WMCTL_REQUIRE_DOCKER=1 (set by .ci/run) a missing engine FAILS the test; otherwise it skips.
+  WMCTL_REQUIRE_DOCKER=1 or CI=true (both set by .ci/run) a missing engine FAILS the test; otherwise it skips.
 - ``base_image``: the local base image (bookworm + python 3.11 + torch 2.13.0 CPU), built once
   per engine without any registry; see tests/docker/baseimage.py (``ensure_base_image``).
 - ``registry``: Debian's ``docker-registry`` on 127.0.0.1:<free port> with storage in a temp
@@ -27,7 +27,7 @@ import pytest
 
 from .baseimage import ensure_base_image
 
-REQUIRE_DOCKER = os.environ.get("WMCTL_REQUIRE_DOCKER") == "1"
+REQUIRE_DOCKER = os.environ.get("WMCTL_REQUIRE_DOCKER") == "1" or os.environ.get("CI", "").lower() == "true"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -39,9 +39,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def unavailable(reason: str) -> None:
-    """Fail under WMCTL_REQUIRE_DOCKER=1 (CI promised an engine), skip otherwise."""
+    """Fail under WMCTL_REQUIRE_DOCKER=1 or CI=true (CI promised an engine), skip otherwise."""
     if REQUIRE_DOCKER:
-        pytest.fail(f"WMCTL_REQUIRE_DOCKER=1 but {reason}", pytrace=False)
+        pytest.fail(f"WMCTL_REQUIRE_DOCKER=1 or CI=true, but {reason}", pytrace=False)
     pytest.skip(reason)
 
 
