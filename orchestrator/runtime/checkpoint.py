@@ -67,9 +67,10 @@ import socket
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 try:
     import fcntl
@@ -430,6 +431,37 @@ class _HashingWriter:
 
     def flush(self) -> None:
         self._fh.flush()
+
+
+class _ZipCrc:
+    lock = threading.Lock()
+    depth = 0
+    before = True
+
+
+@contextmanager
+def without_zip_crc() -> Iterator[None]:
+    """torch.save without its zip records' CRC32, for the files a sync save writes. Every byte
+    of a checkpoint file is digested on its way to disk (DIGEST_NAME, verified on resume), so
+    the CRC is a second pass over the same bytes that nothing reads: torch.load does not check
+    it (torch.serialization.set_crc32_options). On the 2-core test machine it is half the time
+    of a torch.save into memory (0.19 s of 0.37 s for 300 MB), CPU a blocking save takes from
+    its own write and digest. torch keeps the option process-wide, so it is off only while a
+    sync save blocks the training loop (an async save's writer runs beside the user's code and
+    keeps it), and set back to what it was when the last such save ends."""
+    torch = _torch()
+    with _ZipCrc.lock:
+        if _ZipCrc.depth == 0:
+            _ZipCrc.before = torch.serialization.get_crc32_options()
+            torch.serialization.set_crc32_options(False)
+        _ZipCrc.depth += 1
+    try:
+        yield
+    finally:
+        with _ZipCrc.lock:
+            _ZipCrc.depth -= 1
+            if _ZipCrc.depth == 0:
+                torch.serialization.set_crc32_options(_ZipCrc.before)
 
 
 def _save_fsync(obj: Any, path: Path) -> dict[str, Any]:
@@ -850,7 +882,8 @@ class CheckpointManager:
 
         wrote: BaseException | None = None
         try:
-            self._write_files(target, rank_payload, shared_payload, meta, shards)
+            with without_zip_crc():
+                self._write_files(target, rank_payload, shared_payload, meta, shards)
         except Exception as err:  # re-raised below, after every rank has heard of it
             wrote = err
         # A rank that could not write its part (a full disk) fails every rank here; alone it

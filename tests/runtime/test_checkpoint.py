@@ -186,6 +186,37 @@ def test_old_checkpoints_survive_a_failed_commit(tmp_path: Path, monkeypatch: py
     assert latest_complete(tmp_path).step == 2
 
 
+def test_a_sync_save_skips_the_zip_crc_and_gives_torch_its_option_back(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import zipfile
+
+    toy = Toy()
+    toy.step()
+    mgr = toy.manager(tmp_path, keep=2)
+    path = mgr.save(1)
+    expected = toy.fingerprint()
+    crcs = [i.CRC for f in ("shared.pt", "rank-00000.pt") for i in zipfile.ZipFile(path / f).infolist()]
+    assert crcs and set(crcs) == {0}              # the digest is the check; torch.load does not read it
+    assert torch.serialization.get_crc32_options() is True
+    fresh = Toy(seed=3)
+    assert fresh.manager(tmp_path).restore().step == 1 and same(fresh.fingerprint(), expected)
+
+    # A save that fails midway sets the option back too; and a user's own choice is kept.
+    def broken(obj, p):
+        raise OSError(5, "Input/output error", str(p))
+    with monkeypatch.context() as mp:
+        mp.setattr(ck, "_save_fsync", broken)
+        with pytest.raises(OSError):
+            mgr.save(2)
+    assert torch.serialization.get_crc32_options() is True
+    torch.serialization.set_crc32_options(False)
+    try:
+        mgr.save(3)
+        assert torch.serialization.get_crc32_options() is False
+    finally:
+        torch.serialization.set_crc32_options(True)
+
+
 def test_save_replaces_a_torn_folder_of_the_same_step(tmp_path: Path) -> None:
     torn = fake_ckpt(tmp_path, 4, committed=False)
     (torn / "rank-00007.pt").write_bytes(b"left by a dead attempt of another world size")

@@ -87,6 +87,7 @@ RANKS = textwrap.dedent('''
             step()
         mgr.wait()
         tdist.barrier()
+        rec["crc_option"] = torch.serialization.get_crc32_options()
         rec["at6"] = full()
         rec["draws6"] = draws()
     else:
@@ -125,6 +126,24 @@ def run(tmp_path: Path, phase: str, mode: str = "sync", fsdp: str = "2", world: 
     return [json.loads(p.stdout.splitlines()[-1]) for p in done]
 
 
+def zip_crcs(ckpt: Path) -> list[int]:
+    """The CRC32 field of every zip record torch.save wrote into a checkpoint: its .pt files,
+    and each item DCP wrote into a shard file (found through DCP's own index of offsets)."""
+    import io
+    import zipfile
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    def records(blob: bytes) -> list[int]:
+        return [info.CRC for info in zipfile.ZipFile(io.BytesIO(blob)).infolist()]
+
+    out = [crc for pt in sorted(ckpt.glob("*.pt")) for crc in records(pt.read_bytes())]
+    for item in FileSystemReader(str(ckpt / "dcp")).read_metadata().storage_data.values():
+        data = (ckpt / "dcp" / item.relative_path).read_bytes()
+        out += records(data[item.offset:item.offset + item.length])
+    return out
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("mode", "fsdp"), [("sync", "2"), ("async", "2"), ("sync", "1")],
                          ids=["fsdp2-sync", "fsdp2-async", "fsdp1-sync"])
@@ -145,6 +164,11 @@ def test_sharded_save_and_resume_are_bit_exact(tmp_path: Path, mode: str, fsdp: 
 
     shared = torch.load(ckpt / "shared.pt", weights_only=False)
     assert set(shared) == {"scheduler"}   # model and optimizer live in the shards only
+    # A sync save skips torch.save's zip CRC32 (the digest covers every byte); an async save,
+    # whose writer runs beside the training code, leaves torch's process-wide option alone.
+    crcs = zip_crcs(ckpt)
+    assert len(crcs) > 20 and (set(crcs) == {0} if mode == "sync" else 0 not in crcs), crcs
+    assert all(r["crc_option"] is True for r in saved)       # set back once the save ended
 
     got = run(tmp_path, "resume", mode, fsdp)
     for before, after in zip(saved, got, strict=True):
