@@ -132,6 +132,52 @@ def test_retention_keeps_at_least_two_and_removes_torn_leftovers(tmp_path: Path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000004", "step-00000006", "step-00000008"]
 
 
+def test_retention_deletes_off_the_loop_and_wait_joins_them(tmp_path: Path, monkeypatch) -> None:
+    """A sync save returns once its checkpoint is committed and the retired one renamed out of
+    the way; deleting it (a tenth of the save's time for a large checkpoint) runs on a sweeper
+    thread that wait(), the next save and close() join."""
+    import threading
+
+    gate, deleting = threading.Event(), threading.Event()
+    real = ck._delete_trees
+
+    def slow_delete(paths):
+        deleting.set()
+        gate.wait(60)
+        real(paths)
+    monkeypatch.setattr(ck, "_delete_trees", slow_delete)
+    toy = Toy()
+    mgr = toy.manager(tmp_path, keep=2)
+    for s in (1, 2):
+        toy.step()
+        mgr.save(s)
+    toy.step()
+    saved = threading.Thread(target=mgr.save, args=(3,))
+    saved.start()
+    assert deleting.wait(30)
+    saved.join(30)
+    assert not saved.is_alive(), "save() waited for retention's deletes"
+    # Step 1 no longer looks like a checkpoint, though its files are still being deleted.
+    assert [c.step for c in list_checkpoints(tmp_path)] == [2, 3]
+    assert [p.name.rsplit("-", 1)[0] for p in tmp_path.glob("step-00000001*")] == ["step-00000001.deleting"]
+    waited = threading.Thread(target=mgr.wait)
+    waited.start()
+    waited.join(0.5)
+    assert waited.is_alive(), "wait() returned before the deletes were done"
+    gate.set()
+    waited.join(30)
+    assert not waited.is_alive() and not list(tmp_path.glob("step-00000001*"))
+    # close() joins a sweep too: nothing is left behind when the process exits after it.
+    gate.clear()
+    deleting.clear()
+    toy.step()
+    mgr.save(4)
+    assert deleting.wait(30)
+    threading.Timer(0.5, gate.set).start()
+    mgr.close()
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000003", "step-00000004"]
+
+
 def test_save_restore_round_trip_is_exact(tmp_path: Path) -> None:
     toy = Toy()
     mgr = toy.manager(tmp_path, keep=2, every_steps=2)
@@ -229,6 +275,7 @@ def test_save_replaces_a_torn_folder_of_the_same_step(tmp_path: Path) -> None:
     assert not (info.path / "rank-00007.pt").exists()
     assert json.loads((info.path / COMMIT_MARKER).read_text())["files"].keys() == {"meta.json", "shared.pt",
                                                                                    "rank-00000.pt"}
+    mgr.wait()         # retention's deletes run on a sweeper thread
     assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == ["step-00000004"]   # the stale copy is gone
 
 

@@ -268,6 +268,7 @@ def test_a_successful_resave_swaps_in_the_new_one_and_cleans_up(tmp_path: Path) 
     (tmp_path / "step-00000001.tmp-0-123").mkdir()     # a dead attempt's unfinished re-save
     mgr.save(1)
     assert latest_complete(tmp_path).step == 1
+    mgr.wait()         # retention's deletes run on a sweeper thread
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step-00000001"]
     saved = torch.load(tmp_path / "step-00000001" / "shared.pt", weights_only=False)["model"]
     assert all(torch.equal(saved[k], v) for k, v in second.model.state_dict().items())
