@@ -6,7 +6,13 @@ honest way: wall time with checkpoints every K steps minus wall time without, as
 the latter, so an async writer that competes with training for CPU is counted; the time the
 loop was blocked in save() is printed as a share of step time too. Next to every sync run the
 disk is measured (a plain write of the same bytes with fsync, every rank its own at once, and
-one writer alone), and the sync save's throughput is given as a share of it.
+one writer alone), and the sync save's throughput is given as a share of it. The disk of a
+shared machine drifts (here 0.5-1.3 GB/s from one minute to the next), so the share is also
+taken in ``--pairs`` pairs: after the same training steps, one sync save and one plain write of
+the same bytes right after each other, in alternating order. Whatever writes first after the
+steps is slower on the test machine (a plain write too: 1.2 s against 0.65 s), so the pairs
+are compared like for like: saves that came first against writes that came first, and second
+against second.
 
     PYTHONPATH=. python bench/bench_checkpoint.py                       # tiny default model
     PYTHONPATH=. python bench/bench_checkpoint.py --d-model 1024 --nhead 8 --layers 4   # report's sizes
@@ -121,6 +127,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--every", type=int, default=20, help="checkpoint interval in steps")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--pairs", type=int, default=8, help="sync save / plain write pairs for the paired share")
     ap.add_argument("--dir", default=None, help="checkpoint folder (default: a temp dir)")
     ap.add_argument("--fsdp", action="store_true", help="FSDP2 with sharded checkpoints (under torchrun, or "
                     "--device cuda alone: one rank)")
@@ -185,6 +192,7 @@ class Measured:
     probes: list[float] = field(default_factory=list)       # seconds: every rank writes its bytes at once
     single: list[float] = field(default_factory=list)       # seconds: one writer, all the bytes
     hashing: list[float] = field(default_factory=list)      # seconds: every rank digests its bytes at once
+    paired: list[tuple[float, float]] = field(default_factory=list)   # (sync save s, plain write s), side by side
 
 
 def measure(tr: Trainer, a: argparse.Namespace, work: Path) -> Measured:
@@ -220,7 +228,36 @@ def measure(tr: Trainer, a: argparse.Namespace, work: Path) -> Measured:
                 shutil.rmtree(ck, ignore_errors=True)
     m.base = statistics.median(t for t, _ in m.results["none"])
     m.step_s = m.base / a.steps
+    m.paired = measure_pairs(tr, a, work, m.sizes[rank]) if a.pairs else []
     return m
+
+
+def measure_pairs(tr: Trainer, a: argparse.Namespace, work: Path, nbytes: int) -> list[tuple[float, float]]:
+    """``pairs`` times: ``every`` training steps (a save meets the machine as in the runs above),
+    then a sync save and a plain write of this rank's bytes back to back (every rank at once,
+    from a common start), the order alternating so that neither always meets the other's
+    writeback. Rank 0's figures (its save waits for every rank's part before it commits)."""
+    ck = work / "ckpt-pairs"
+    mgr = CheckpointManager(ck, keep=2, every_steps=0)
+    tr.register(mgr)
+    out = []
+    for i in range(a.pairs):
+        for _ in range(a.every):
+            tr.step()
+        probe_first = i % 2 == 1
+        if probe_first:
+            probe = disk_probe(work, nbytes)
+        dist.barrier()
+        mgr.save((i + 1) * a.every)
+        save = mgr.last_blocking_s
+        if not probe_first:
+            probe = disk_probe(work, nbytes)
+        out.append((save, probe))
+    mgr.close()
+    dist.barrier()
+    if dist.rank() == 0:
+        shutil.rmtree(ck, ignore_errors=True)
+    return out
 
 
 def disk_probe(work: Path, nbytes: int, alone: bool = False) -> float:
@@ -294,9 +331,14 @@ def report(a: argparse.Namespace, m: Measured) -> None:
         blocks = [b for _, bl in m.results[mode] for b in bl]
         blocked = sum(blocks) / len(m.results[mode]) / m.base
         goal = " (goal <= 2 %)" if mode == "async" else ""
-        print(f"{mode:>5}: the loop was blocked {blocked * 100:.2f} % of step time{goal}; wall-clock overhead "
-              f"{(wall - m.base) / m.base * 100:+.2f} %; per save median {statistics.median(blocks) * 1e3:.1f} ms, "
-              f"max {max(blocks) * 1e3:.1f} ms")
+        # Each run's first save also builds what later ones reuse (async: the host copy, which
+        # costs page faults once); the steady share is what a long run converges to.
+        later = [b for _, bl in m.results[mode] for b in bl[1:]]
+        steady = (f", {statistics.mean(later) / (a.every * m.step_s) * 100:.2f} % without each run's first save"
+                  if later else "")
+        print(f"{mode:>5}: the loop was blocked {blocked * 100:.2f} % of step time{steady}{goal}; wall-clock "
+              f"overhead {(wall - m.base) / m.base * 100:+.2f} %; per save median "
+              f"{statistics.median(blocks) * 1e3:.1f} ms, max {max(blocks) * 1e3:.1f} ms")
     save_s = statistics.median(b for _, bl in m.results["sync"] for b in bl)
     disk_s = statistics.median(m.probes)
     got, disk = total / save_s / 1e9, total / disk_s / 1e9
@@ -306,6 +348,20 @@ def report(a: argparse.Namespace, m: Measured) -> None:
           f" one writer, all {total / 1e6:.0f} MB: {total / statistics.median(m.single) / 1e9:.2f} GB/s")
     print(f"sync save: {got:.2f} GB/s ({total / 1e6:.1f} MB in {save_s:.2f} s, median): {got / disk * 100:.0f} % of "
           "the disk's bandwidth for the same writes (goal >= 50 %)")
+    if len(m.paired) >= 2:
+        shares = sorted(probe / save for save, probe in m.paired)
+        # Pair i: the save came first after the training steps when i is even, the write when odd.
+        first_save = statistics.median(save for save, _ in m.paired[0::2])
+        first_write = statistics.median(probe for _, probe in m.paired[1::2])
+        second_save = statistics.median(save for save, _ in m.paired[1::2])
+        second_write = statistics.median(probe for _, probe in m.paired[0::2])
+        print(f"sync save beside a plain write, {len(shares)} pairs in alternating order: "
+              f"{statistics.median(shares) * 100:.0f} % of the disk (median of the pairs' ratios; "
+              f"{shares[0] * 100:.0f}-{shares[-1] * 100:.0f} %; goal >= 50 %). Like for like: first after the "
+              f"steps, save {first_save:.2f} s and write {first_write:.2f} s, {first_write / first_save * 100:.0f} %; "
+              f"second, save {second_save:.2f} s and write {second_write:.2f} s, "
+              f"{second_write / second_save * 100:.0f} %")
+        print("  pairs (save s, write s): " + ", ".join(f"({sv:.2f}, {pr:.2f})" for sv, pr in m.paired))
     from orchestrator.runtime.checkpoint import DIGEST_NAME
 
     hash_s = statistics.median(m.hashing)
