@@ -264,7 +264,7 @@ def _cached_stager(pinned: bool) -> Any:
     while DCP still writes it. The copy is rebuilt when the state dict's structure changes (the
     optimizer's state appears after its first step)."""
     import torch
-    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+    from torch.distributed._state_dict_utils import _copy_state_dict
     from torch.distributed.checkpoint.staging import AsyncStager
 
     class CachedStager(AsyncStager):
@@ -277,7 +277,7 @@ def _cached_stager(pinned: bool) -> Any:
         def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
             shape = _structure(state_dict)
             if self.cache is None or shape != self._structure:
-                self.cache = _create_cpu_state_dict(state_dict, pin_memory=pinned)
+                self.cache = _empty_host_copy(state_dict, pinned)
                 self._structure = shape
             staged: dict[str, Any] = _copy_state_dict(state_dict, self.cache, non_blocking=pinned, type_check=False)
             if pinned:
@@ -291,6 +291,32 @@ def _cached_stager(pinned: bool) -> Any:
             self.cache = None
 
     return CachedStager()
+
+
+def _empty_host_copy(obj: Any, pinned: bool) -> Any:
+    """The staging cache's buffers: the state dict's structure with a new, unfilled host tensor
+    (pinned if asked) for every tensor; a DTensor becomes a DTensor of the same sharding spec
+    around its local shard's buffer. torch's _create_cpu_state_dict deep-copies every DTensor
+    first, data and all (on a device: a whole device-to-host copy of the shard), only to swap
+    its local tensor for an empty one: on the 2-core test machine 272 ms of a first async
+    save's 438 ms for 304 MB a rank. Other leaves (plain tensors, ShardedTensor, Python
+    values) are made by torch's function, as before."""
+    import torch
+    from torch.distributed._state_dict_utils import _create_cpu_state_dict
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(obj, DTensor) and obj.dim() > 0:
+        local = obj._local_tensor
+        if local.numel() == 0 or local.data_ptr() == 0:
+            buf = torch.zeros_like(local, device="cpu")
+        else:
+            buf = torch.empty(tuple(local.size()), dtype=local.dtype, pin_memory=pinned)
+        return DTensor(buf, obj._spec, requires_grad=False)
+    if isinstance(obj, dict):
+        return {k: _empty_host_copy(v, pinned) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_empty_host_copy(v, pinned) for v in obj)
+    return _create_cpu_state_dict({"leaf": obj}, pin_memory=pinned)["leaf"]
 
 
 def _host_copy(obj: Any) -> Any:
