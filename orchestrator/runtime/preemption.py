@@ -69,9 +69,10 @@ class PreemptionHandler:
     def exit_now() -> None:
         """Leave at once with PREEMPTED_EXIT_CODE, skipping interpreter shutdown.
 
-        Call only after the checkpoint is committed. Once one worker exits, torchrun SIGTERMs
-        the others; Python restores the default SIGTERM action during finalisation, so a rank
-        still shutting down would die with -15 instead of reporting 83.
+        Call only after the checkpoint is committed and its manager closed: close() also
+        finishes retention's deletes, and no thread outlives this exit. Once one worker exits,
+        torchrun SIGTERMs the others; Python restores the default SIGTERM action during
+        finalisation, so a rank still shutting down would die with -15 instead of reporting 83.
         """
         import os
 
