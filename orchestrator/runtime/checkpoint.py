@@ -964,10 +964,18 @@ class CheckpointManager:
         1.2 s for 607 MB on the 2-core test machine, bench/bench_checkpoint.py). Joined by
         wait(), so by the next save before it writes (one sweep at a time, the space is back
         before it is needed) and by close(); not a daemon, so an exit after the last save
-        finishes it too."""
-        if paths:
-            self._sweeper = threading.Thread(target=_delete_trees, args=(paths,), name="wmctl-ckpt-sweep")
-            self._sweeper.start()
+        finishes it too (said outright: a thread started by the async writer, a daemon, would
+        inherit that). The checkpoint is committed by now, so a thread that cannot start does
+        not fail it: the deletes run here instead."""
+        if not paths:
+            return
+        sweeper = threading.Thread(target=_delete_trees, args=(paths,), name="wmctl-ckpt-sweep", daemon=False)
+        try:
+            sweeper.start()
+        except RuntimeError:          # no thread to be had (limits, interpreter shutting down)
+            _delete_trees(paths)
+            return
+        self._sweeper = sweeper
 
     def close(self) -> None:
         """Finish: wait() for an async save and raise its error, then let go of the root's lock.

@@ -314,8 +314,10 @@ def _empty_host_copy(obj: Any, pinned: bool) -> Any:
         return DTensor(buf, obj._spec, requires_grad=False)
     if isinstance(obj, dict):
         return {k: _empty_host_copy(v, pinned) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_empty_host_copy(v, pinned) for v in obj)
+    if isinstance(obj, list):
+        return [_empty_host_copy(v, pinned) for v in obj]
+    if isinstance(obj, tuple):                     # a plain tuple, as torch's walk makes it
+        return tuple(_empty_host_copy(v, pinned) for v in obj)
     return _create_cpu_state_dict({"leaf": obj}, pin_memory=pinned)["leaf"]
 
 

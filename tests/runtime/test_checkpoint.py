@@ -178,6 +178,38 @@ def test_retention_deletes_off_the_loop_and_wait_joins_them(tmp_path: Path, monk
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-00000003", "step-00000004"]
 
 
+EXIT_WITHOUT_CLOSE = """
+import sys, time
+import torch
+from orchestrator.runtime import checkpoint as ck
+real = ck._delete_trees
+ck._delete_trees = lambda paths: (time.sleep(1.5), real(paths))      # a sweep the exit must wait for
+root, mode = sys.argv[1], sys.argv[2]
+mgr = ck.CheckpointManager(root, keep=2, async_save=(mode == "async"))
+mgr.register(model=torch.nn.Linear(2, 2))
+for step in (1, 2, 3):
+    mgr.save(step)
+deadline = time.monotonic() + 60
+while not list(ck.Path(root).glob("*.deleting-*")) and time.monotonic() < deadline:
+    time.sleep(0.01)           # step 3 committed (async: on the writer thread) and step 1 retired
+print("retired", flush=True)
+"""                            # and the script ends without close()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_exit_without_close_still_finishes_retentions_deletes(tmp_path: Path, mode: str) -> None:
+    """The sweeper is not a daemon, however the save ran (an async save's writer thread is a
+    daemon, and a thread it starts would be one too): a job that ends without close() leaves no
+    half-deleted folder behind."""
+    script = tmp_path / "job.py"
+    script.write_text(EXIT_WITHOUT_CLOSE)
+    root = tmp_path / "ckpt"
+    done = subprocess.run([sys.executable, str(script), str(root), mode], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert done.returncode == 0 and "retired" in done.stdout, done.stderr[-2000:]
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["step-00000002", "step-00000003"]
+
+
 def test_save_restore_round_trip_is_exact(tmp_path: Path) -> None:
     toy = Toy()
     mgr = toy.manager(tmp_path, keep=2, every_steps=2)
