@@ -250,6 +250,7 @@ def measure_pairs(tr: Trainer, a: argparse.Namespace, work: Path, nbytes: int) -
         dist.barrier()
         mgr.save((i + 1) * a.every)
         save = mgr.last_blocking_s
+        mgr.wait()        # the checkpoint this save retired is deleted before anything else writes
         if not probe_first:
             probe = disk_probe(work, nbytes)
         out.append((save, probe))
