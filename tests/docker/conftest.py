@@ -73,52 +73,67 @@ def free_port() -> int:
 
 
 def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """Until the registry ``proc`` answers ``url``. Only its answer counts: a registry says
+    ``Docker-Distribution-Api-Version`` (on 200, and on 401 when it demands credentials), so
+    another server that holds the port is never taken for it."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"docker-registry exited with {proc.returncode}")
         try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except urllib.error.HTTPError:
-            return  # it answers (401 for an auth-enabled registry): it is up
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                headers = resp.headers
+        except urllib.error.HTTPError as err:
+            headers = err.headers
         except OSError:
             time.sleep(0.2)
+            continue
+        if headers.get("Docker-Distribution-Api-Version", "").startswith("registry/2"):
+            return
+        time.sleep(0.2)
     raise RuntimeError(f"docker-registry did not answer {url} within {timeout:.0f}s")
 
 
-def start_registry(tmp: Path, auth: str | None = None):
-    """Start docker-registry; returns (address, Popen, log path). ``auth="htpasswd"`` demands credentials."""
+def start_registry(tmp: Path, auth: str | None = None, ports=free_port):
+    """Start docker-registry; returns (address, Popen, log path). ``auth="htpasswd"`` demands credentials.
+    A port found free can be taken before the registry binds it (the registry cannot be asked
+    for port 0 and say which it got): then it exits with "address already in use", and the next
+    port from ``ports`` is tried."""
     binary = shutil.which("docker-registry")
     if binary is None:
         unavailable("docker-registry is not installed (apt-get install docker-registry; .ci/start-dockerd.sh does)")
-    port = free_port()
     storage = tmp / "storage"
     storage.mkdir(parents=True, exist_ok=True)
-    config = tmp / "config.yml"
-    lines = [
-        "version: 0.1",
-        "log: {level: warn}",
-        f"storage: {{filesystem: {{rootdirectory: {storage}}}, delete: {{enabled: true}}}}",
-        f"http: {{addr: '127.0.0.1:{port}'}}",
-    ]
-    if auth == "htpasswd":
-        # Any well-formed bcrypt line: the tests push without credentials and expect a refusal.
-        htpasswd = tmp / "htpasswd"
-        htpasswd.write_text("wmctl:$2y$05$0123456789abcdefghijkuGxmqgBEbDwDEJ8JgElqjDjxq7J6P.Fm\n")
-        lines.append(f"auth: {{htpasswd: {{realm: wmctl-test, path: {htpasswd}}}}}")
-    config.write_text("\n".join(lines) + "\n")
-    log = tmp / "registry.log"
-    fh = open(log, "wb")
-    proc = subprocess.Popen([binary, "serve", str(config)], stdout=fh, stderr=subprocess.STDOUT)
-    fh.close()
-    try:
-        _wait_http(f"http://127.0.0.1:{port}/v2/", proc)
-    except RuntimeError as exc:
-        proc.kill()
-        proc.wait()
-        raise RuntimeError(f"{exc}; log:\n{log.read_text(errors='replace')[-2000:]}") from None
-    return f"127.0.0.1:{port}", proc, log
+    for _ in range(5):
+        port = ports()
+        config = tmp / "config.yml"
+        lines = [
+            "version: 0.1",
+            "log: {level: warn}",
+            f"storage: {{filesystem: {{rootdirectory: {storage}}}, delete: {{enabled: true}}}}",
+            f"http: {{addr: '127.0.0.1:{port}'}}",
+        ]
+        if auth == "htpasswd":
+            # Any well-formed bcrypt line: the tests push without credentials and expect a refusal.
+            htpasswd = tmp / "htpasswd"
+            htpasswd.write_text("wmctl:$2y$05$0123456789abcdefghijkuGxmqgBEbDwDEJ8JgElqjDjxq7J6P.Fm\n")
+            lines.append(f"auth: {{htpasswd: {{realm: wmctl-test, path: {htpasswd}}}}}")
+        config.write_text("\n".join(lines) + "\n")
+        log = tmp / "registry.log"
+        fh = open(log, "wb")
+        proc = subprocess.Popen([binary, "serve", str(config)], stdout=fh, stderr=subprocess.STDOUT)
+        fh.close()
+        try:
+            _wait_http(f"http://127.0.0.1:{port}/v2/", proc)
+        except RuntimeError as exc:
+            proc.kill()
+            proc.wait()
+            text = log.read_text(errors="replace")
+            if "address already in use" in text:
+                continue
+            raise RuntimeError(f"{exc}; log:\n{text[-2000:]}") from None
+        return f"127.0.0.1:{port}", proc, log
+    raise RuntimeError("docker-registry found every port it tried taken")
 
 
 def stop_registry(proc: subprocess.Popen) -> None:

@@ -125,3 +125,25 @@ def test_push_without_registry_in_tag_is_refused_before_pushing(docker_client, b
         assert "names no registry" in result.stderr
     finally:
         _remove_repo(docker_client, "wmctl-test/noregistry")
+
+
+def test_the_registry_fixture_moves_on_when_its_port_is_taken(tmp_path):
+    """The port free_port() found can be taken before docker-registry binds it. The fixture must
+    not take the other server for the registry (it answers HTTP too) and must start the registry
+    on another port. Needs only docker-registry, not the engine."""
+    import http.server
+    import threading
+
+    squatter = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=squatter.serve_forever, daemon=True).start()
+    taken = squatter.server_address[1]
+    offered = iter([taken, free_port()])
+    try:
+        address, proc, _log = start_registry(tmp_path / "registry", ports=lambda: next(offered))
+    finally:
+        squatter.shutdown()
+        squatter.server_close()
+    try:
+        assert address != f"127.0.0.1:{taken}" and proc.poll() is None
+    finally:
+        stop_registry(proc)
