@@ -34,11 +34,23 @@ def backend(fake_api):
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and _wmctl_threads():
         time.sleep(0.05)
-    assert not _wmctl_threads()
+    assert not _wmctl_threads(), _stacks()
 
 
 def _wmctl_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("wmctl-") and t.is_alive()]
+
+
+def _stacks() -> str:
+    """Where each leftover thread is stuck: what a failure must show (CI saw a log follower
+    outlive close() once, 1 run in many, and its stack was not on record)."""
+    import sys
+    import traceback
+
+    frames = sys._current_frames()
+    return "\n".join(f"{t.name}:\n{''.join(traceback.format_stack(frames[t.ident]))}"
+                     for t in threading.enumerate()
+                     if t.name.startswith("wmctl-") and t.ident in frames)
 
 
 def _submit(fake_api, backend, run="sim", attempt=0, **kw):
