@@ -615,3 +615,53 @@ def test_sim_a_rate_limited_registry_is_waited_out_not_a_failed_pull(fake_api, b
     assert col.until(lambda col: col.last.finished)
     assert [n.phase for n in col.last.nodes] == [base.SUCCEEDED] * 2
     assert not col.kinds(base.IMAGE_PULL_FAILED)
+
+
+def _pooled_streams(fake_api) -> set:
+    """Connections the client keeps for reuse whose server handler is still streaming (a watch or
+    a followed log): the next request sent on one waits for the stream to end, or its read timeout
+    (CI saw a node watcher's list wait past close() that way)."""
+    kept = set()
+    for pool in fake_api.client.rest_client.pool_manager.pools._container.values():
+        for conn in list(pool.pool.queue):
+            if conn is not None and conn.sock is not None:
+                kept.add(conn.sock.getsockname()[:2])
+    return kept & set(fake_api.server.streaming)
+
+
+def test_sim_logs_follow_left_mid_stream_is_not_pooled_for_reuse(fake_api, backend, tmp_path, monkeypatch):
+    """`wmctl logs -f` whose reader stops (a pipe closed, the attempt ended) leaves the pod's log
+    stream mid-way: its connection must be closed, not kept for the client's next call."""
+    monkeypatch.setenv("WMCTL_HOME", str(tmp_path))
+    fake_api.cluster.script(job="sim-a0", run_seconds=None, logs=[(0.0, "first")])
+    ref, col = _submit(fake_api, backend)
+    assert col.until(lambda c: [n.phase for n in c.last.nodes] == [base.RUNNING] * 2)
+    lines = backend.logs(ref, 0, follow=True)
+    assert next(lines) == "first"
+    assert fake_api.server.streaming                  # the server still streams the quiet log
+    lines.close()
+    assert not _pooled_streams(fake_api)
+
+
+def test_sim_log_follower_stopped_while_its_request_was_on_its_way_pools_no_stream(fake_api, backend,
+                                                                                  monkeypatch):
+    """close() that runs while a log follower's request is on its way finds no response to shut;
+    the follower then leaves the stream unread: its connection must be closed, not pooled."""
+    core = client.CoreV1Api
+    original = core.read_namespaced_pod_log
+
+    def close_races(self, *args, **kwargs):
+        resp = original(self, *args, **kwargs)
+        if kwargs.get("follow"):
+            for st in list(backend._states.values()):
+                st.stop.set()             # what close() does first
+        return resp
+    monkeypatch.setattr(core, "read_namespaced_pod_log", close_races)
+    fake_api.cluster.script(job="sim-a0", run_seconds=None, logs=[(0.0, "first")])
+    ref, col = _submit(fake_api, backend)
+    st = backend._state(ref)
+    assert st.stop.wait(15)
+    for t in list(st.log_threads.values()):
+        t.join(timeout=10)
+        assert not t.is_alive()
+    assert not _pooled_streams(fake_api)

@@ -137,6 +137,15 @@ def call_json(fn: Callable[..., Any], *args: Any, what: str = "", **kwargs: Any)
     return json.loads(data) if data else {}
 
 
+def close_stream(resp: Any) -> None:
+    """Give a streamed response's connection back closed, never for reuse. A stream left before
+    its end (a followed log, a watch) still belongs to the server's handler, which reads no new
+    request until the stream ends: pooled, the connection would hold the next call made on it
+    until its read timeout. kubernetes/watch/watch.py ends its streams the same way."""
+    resp.close()
+    resp.release_conn()
+
+
 # How often poll() proves that the API server still answers, and how long one proof may take.
 PROBE_INTERVAL_S = 5.0
 PROBE_TIMEOUT_S = 15.0     # an API server under load (priority-and-fairness queueing) may be slow, not down
@@ -166,7 +175,10 @@ class Contact:
         try:
             resp = sdk().VersionApi(api_client).get_code(_preload_content=False,
                                                          _request_timeout=(CONNECT_TIMEOUT_S, self.timeout))
-            resp.release_conn()
+            try:
+                resp.read()             # the whole body: the connection goes back ready for reuse
+            finally:
+                resp.release_conn()
         except api_exception() as exc:
             if exc.status in OUTAGE_STATUS:
                 raise EngineUnavailable(f"the Kubernetes API answers {exc.status} {exc.reason}",

@@ -35,7 +35,7 @@ from .check import pod_problems, volume_problems
 from .classify import (JOB_END_CONDITIONS, LogCursor, device_counts, device_loss, failed_create, job_end_event,
                        job_finished, kueue_wait, newest_per_index, node_healthy, node_ready, node_statuses,
                        pod_deleted_event, pod_events, pod_index, pod_loss_evidence, split_timestamp)
-from .client import Backoff, Contact, call, call_json, is_transient, request_timeout
+from .client import Backoff, Contact, call, call_json, close_stream, is_transient, request_timeout
 from .kinds import KINDS, Kind, create_order
 from .render import KubernetesRequest, render_kubernetes
 from .nodewatch import PAGE_SIZE, PER_NAME_MAX, NodeWatch, trim_node
@@ -536,7 +536,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                     # and a quiet log would block this read for as long as the pod runs
                     with st.lock:
                         st.log_resps.pop(index, None)
-                    resp.release_conn()
+                    close_stream(resp)
                     break
                 try:
                     self._read_log(st, index, iter_resp_lines(resp), pod["spec"].get("nodeName"), cursor,
@@ -544,7 +544,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 finally:
                     with st.lock:
                         st.log_resps.pop(index, None)
-                    resp.release_conn()
+                    close_stream(resp)         # it may end mid-stream: on stop, or a bad line
                 # a clean end: the container terminated or the pod went away
                 with st.lock:
                     cur = st.pods.get(uid)
@@ -768,7 +768,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         try:
             yield from iter_resp_lines(resp)
         finally:
-            resp.release_conn()
+            close_stream(resp)      # a caller that stops reading leaves the stream mid-way
 
     def attempts(self, run: str) -> list[AttemptRef]:
 

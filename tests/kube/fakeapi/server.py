@@ -90,6 +90,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _start_stream(self, content_type: str) -> None:
+        self.server.streaming.add(self.client_address)
         self._entry["code"] = 200
         self.send_response(200)
         self.send_header("Content-Type", content_type)
@@ -117,6 +118,12 @@ class Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def handle_one_request(self) -> None:
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.streaming.discard(self.client_address)
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -567,6 +574,10 @@ class FakeApiServer(ThreadingHTTPServer):
         self.faults = Faults()
         self.rbac: Rbac | None = None      # None: no authentication or authorisation at all
         self.stopping = threading.Event()
+        # client (host, port) of every connection whose handler is streaming a watch or a followed
+        # log right now: such a connection reads no new request until the stream ends (as a Go
+        # net/http handler does), so a client must never send one on it (test_backend_sim)
+        self.streaming: set[tuple[str, int]] = set()
         # how often a watch that allows bookmarks gets one: the watch cache's is about a minute
         # (cacher.go); tests that exercise bookmarks shorten it
         self.bookmark_interval_s = 60.0
