@@ -531,14 +531,11 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                 with st.lock:
                     st.log_resps[index] = resp
                 delays.reset()
-                if st.stop.is_set():
-                    # close() ran while the request was on its way: it had no response to shut,
-                    # and a quiet log would block this read for as long as the pod runs
-                    with st.lock:
-                        st.log_resps.pop(index, None)
-                    close_stream(resp)
-                    break
                 try:
+                    if st.stop.is_set():
+                        # close() ran while the request was on its way: it had no response to
+                        # shut, and a quiet log would block this read for as long as the pod runs
+                        break
                     self._read_log(st, index, iter_resp_lines(resp), pod["spec"].get("nodeName"), cursor,
                                    output_at)
                 finally:
