@@ -37,8 +37,12 @@ def backend(fake_api):
     assert not _wmctl_threads(), _stacks()
 
 
+def _leftover() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("wmctl-") and t.is_alive()]
+
+
 def _wmctl_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("wmctl-") and t.is_alive()]
+    return [t.name for t in _leftover()]
 
 
 def _stacks() -> str:
@@ -49,8 +53,7 @@ def _stacks() -> str:
 
     frames = sys._current_frames()
     return "\n".join(f"{t.name}:\n{''.join(traceback.format_stack(frames[t.ident]))}"
-                     for t in threading.enumerate()
-                     if t.name.startswith("wmctl-") and t.ident in frames)
+                     for t in _leftover() if t.ident in frames)
 
 
 def _submit(fake_api, backend, run="sim", attempt=0, **kw):

@@ -575,8 +575,11 @@ class FakeApiServer(ThreadingHTTPServer):
         self.rbac: Rbac | None = None      # None: no authentication or authorisation at all
         self.stopping = threading.Event()
         # client (host, port) of every connection whose handler is streaming a watch or a followed
-        # log right now: such a connection reads no new request until the stream ends (as a Go
-        # net/http handler does), so a client must never send one on it (test_backend_sim)
+        # log right now. Such a connection reads no new request until the stream ends, as the
+        # API server's HTTP/1.1 does: golang/go src/net/http/server.go, (*conn).serve reads the
+        # next request only after ServeHTTP returns ("HTTP cannot have multiple simultaneous
+        # active requests"); BaseHTTPRequestHandler.handle loops the same way. A client must
+        # never send a request on one (test_backend_sim._pooled_streams asks).
         self.streaming: set[tuple[str, int]] = set()
         # how often a watch that allows bookmarks gets one: the watch cache's is about a minute
         # (cacher.go); tests that exercise bookmarks shorten it
