@@ -104,22 +104,20 @@ def start_registry(tmp: Path, auth: str | None = None, ports=free_port):
         unavailable("docker-registry is not installed (apt-get install docker-registry; .ci/start-dockerd.sh does)")
     storage = tmp / "storage"
     storage.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "version: 0.1",
+        "log: {level: warn}",
+        f"storage: {{filesystem: {{rootdirectory: {storage}}}, delete: {{enabled: true}}}}",
+    ]
+    if auth == "htpasswd":
+        # Any well-formed bcrypt line: the tests push without credentials and expect a refusal.
+        htpasswd = tmp / "htpasswd"
+        htpasswd.write_text("wmctl:$2y$05$0123456789abcdefghijkuGxmqgBEbDwDEJ8JgElqjDjxq7J6P.Fm\n")
+        lines.append(f"auth: {{htpasswd: {{realm: wmctl-test, path: {htpasswd}}}}}")
+    config, log = tmp / "config.yml", tmp / "registry.log"
     for _ in range(5):
         port = ports()
-        config = tmp / "config.yml"
-        lines = [
-            "version: 0.1",
-            "log: {level: warn}",
-            f"storage: {{filesystem: {{rootdirectory: {storage}}}, delete: {{enabled: true}}}}",
-            f"http: {{addr: '127.0.0.1:{port}'}}",
-        ]
-        if auth == "htpasswd":
-            # Any well-formed bcrypt line: the tests push without credentials and expect a refusal.
-            htpasswd = tmp / "htpasswd"
-            htpasswd.write_text("wmctl:$2y$05$0123456789abcdefghijkuGxmqgBEbDwDEJ8JgElqjDjxq7J6P.Fm\n")
-            lines.append(f"auth: {{htpasswd: {{realm: wmctl-test, path: {htpasswd}}}}}")
-        config.write_text("\n".join(lines) + "\n")
-        log = tmp / "registry.log"
+        config.write_text("\n".join([*lines, f"http: {{addr: '127.0.0.1:{port}'}}"]) + "\n")
         fh = open(log, "wb")
         proc = subprocess.Popen([binary, "serve", str(config)], stdout=fh, stderr=subprocess.STDOUT)
         fh.close()
