@@ -9,9 +9,10 @@ import pytest
 
 from orchestrator import failures
 from orchestrator.backends import base as b
-from orchestrator.backends.docker.classify import node_status, parse_docker_ns, parse_docker_time, transition_events
+from orchestrator.backends.docker.classify import node_status, parse_docker_time, transition_events
 from orchestrator.backends.docker.engine import DockerBackend, container_kwargs
 from orchestrator.backends.kubernetes.render import KubernetesRequest
+from orchestrator.backends.logcursor import parse_rfc3339_ns as parse_docker_ns
 from orchestrator.errors import BackendError
 from orchestrator.plan import Plan
 

@@ -4,6 +4,7 @@ and --all-nodes reach the engine's own log API (its per-line times), and what co
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from datetime import datetime, timezone
@@ -63,3 +64,40 @@ def test_docker_logs_flags_reach_the_engine(docker_client, image, home):
         w.wait(timeout=120)
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     assert not leftovers(docker_client, run)
+
+
+INTERLEAVED = """
+import sys
+for i in range(40000):
+    out = sys.stderr if i % 2 else sys.stdout
+    out.write(f"line {i}\\n")
+    out.flush()
+"""
+
+
+def test_log_follower_keeps_lines_the_engine_stamped_out_of_order(docker_client, image):
+    """dockerd stamps a line when the copier of its stream reads it and only then logs it
+    (moby daemon/logger/copier.go: a goroutine per stream), so a stdout line can follow a stderr
+    line stamped after it. The follower behind progress events and `wmctl logs -f` must deliver
+    it: it used to drop every line older than the newest it had read, and in CI a job's `resume`
+    progress line, printed right after the runtime's stderr note, vanished."""
+    from orchestrator.backends.docker.engine import DockerBackend
+    from orchestrator.backends.logcursor import split_timestamp
+
+    c = docker_client.containers.run(image, entrypoint=["python", "-c", INTERLEAVED], detach=True,
+                                     name=f"dkl-stamp-order-{os.getpid()}")
+    try:
+        got = [line for _, line in DockerBackend(client=docker_client)._log_lines(c.name, follow=True)]
+        assert c.wait(timeout=120)["StatusCode"] == 0
+        stamped = [split_timestamp(raw) for raw in
+                   docker_client.api.logs(c.name, timestamps=True).decode().splitlines()]
+    finally:
+        c.remove(force=True)
+    behind, newest = 0, 0
+    for stamp, _ in stamped:
+        behind += stamp < newest
+        newest = max(newest, stamp)
+    # the premise: the engine did write some lines after one stamped later (26 of 20,000 here)
+    assert behind > 0, "the engine kept every line in stamp order this time: nothing was tested"
+    assert got == [line for _, line in stamped], f"{len(got)} of {len(stamped)} lines delivered"
+    assert sorted(got) == sorted(f"line {i}" for i in range(40000))

@@ -148,23 +148,24 @@ def test_job_end_from_the_job_controllers_events():
 
 
 def test_log_cursor_resumes_by_timestamp_not_by_line_count():
-    """After a reconnect, lines at or before the newest timestamp read are dropped (one at
-    exactly that time only if it was read); a rotated log, which starts again with fewer lines,
-    loses nothing new."""
-    from orchestrator.backends.kubernetes.classify import SINCE_MARGIN_S, LogCursor, split_timestamp
+    """After a reconnect, lines read before are dropped (by stamp and text); a rotated log,
+    which starts again with fewer lines, loses nothing new; the resumed read reaches back the
+    cursor's reorder window plus the clock-skew margin."""
+    from orchestrator.backends.kubernetes.classify import SINCE_MARGIN_S, since_seconds
+    from orchestrator.backends.logcursor import REORDER_WINDOW_NS, LogCursor, split_timestamp
 
     assert split_timestamp("2026-12-04T15:10:00.5Z hello world") == (1796397000_500000000, "hello world")
     assert split_timestamp("2026-12-04T15:10:00Z x")[0] == 1796397000_000000000
     assert split_timestamp("no stamp here") == (None, "no stamp here")
     cur = LogCursor()
-    assert cur.since_seconds(0.0) is None
+    assert since_seconds(cur, 0.0) is None
     first = [(10, "a"), (20, "b"), (20, "c")]
     assert [t for s, t in first if cur.fresh(s, t)] == ["a", "b", "c"]
     again = [(20, "b"), (20, "c"), (20, "d"), (30, "e")]      # the reconnect overlaps by design
     assert [t for s, t in again if cur.fresh(s, t)] == ["d", "e"]
     rotated = [(40, "f")]                                      # a new file, line 1 of it
     assert [t for s, t in rotated if cur.fresh(s, t)] == ["f"]
-    assert cur.since_seconds(100.0) == 100 + SINCE_MARGIN_S
+    assert since_seconds(cur, 100.0) == 100 + REORDER_WINDOW_NS // 10**9 + SINCE_MARGIN_S
 
 
 def test_a_failure_target_already_ends_the_job():

@@ -47,6 +47,7 @@ LAYERS: list[tuple[str, int]] = [
     # pure planning: renderers, checks, classifiers, and what they share
     ("orchestrator.backends.base", 3),
     ("orchestrator.backends.host_paths", 3),
+    ("orchestrator.backends.logcursor", 3),  # a followed log read again: what both engines share
     ("orchestrator.backends.local.render", 3),
     ("orchestrator.backends.local.classify", 3),
     ("orchestrator.backends.docker.render", 3),

@@ -4,10 +4,10 @@ API report (unit-tested without an engine)."""
 from __future__ import annotations
 
 import time
-from datetime import datetime
 from typing import Any
 
 from .. import base as b
+from ..logcursor import parse_rfc3339_ns
 
 TERMINAL = (b.SUCCEEDED, b.FAILED, b.LOST)
 
@@ -16,23 +16,8 @@ def parse_docker_time(value: str | None) -> float | None:
     """RFC 3339 with nanoseconds (Docker's format) -> epoch seconds; None for Docker's zero time."""
     if not value or value.startswith("0001-01-01"):
         return None
-    ns = parse_docker_ns(value)
+    ns = parse_rfc3339_ns(value)
     return ns / 1e9 if ns is not None else None
-
-
-def parse_docker_ns(value: str) -> int | None:
-    """RFC 3339 (up to nanoseconds) -> integer epoch nanoseconds, exact (log de-duplication needs it)."""
-    try:
-        head, _, rest = value.partition(".")
-        if not rest:  # no fraction: "...:05Z" or "...:05+00:00"
-            return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()) * 10**9
-        n = len(rest) - len(rest.lstrip("0123456789"))
-        digits, tz = rest[:n], rest[n:]
-        tz = "+00:00" if tz in ("Z", "") else tz
-        whole = datetime.fromisoformat(head + tz)
-        return int(whole.timestamp()) * 10**9 + int(digits.ljust(9, "0")[:9])
-    except ValueError:
-        return None
 
 
 def node_status(node: int, host: str, state: dict[str, Any] | None, *, signal: int | None,

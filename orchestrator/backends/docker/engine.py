@@ -34,7 +34,8 @@ from ...runtime.protocol import parse_progress
 from .. import base as b
 from .. import host_paths
 from ...state import open_store
-from .classify import TERMINAL, node_status, parse_docker_ns, parse_docker_time, transition_events
+from ..logcursor import LogCursor, split_timestamp
+from .classify import TERMINAL, node_status, parse_docker_time, transition_events
 from .render import DockerRequest, render_docker
 
 # Plan "create" keys that belong to the container config; every other known key is host config.
@@ -395,17 +396,17 @@ class DockerBackend(b.Backend[DockerRequest]):
                    streams: list[Any] | None = None, tail: int | None = None,
                    since: float | None = None) -> Iterator[tuple[int, str]]:
         """(timestamp ns, line) of a container's output (the last ``tail`` lines, those at or after
-        ``since``). Following survives read timeouts on a silent container by reconnecting from
-        the last timestamp (lines at or before it skipped)."""
+        ``since``). Following survives read timeouts on a silent container by reconnecting a
+        little before the newest line read, dropping the lines read already (logcursor)."""
         errors, rexc = sdk.errors()
         stop = stop or threading.Event()
-        last_ns = 0
+        cursor = LogCursor()
         while not stop.is_set():
-            first = not last_ns
+            start = cursor.resume_from_ns()
             try:
                 stream = self.client.api.logs(name, stream=True, follow=follow, timestamps=True,
-                                              tail=tail if first and tail is not None else "all",
-                                              since=(max(1, last_ns // 10**9) if last_ns else since))
+                                              tail=tail if start is None and tail is not None else "all",
+                                              since=(max(1, start // 10**9) if start is not None else since))
             except errors.NotFound:
                 return
             except rexc.RequestException:
@@ -420,15 +421,12 @@ class DockerBackend(b.Backend[DockerRequest]):
                 buf += chunk
                 *lines, buf = buf.split(b"\n")
                 for raw in lines:
-                    ns, line = _split_timestamp(raw.decode("utf-8", "replace"))
-                    if ns is not None and ns <= last_ns:
-                        continue
-                    last_ns = ns or last_ns
-                    yield (ns or 0), line
+                    ns, line = split_timestamp(raw.decode("utf-8", "replace"))
+                    if cursor.fresh(ns, line):
+                        yield (ns or 0), line
             if buf:
-                ns, line = _split_timestamp(buf.decode("utf-8", "replace"))
-                if ns is None or ns > last_ns:
-                    last_ns = ns or last_ns
+                ns, line = split_timestamp(buf.decode("utf-8", "replace"))
+                if cursor.fresh(ns, line):
                     yield (ns or 0), line
             if streams is not None and stream in streams:
                 streams.remove(stream)
@@ -637,11 +635,3 @@ def _event_time(st: _Attempt, node: int, prev: b.NodeStatus | None, cur: b.NodeS
         action = "unpause"
     return st.event_times.get((node, action)) if action else None
 
-
-def _split_timestamp(line: str) -> tuple[int | None, str]:
-    stamp, sep, rest = line.partition(" ")
-    if sep and stamp[:1].isdigit() and "T" in stamp:
-        ns = parse_docker_ns(stamp)
-        if ns is not None:
-            return ns, rest.rstrip("\r")
-    return None, line.rstrip("\r")

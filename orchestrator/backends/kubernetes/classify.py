@@ -17,12 +17,12 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..base import (
     EVICTED, FAILED, IMAGE_PULL_FAILED, LOST, NODE_EXITED, NODE_LOST, NODE_STARTED, NODE_WAITING,
     OOM_KILLED, PENDING, RUNNING, SUCCEEDED, UNKNOWN, Event, NodeStatus)
+from ..logcursor import LogCursor
 
 Obj = dict[str, Any]
 FactKey = tuple[str, str]
@@ -489,48 +489,17 @@ def node_statuses(pods: list[Obj], completions: int, lost: set[str],
 # reads the container's current log path; pkg/kubelet/logs/container_log_manager.go renames the
 # old one away), so counting lines to skip what was already read skips new lines instead. The
 # stream is resumed by time: ``timestamps`` prefixes each line with the runtime's RFC3339Nano
-# timestamp, ``since_seconds`` asks for no more than the lines since the newest one read, and
-# lines at or before that timestamp are dropped here (a line at exactly that time only if it was
-# read). Margin: ``since_seconds`` is measured on this machine's clock against the node's, so a
-# skew under SINCE_MARGIN_S costs a few repeated (and dropped) lines, never a lost one.
+# timestamp, ``since_seconds`` asks for the lines from a little before the newest one read, and
+# the lines read already are dropped (backends/logcursor.py: the runtime's stamps are not in file
+# order, so "older than the newest" is not "read"). Margin: ``since_seconds`` is measured on this
+# machine's clock against the node's, so a skew under SINCE_MARGIN_S costs a few repeated (and
+# dropped) lines, never a lost one.
 SINCE_MARGIN_S = 10
 
 
-def split_timestamp(raw: str) -> tuple[int | None, str]:
-    """('2026-12-04T15:10:00.123456789Z text') -> (unix nanoseconds, 'text'); (None, raw) if the
-    line carries no timestamp."""
-    head, sep, text = raw.partition(" ")
-    if not sep or not head.endswith("Z") or "T" not in head:
-        return None, raw
-    whole, _, frac = head[:-1].partition(".")
-    try:
-        secs = dt.datetime.fromisoformat(whole).replace(tzinfo=dt.timezone.utc).timestamp()
-        nanos = int((frac + "000000000")[:9]) if frac else 0
-    except ValueError:
-        return None, raw
-    return int(secs) * 1_000_000_000 + nanos, text
-
-
-@dataclass
-class LogCursor:
-    """Where a followed log has been read up to: the newest timestamp and the lines read at it."""
-
-    last: int | None = None
-    at_last: set[str] = field(default_factory=set)
-
-    def fresh(self, stamp: int | None, text: str) -> bool:
-        """Is this line new? Records it if so."""
-        if stamp is None:
-            return True
-        if self.last is not None and (stamp < self.last or stamp == self.last and text in self.at_last):
-            return False
-        if stamp != self.last:
-            self.last, self.at_last = stamp, set()
-        self.at_last.add(text)
-        return True
-
-    def since_seconds(self, now: float) -> int | None:
-        """The ``since_seconds`` of a resumed read (None: read from the start)."""
-        if self.last is None:
-            return None
-        return max(1, math.ceil(now - self.last / 1e9) + SINCE_MARGIN_S)
+def since_seconds(cursor: LogCursor, now: float) -> int | None:
+    """The ``since_seconds`` of a resumed read (None: read from the start)."""
+    start = cursor.resume_from_ns()
+    if start is None:
+        return None
+    return max(1, math.ceil(now - start / 1e9) + SINCE_MARGIN_S)

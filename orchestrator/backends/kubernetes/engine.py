@@ -32,9 +32,10 @@ from .. import base as b
 from ..base import (CANCELLED, LOST, NODE_EXITED, NODE_LOST, NODE_QUEUED, NODE_STARTED, NODE_WAITING, PROGRESS,
                     SUCCEEDED, AttemptRef, Event, NodeStatus, Observation)
 from .check import pod_problems, volume_problems
-from .classify import (JOB_END_CONDITIONS, LogCursor, device_counts, device_loss, failed_create, job_end_event,
-                       job_finished, kueue_wait, newest_per_index, node_healthy, node_ready, node_statuses,
-                       pod_deleted_event, pod_events, pod_index, pod_loss_evidence, split_timestamp)
+from ..logcursor import LogCursor, split_timestamp
+from .classify import (JOB_END_CONDITIONS, device_counts, device_loss, failed_create, job_end_event, job_finished,
+                       kueue_wait, newest_per_index, node_healthy, node_ready, node_statuses, pod_deleted_event,
+                       pod_events, pod_index, pod_loss_evidence, since_seconds)
 from .client import Backoff, Contact, call, call_json, close_stream, is_transient, request_timeout
 from .kinds import KINDS, Kind, create_order
 from .render import KubernetesRequest, render_kubernetes
@@ -521,7 +522,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
             cursor = cursors.setdefault(uid, LogCursor())
             kwargs: dict[str, Any] = {"follow": True, "timestamps": True, "_preload_content": False,
                                       "_request_timeout": request_timeout(self.log_read_timeout)}
-            since = cursor.since_seconds(time.time())
+            since = since_seconds(cursor, time.time())
             if since is not None:
                 kwargs["since_seconds"] = since
             if st.container:
