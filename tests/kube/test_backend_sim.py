@@ -605,6 +605,27 @@ def test_sim_log_rotation_during_a_dropped_stream_loses_no_progress(fake_api, ba
 
 
 
+def test_sim_a_progress_line_stamped_before_the_note_written_ahead_of_it_arrives(fake_api, backend):
+    """Simulation: the runtime stamps each stream's lines on its own (containerd
+    internal/cri/io/logger.go), so rank 0's `resume` line on stdout, printed right after the
+    runtime's note on stderr, lands in the log behind the note with an earlier stamp. It still
+    arrives, once, in log order (CI lost exactly this line on Docker: a follower that dropped
+    every line older than the newest read)."""
+    c = fake_api.cluster
+    resume = 'WMCTL-PROGRESS {"event":"resume","step":10}'
+    c.script(job="sim-a0", index=0, run_seconds=1.0,
+             logs=[(0.05, 'WMCTL-PROGRESS {"event":"start"}'),
+                   (0.1, "wmctl: checkpoint /ckpt/base/step-00000010: resumed from run base"),
+                   (0.1, resume, 0.002)]
+             + [(0.1 + 0.05 * i, f'WMCTL-PROGRESS {{"event":"step","step":{10 + i}}}') for i in range(1, 6)])
+    c.script(job="sim-a0", index=1, run_seconds=1.0)
+    ref, col = _submit(fake_api, backend)
+    assert col.until(lambda col: col.last.finished)
+    assert col.until(lambda col: len(col.kinds(base.PROGRESS)) >= 7, timeout=5)
+    events = [e.progress.get("event") for e in col.kinds(base.PROGRESS)]
+    assert events == ["start", "resume"] + ["step"] * 5, events
+
+
 def test_sim_a_rate_limited_registry_is_waited_out_not_a_failed_pull(fake_api, backend):
     """Simulation: the registry answers 429 to the first pulls (ErrImagePull with the
     runtime's error), then lets the nodes in. Not an image that will never come: no

@@ -13,6 +13,7 @@ import urllib3
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from .fakeapi.server import _parse_rfc3339_ns
 from .manifests import attempt_manifests
 
 pytestmark = pytest.mark.timeout(60)
@@ -463,6 +464,28 @@ def test_sim_pod_log_rotation_timestamps_and_since(fake_api):
     with pytest.raises(ApiException) as err:
         core.read_namespaced_pod_log("p", "default", since_seconds=0)
     assert err.value.status == 422
+
+
+def test_sim_pod_log_keeps_write_order_with_each_streams_own_stamps(fake_api):
+    """Simulation of the runtime's log writer (containerd internal/cri/io/logger.go): a line is
+    stamped when its stream's copier reads it and written after, so the file, and pods/log, keep
+    write order while a later line may carry an earlier stamp; `sinceSeconds` filters each line by
+    its own stamp (pkg/kubelet/kuberuntime/logs/logs.go), not by its place in the file."""
+    core = client.CoreV1Api(fake_api.client)
+    c = fake_api.cluster
+    c.script(when=lambda p: p["metadata"]["name"] == "p", run_seconds=None)
+    core.create_namespaced_pod("default", _pod("p", node="node-a"))
+    c.start()
+    assert c.run_until(lambda: core.read_namespaced_pod("p", "default").status.phase == "Running")
+    api = fake_api.api
+    api.append_log("default", "p", "c", "stderr note")
+    api.append_log("default", "p", "c", "stdout line", stamp_lag_s=0.5)     # stamped before the note
+    api.append_log("default", "p", "c", "long-waiting line", stamp_lag_s=30)
+    stamped = core.read_namespaced_pod_log("p", "default", timestamps=True).splitlines()
+    assert [line.partition(" ")[2] for line in stamped] == ["stderr note", "stdout line", "long-waiting line"]
+    stamps = [_parse_rfc3339_ns(line.partition(" ")[0]) for line in stamped]
+    assert stamps[1] < stamps[0] and stamps[2] < stamps[1]
+    assert core.read_namespaced_pod_log("p", "default", since_seconds=10) == "stderr note\nstdout line\n"
 
 
 def test_sim_job_failure_target_comes_first_and_failed_waits_for_terminating_pods(fake_api):

@@ -374,10 +374,15 @@ class Api:
     # 0.log.<time>, ReopenContainerLog) starts a new one. pods/log serves the current file only
     # (pkg/kubelet/kuberuntime/logs/logs.go ReadLogs opens the container's LogPath); a stream
     # that follows it reopens the new file after a rotation and reads it from its start.
-    def append_log(self, namespace: str, pod: str, container: str, line: str) -> None:
+    # The runtime stamps a line when the copier of its stream reads it, then writes it through the
+    # writer stdout and stderr share (containerd internal/cri/io/logger.go redirectLogs: a
+    # goroutine per stream, time.Now() then w.Write), so the file is not in stamp order: a line
+    # can follow one stamped after it. ``stamp_lag_s``: how long before its write this line was
+    # stamped (its copier waited on the shared writer or for the CPU).
+    def append_log(self, namespace: str, pod: str, container: str, line: str, stamp_lag_s: float = 0.0) -> None:
         with self.store.cond:
             files = self.logs.setdefault((namespace, pod, container), [[]])
-            files[-1].append((time.time_ns(), line))
+            files[-1].append((time.time_ns() - int(stamp_lag_s * 1e9), line))
             self.store.cond.notify_all()
 
     def rotate_log(self, namespace: str, pod: str, container: str) -> None:

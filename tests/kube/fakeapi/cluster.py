@@ -44,7 +44,8 @@ class PodScript:
     run_seconds: float | None = 0.2          # None: run until deleted
     exit_code: int = 0
     reason: str | None = None                # e.g. "OOMKilled"; default Completed / Error
-    logs: list[tuple[float, str]] = field(default_factory=list)   # (offset s, line)
+    # (offset s, line) or (offset s, line, stamp lag s): api.Api.append_log's stamp_lag_s
+    logs: list[tuple[float, str] | tuple[float, str, float]] = field(default_factory=list)
     start_delay: float = 0.0                 # bound -> running
     sigterm_exit_code: int = 143
     # After SIGTERM (a graceful delete): how long the container takes to exit (real seconds; None:
@@ -899,7 +900,7 @@ class Cluster:
         elapsed = now - rt.started_at
         done = s.run_seconds is not None and elapsed >= s.run_seconds
         while rt.logs_sent < len(s.logs) and (done or s.logs[rt.logs_sent][0] <= elapsed):
-            self.api.append_log(ns, name, container, s.logs[rt.logs_sent][1])
+            self.api.append_log(ns, name, container, *s.logs[rt.logs_sent][1:])
             rt.logs_sent += 1
         if not done:
             return
