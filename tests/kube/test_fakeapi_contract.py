@@ -430,16 +430,22 @@ def test_sim_ttl_after_finished_deletes_the_job_its_pods_and_owned_objects(fake_
     assert [(e.type, e.reason, e.message) for e in events.items] == [("Normal", "Completed", "Job completed")]
 
 
-def test_sim_pod_log_rotation_timestamps_and_since(fake_api):
-    """Simulation of kubelet log files: after a rotation a new request reads only the newest
-    file; a stream that was following goes on with the new file from its start; `timestamps`
-    prefixes RFC3339Nano and a space; `sinceSeconds` drops older lines and must be >= 1."""
+def _running_pod_p(fake_api) -> client.CoreV1Api:
+    """Pod "p" (container "c") on node-a, running until deleted: a log to write to and read."""
     core = client.CoreV1Api(fake_api.client)
     c = fake_api.cluster
     c.script(when=lambda p: p["metadata"]["name"] == "p", run_seconds=None)
     core.create_namespaced_pod("default", _pod("p", node="node-a"))
     c.start()
     assert c.run_until(lambda: core.read_namespaced_pod("p", "default").status.phase == "Running")
+    return core
+
+
+def test_sim_pod_log_rotation_timestamps_and_since(fake_api):
+    """Simulation of kubelet log files: after a rotation a new request reads only the newest
+    file; a stream that was following goes on with the new file from its start; `timestamps`
+    prefixes RFC3339Nano and a space; `sinceSeconds` drops older lines and must be >= 1."""
+    core = _running_pod_p(fake_api)
     api = fake_api.api
     for line in ("one", "two"):
         api.append_log("default", "p", "c", line)
@@ -471,12 +477,7 @@ def test_sim_pod_log_keeps_write_order_with_each_streams_own_stamps(fake_api):
     stamped when its stream's copier reads it and written after, so the file, and pods/log, keep
     write order while a later line may carry an earlier stamp; `sinceSeconds` filters each line by
     its own stamp (pkg/kubelet/kuberuntime/logs/logs.go), not by its place in the file."""
-    core = client.CoreV1Api(fake_api.client)
-    c = fake_api.cluster
-    c.script(when=lambda p: p["metadata"]["name"] == "p", run_seconds=None)
-    core.create_namespaced_pod("default", _pod("p", node="node-a"))
-    c.start()
-    assert c.run_until(lambda: core.read_namespaced_pod("p", "default").status.phase == "Running")
+    core = _running_pod_p(fake_api)
     api = fake_api.api
     api.append_log("default", "p", "c", "stderr note")
     api.append_log("default", "p", "c", "stdout line", stamp_lag_s=0.5)     # stamped before the note
