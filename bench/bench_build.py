@@ -36,7 +36,7 @@ def run(args: list[str], cwd: Path, env: dict) -> float:
 def main() -> None:
     import docker
 
-    from orchestrator.build import wheel
+    from orchestrator.imagebuild import wheel
     from tests.docker.baseimage import ensure_base_image
 
     spec_src = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else REPO / "examples" / "worldmodel" / "job.yaml"

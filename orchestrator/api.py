@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 from . import backends
 from .backends.base import AttemptRef, Backend, BackendOptions
-from .build.record import RECORD_FILE, pinned_ref
+from .imagebuild.record import RECORD_FILE, pinned_ref
 from .errors import (EngineUnavailable, OptionError, RunCancelled, RunExists, RunFailed, RunNotFound, SpecError,
                      WmctlError)
 from .plan import AttemptContext, Plan

@@ -4,7 +4,7 @@
 A content tag (``<repo>:wmctl-<digest>``, from the Dockerfile, the base image's id on the engine,
 the context files, the runtime wheel, the wheelhouse and build args) sits next to the user's tag:
 when the engine already has it, the image is reported up to date and not rebuilt. What was built
-and pushed is recorded in ``<spec folder>/.wmctl/images.json`` (see ``orchestrator.build.record``).
+and pushed is recorded in ``<spec folder>/.wmctl/images.json`` (see ``orchestrator.imagebuild.record``).
 """
 
 from __future__ import annotations
@@ -43,14 +43,14 @@ def plan(spec, profile, *, tag: str | None = None, build_args: tuple[str, ...] =
     """Plan the build (no wheel build). With a Docker ``client`` the base image's id on that engine
     goes into the content digest; without one no engine is touched and the digest leaves the
     base's identity out (the dry run's summary says so)."""
-    from ..build import wheel
-    from ..build.plan import plan_build
-    from ..build.quoting import check_ref
+    from ..imagebuild import wheel
+    from ..imagebuild.plan import plan_build
+    from ..imagebuild.quoting import check_ref
 
     args = parse_build_args(build_args)
     base_id = None
     if client is not None:
-        from ..build import engine
+        from ..imagebuild import engine
 
         base = spec.image.base or profile.base_image
         check_ref(base, "image.base" if spec.image.base else f"vendor profile {profile.name} base_image")
@@ -88,7 +88,7 @@ def command(spec_path: str, dry_run: bool, tag: str | None, push: bool, no_cache
             build_args: tuple[str, ...], platform: str | None, wheelhouse: str | None, quiet: bool,
             sets: tuple[str, ...]) -> None:
     """Render the Dockerfile from the vendor profile and build (and push) the image."""
-    from ..build.plan import context_summary
+    from ..imagebuild.plan import context_summary
 
     spec, profile = load(spec_path, sets)
     options: dict[str, Any] = dict(tag=tag, build_args=build_args, platform=platform, wheelhouse=wheelhouse)
@@ -101,7 +101,7 @@ def command(spec_path: str, dry_run: bool, tag: str | None, push: bool, no_cache
         click.echo(context_summary(build))
         return
 
-    from ..build import engine, progress, record, wheel
+    from ..imagebuild import engine, progress, record, wheel
 
     client = engine.get_client()
     build = plan(spec, profile, **options, client=client)

@@ -75,7 +75,7 @@ def download_command(packages: list[str], requirements: Path | None, dest: Path,
     the image's pip steps: pip's own index (PyPI or a configured mirror) still serves every other
     package, which --index-url would have cut off (the CPU index carries torch and a few of its
     dependencies, not a job's requirements)."""
-    from ..build.quoting import index_args
+    from ..imagebuild.quoting import index_args
 
     cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--dest", str(dest),
            "--python-version", python_version, "--implementation", "cp", *index_args(torch_index_url)]
@@ -105,8 +105,8 @@ def download_command(packages: list[str], requirements: Path | None, dest: Path,
 def command(spec_path: str, directory: str | None, python_version: str | None, platforms: tuple[str, ...],
             with_torch: bool | None, sets: tuple[str, ...]) -> None:
     """Fill a wheelhouse folder for offline (air-gapped) image builds."""
-    from ..build.quoting import check_single_line
-    from ..build.requirements import requirements_closure
+    from ..imagebuild.quoting import check_single_line
+    from ..imagebuild.requirements import requirements_closure
     from ..spec import load_spec, parse_set_flags
     from ..vendors import load_profile
 

@@ -155,7 +155,7 @@ def pinned_runtime_wheel(tmp_path_factory):
     """Build the wmctl wheel once and pin it (WMCTL_RUNTIME_WHEEL) for every build in this run:
     the wheel then stays byte-identical even while the source tree is being edited, so cache and
     up-to-date assertions test wmctl, not the timing of someone's edit."""
-    from orchestrator.build import wheel
+    from orchestrator.imagebuild import wheel
 
     path = wheel.build_wheel(tmp_path_factory.mktemp("runtime-wheel"))
     old = os.environ.get(wheel.ENV_WHEEL)

@@ -186,7 +186,7 @@ def test_broken_requirement_fails_naming_the_step(docker_client, base_image, tmp
 
 
 def test_wheelhouse_build_with_no_network(docker_client, base_image, tmp_path, tag):
-    from orchestrator.build import engine, progress, wheel
+    from orchestrator.imagebuild import engine, progress, wheel
     from orchestrator.commands.build_image import prepare
 
     spec = write_job(tmp_path / "job", base_image, requirements="six\n")

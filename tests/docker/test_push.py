@@ -49,7 +49,7 @@ def test_push_records_digest_and_pulls_back_by_digest(docker_client, base_image,
                                            remove=True, network_mode="none")
         assert out.decode().strip() == "ok"
 
-        from orchestrator.build.record import image_ref_for_submit
+        from orchestrator.imagebuild.record import image_ref_for_submit
 
         assert image_ref_for_submit(spec, "tiny", tag) == ref
     finally:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.build.plan import plan_build
+from orchestrator.imagebuild.plan import plan_build
 from orchestrator.plan import AttemptContext, HostFacts
 from orchestrator.spec import from_dict
 from orchestrator.vendors import available_profiles, load_profile

@@ -58,7 +58,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends.kubernetes.classify", 3),
     ("orchestrator.launch", 3),
     ("orchestrator.templating", 3),
-    ("orchestrator.build", 3),
+    ("orchestrator.imagebuild", 3),
     ("orchestrator.plot", 3),            # run pictures: pure plot data, a text chart, matplotlib drawing
     # the ground floor: spec types, names and paths, vendor profiles, run state
     ("orchestrator.spec", 2),
@@ -207,7 +207,7 @@ def test_each_backend_is_a_package_with_its_rooms(name):
 
 
 def test_no_source_file_is_ignored_by_git():
-    """A .gitignore pattern that swallows a package (a bare `build/` once hid orchestrator/build/)
+    """A .gitignore pattern that swallows a package (a bare `build/` once hid orchestrator/imagebuild/)
     leaves a checkout that works here and a clone that cannot import: every file that ships must
     be visible to git."""
     import shutil

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.build.context import scan_context, strip_userinfo
-from orchestrator.build.dockerfile import DockerfileInputs, render_dockerfile
-from orchestrator.build.ignore import is_ignored, parse_dockerignore
-from orchestrator.build.plan import context_summary, plan_build
-from orchestrator.build.quoting import dq
+from orchestrator.imagebuild.context import scan_context, strip_userinfo
+from orchestrator.imagebuild.dockerfile import DockerfileInputs, render_dockerfile
+from orchestrator.imagebuild.ignore import is_ignored, parse_dockerignore
+from orchestrator.imagebuild.plan import context_summary, plan_build
+from orchestrator.imagebuild.quoting import dq
 from orchestrator.errors import BuildError, WmctlError
 from orchestrator.spec import load_spec
 from orchestrator.vendors import available_profiles, load_profile

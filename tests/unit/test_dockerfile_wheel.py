@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import __version__
-from orchestrator.build import wheel
+from orchestrator.imagebuild import wheel
 from orchestrator.errors import BuildError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def test_installed_wmctl_repacks_the_same_files(built, tmp_path):
                     "--target", str(target), str(built)], check=True, timeout=300)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    code = ("import sys; from orchestrator.build import wheel; s = wheel.locate(); "
+    code = ("import sys; from orchestrator.imagebuild import wheel; s = wheel.locate(); "
             "print(s.kind); print(wheel.build_wheel(sys.argv[1]))")
     env = {k: v for k, v in os.environ.items() if k != wheel.ENV_WHEEL}
     env.update(PYTHONPATH=str(target), WMCTL_CACHE_DIR=str(tmp_path / "cache"))

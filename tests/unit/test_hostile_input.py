@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.build.context import strip_userinfo
+from orchestrator.imagebuild.context import strip_userinfo
 from orchestrator.yamlsafe import MAX_VALUES
 
 from .test_cli import run_main

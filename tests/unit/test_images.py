@@ -1,4 +1,4 @@
-"""orchestrator.build (engine, progress, record) without an engine: failure and push-error classification, the build
+"""orchestrator.imagebuild (engine, progress, record) without an engine: failure and push-error classification, the build
 record, the digest pin used by render/submit, the context tar, and the reporter's life cycle."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import docker.errors
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.build import engine, progress, record
+from orchestrator.imagebuild import engine, progress, record
 from orchestrator.errors import BuildError
-from orchestrator.build.progress import Reporter, Step
+from orchestrator.imagebuild.progress import Reporter, Step
 
 REPO = Path(__file__).resolve().parents[2]
 DIGEST = "sha256:" + "a" * 64
@@ -358,7 +358,7 @@ def test_push_error_closes_the_reporter():
 
 
 def test_wheel_build_failure_in_the_command_closes_the_reporter(tmp_path, monkeypatch):
-    from orchestrator.build import wheel
+    from orchestrator.imagebuild import wheel
     from orchestrator.cli import cli
 
     from .test_dockerfile import write_spec

@@ -1,6 +1,6 @@
 """A non-editable install finds its templates, vendor profiles and manifests from any directory.
 
-The wheel is the one wmctl ships into images (``orchestrator.build.wheel.build_wheel``: hatchling from
+The wheel is the one wmctl ships into images (``orchestrator.imagebuild.wheel.build_wheel``: hatchling from
 this tree). It goes into a fresh venv with ``pip install --no-index --no-deps``; the venv sees the
 test venv's site-packages only through a ``.pth`` line appended *after* its own site-packages, so
 click, jinja2 and friends resolve without a download while ``orchestrator`` must come from the
@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator import __version__
-from orchestrator.build import wheel
+from orchestrator.imagebuild import wheel
 
 REPO = Path(__file__).resolve().parents[2]
 

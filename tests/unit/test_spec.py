@@ -343,7 +343,7 @@ def test_cpu_below_one_millicore_is_rejected():
 
 @pytest.mark.parametrize("workdir", ["/work space", "/work\nRUN x", "/w/../etc", "relative", "/w$x", "/w\u2028"])
 def test_image_workdir_checked_at_load_like_build_image(workdir):
-    from orchestrator.build.quoting import check_image_path
+    from orchestrator.imagebuild.quoting import check_image_path
     from orchestrator.errors import BuildError
     assert "image.workdir" in problems_of({"image": {"workdir": workdir}})
     with pytest.raises(BuildError):   # the build-time rule agrees, so a spec that loads also builds
@@ -352,7 +352,7 @@ def test_image_workdir_checked_at_load_like_build_image(workdir):
 
 @pytest.mark.parametrize("workdir", ["/workspace", "/opt/my-app_1.0/src", "/"])
 def test_image_workdir_accepted_at_load_is_accepted_by_build_image(workdir):
-    from orchestrator.build.quoting import check_image_path
+    from orchestrator.imagebuild.quoting import check_image_path
     assert spec_from({**BASE, "image": {"workdir": workdir}}).image.workdir == workdir
     check_image_path(workdir, "image.workdir")
 

@@ -7,7 +7,7 @@ import json
 
 import yaml
 
-from orchestrator.build import record as build_record
+from orchestrator.imagebuild import record as build_record
 from orchestrator import api
 
 DIGEST = "sha256:" + "ab" * 32
