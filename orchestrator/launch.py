@@ -55,6 +55,10 @@ def torchrun_args(spec: JobSpec, profile: VendorProfile, *, endpoint: str, rdzv_
     ``--max-restarts=0``: the supervisor owns retries; layers that retry on their own fight.
     ``node_rank=None`` leaves it to PET_NODE_RANK in the environment (Kubernetes sets it from
     the completion index through the downward API, so no shell is needed).
+    ``--`` ends torchrun's options: argparse looks at every word for an abbreviated option, even
+    after the program, so a user's ``--n 200000`` (or ``--no``, ``--log``, ``--max``, ``--run``)
+    was read as an ambiguous abbreviation of torchrun's own flags and the launch failed (exit 2).
+    argparse drops the first ``--`` only (Python 3.10-3.13 alike), so a user's own ``--`` stays.
     """
     argv = list(torchrun or ["torchrun"])
     argv += [
@@ -74,6 +78,7 @@ def torchrun_args(spec: JobSpec, profile: VendorProfile, *, endpoint: str, rdzv_
         f"read_timeout={max(1, math.ceil(spec.rendezvous.read_timeout_s))}",
         "--max-restarts=0",
         "--no-python",
+        "--",
         *(launcher if launcher is not None else [LAUNCHER]),
         *(command if command is not None else spec.command),
     ]

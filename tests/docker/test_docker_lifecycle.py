@@ -208,13 +208,19 @@ def job_spec(home, run, image, job, *, steps, sleep, restart=None, ckpt=None):
 def test_docker_a_script_without_the_runtime_lives_on_its_own_lines(docker_client, image, home):
     """plain.py prints a line a second for 17 s, never a progress line; heartbeat_timeout is 8 s
     (a container's torchrun start on a loaded 2-core machine can take 4): its own output is its
-    heartbeat, and its lines reach the watch output."""
+    heartbeat, and its lines reach the watch output. Its `--n 200000` reaches it intact: torchrun's
+    argparse took it for an ambiguous abbreviation of its own flags before the line had `--`."""
     run = "dkl-plain"
     spec = job_spec(home, run, image, "plain.py", steps=17, sleep=1.0, restart={"heartbeat_timeout": "8s"})
+    data = yaml.safe_load(spec.read_text())
+    data["command"] += ["--n", "200000"]
+    spec.write_text(yaml.safe_dump(data))
     w = docker_watch(spec, home)
     assert w.wait(timeout=240) == 0, w.output
     assert attempts(home, run) == [0] and h.record(home, run)["status"] == "succeeded"
     assert "| my own log: step" in w.output
+    logs = run_wmctl("logs", run, cwd=home, env={"WMCTL_HOME": str(home)})
+    assert "my own args: --n 200000" in logs.stdout, logs.stdout + logs.stderr
 
 
 def test_docker_a_silent_script_is_a_hang(docker_client, image, home):

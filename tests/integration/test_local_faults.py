@@ -203,15 +203,19 @@ def test_cancel_from_another_process_ends_the_watched_run_cancelled(home):
 def test_a_script_that_never_imports_the_runtime_is_not_killed_as_a_hang(home):
     """It prints its own lines (one a second for 20 s) and never a progress line; the heartbeat
     timeout is 10 s (the clock starts when torchrun starts, before torch is imported: the margin
-    is for that on a loaded machine). Its output is its sign of life, and it reaches the watch lines."""
+    is for that on a loaded machine). Its output is its sign of life, and it reaches the watch lines.
+    Its `--n 200000` is a word torchrun's argparse took for an ambiguous abbreviation of its own
+    flags (exit 2 at launch) until the line ended torchrun's options with `--`."""
     run = "plain"
     spec = h.write_spec(home, run, nodes=1, steps=20, sleep=1.0, job="plain.py",
-                        restart={"heartbeat_timeout": "10s"})
+                        job_args=["--n", "200000"], restart={"heartbeat_timeout": "10s"})
     w = h.Watch(spec, home)
     assert w.wait(timeout=120) == 0, w.output
     rec = h.record(home, run)
     assert rec["status"] == "succeeded" and len(rec["attempts"]) == 1, w.output
     assert "| my own log: step" in w.output
+    node_log = (h.run_folder(home, run) / "attempt-0" / "node-0.log").read_text()
+    assert "my own args: --n 200000" in node_log, node_log
 
 
 def test_a_silent_script_is_a_hang(home):

@@ -74,7 +74,7 @@ def test_job_shape_for_supervised_retries():
     # compares it with the canonical name, so pod 0 hosts the store without a DNS lookup.
     assert "--rdzv-endpoint=worldmodel-a2-0.worldmodel-a2.training.svc.cluster.local:29500" in c["command"]
     assert "--rdzv-id=worldmodel-a2" in c["command"] and "--max-restarts=0" in c["command"]
-    assert c["command"][c["command"].index("--no-python") + 1] == "wmctl-bind"
+    assert c["command"][c["command"].index("--no-python") + 1:][:2] == ["--", "wmctl-bind"]
     rank = next(e for e in c["env"] if e["name"] == "PET_NODE_RANK")
     assert "job-completion-index" in rank["valueFrom"]["fieldRef"]["fieldPath"]
     shm = next(v for v in pod["volumes"] if v["name"] == "wmctl-dshm")
