@@ -14,8 +14,9 @@ import json
 import math
 import posixpath
 import re
+import typing
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Union
 
@@ -313,10 +314,10 @@ def load_spec(path: str | Path, overrides: dict[str, Any] | None = None,
 
 def parse_spec(text: str, overrides: dict[str, Any] | None = None, *, source_dir: Path = Path("."),
                profile_names: list[str] | None = None, origin: str = "<spec>") -> JobSpec:
-    from .yamlsafe import YamlProblem, load
+    from .yamlsafe import YamlProblem, load_with_text
 
     try:
-        data = load(text)
+        data, written = load_with_text(text)
     except YamlProblem as exc:
         where = f" at {exc.where}" if exc.where else ""
         raise SpecError([("(file)", f"{origin} is not a valid job spec{where}: {exc.problem}")]) from None
@@ -325,8 +326,38 @@ def parse_spec(text: str, overrides: dict[str, Any] | None = None, *, source_dir
     if not isinstance(data, dict):
         raise SpecError([("(top level)", "a job spec is a mapping (name: ..., command: [...]); got "
                           f"{type(data).__name__}")])
+    _keep_written_text(data, written)
     data = apply_overrides(data, overrides or {})
     return from_dict(data, source_dir=source_dir, profile_names=profile_names)
+
+
+@lru_cache(maxsize=None)
+def _text_maps(cls: type, prefix: tuple[str, ...] = ()) -> tuple[tuple[str, ...], ...]:
+    """Paths of the spec's string-to-string maps (env, labels, build args, ...)."""
+    hints = typing.get_type_hints(cls)
+    out: list[tuple[str, ...]] = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if typing.get_origin(tp) is dict and typing.get_args(tp) == (str, str):
+            out.append(prefix + (f.name,))
+        elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            out += _text_maps(tp, prefix + (f.name,))
+    return tuple(out)
+
+
+def _keep_written_text(data: dict[str, Any], written: dict[tuple[Any, ...], str]) -> None:
+    """A map of strings gets an unquoted value as the user wrote it: YAML 1.1 reads ``010`` as 8,
+    ``yes`` as true and ``1.50`` as 1.5, and an env value the program reads as 8 or "True" is
+    not the one in the spec."""
+    for path in _text_maps(JobSpec):
+        node: Any = data
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            for key, value in node.items():
+                text = written.get(path + (key,))
+                if text is not None and not isinstance(value, str):
+                    node[key] = text
 
 
 def from_dict(data: dict[str, Any], *, source_dir: Path = Path("."),
@@ -376,6 +407,9 @@ def parse_set_flags(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*", key):
             raise SpecError([("--set", f"{item!r} is not KEY=VALUE with a dotted key, e.g. --set resources.shm=32Gi")])
+        if tuple(key.split(".")[:-1]) in _text_maps(JobSpec):
+            out[key] = raw      # an env value, a label: the text as given (`--set env.MODE=010`)
+            continue
         try:
             out[key] = load(raw) if raw.strip() else ""
         except YamlProblem:

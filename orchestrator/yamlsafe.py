@@ -47,9 +47,32 @@ def _loader_class() -> Any:
     class StrictLoader(base):  # type: ignore[misc, valid-type]
         def construct_document(self, node: Any) -> Any:
             _check_graph(node)
-            return super().construct_document(node)
+            data = super().construct_document(node)
+            self.plain_text = _plain_text(node, data)
+            return data
 
     return StrictLoader
+
+
+def _plain_text(node: Any, data: Any, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], str]:
+    """Where an unquoted scalar became a number or a boolean, what the user wrote: ``FOO: 010`` is
+    the int 8 to YAML 1.1, ``yes`` is True and ``1.50`` is 1.5, but as an env value the user meant
+    the text. Keyed by the path of keys and list indexes to the value."""
+    import yaml
+
+    out: dict[tuple[Any, ...], str] = {}
+    if isinstance(node, yaml.ScalarNode):
+        if not node.style and isinstance(data, (bool, int, float)):   # plain: None, or "" from libyaml
+            out[path] = node.value
+    elif isinstance(node, yaml.MappingNode) and isinstance(data, dict):
+        for key_node, value_node in node.value:
+            # string keys only: every key whose value can want its text (env names) is one
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag.endswith(":str") and key_node.value in data:
+                out.update(_plain_text(value_node, data[key_node.value], path + (key_node.value,)))
+    elif isinstance(node, yaml.SequenceNode) and isinstance(data, list):
+        for i, (item_node, item) in enumerate(zip(node.value, data)):
+            out.update(_plain_text(item_node, item, path + (i,)))
+    return out
 
 
 def _check_graph(root: Any) -> None:
@@ -120,10 +143,17 @@ def _excerpt(value: Any, limit: int = 40) -> str:
 
 def load(text: str) -> Any:
     """Parse one YAML document; raises YamlProblem for any error (syntax, duplicate key, bomb)."""
+    return load_with_text(text)[0]
+
+
+def load_with_text(text: str) -> tuple[Any, dict[tuple[Any, ...], str]]:
+    """``load``, and what the user wrote wherever an unquoted scalar became a number or boolean."""
     import yaml
 
+    loader = _loader_class()(text)
     try:
-        return yaml.load(text, Loader=_loader_class())
+        data = loader.get_single_data()
+        return data, getattr(loader, "plain_text", {})
     except YamlProblem:
         raise
     except yaml.YAMLError as exc:
@@ -132,3 +162,5 @@ def load(text: str) -> Any:
         raise YamlProblem(problem, _where(mark)) from None
     except RecursionError:
         raise YamlProblem(f"values nest too deep (more than {MAX_DEPTH} levels)") from None
+    finally:
+        loader.dispose()

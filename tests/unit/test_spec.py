@@ -197,6 +197,24 @@ def test_env_values_are_strings_and_reserved_names_rejected():
     assert "WMCTL_" in problems_of({"env": {"WMCTL_RUN": "x"}})["env.WMCTL_RUN"]
 
 
+def test_unquoted_env_and_label_values_keep_the_text_the_user_wrote():
+    """YAML 1.1 reads 010 as 8, yes as true, 1.50 as 1.5 and 0x1F as 31: a program reading its env
+    got a value that is not in the spec. String maps take what was written; quoted stays quoted."""
+    text = ("name: t\ncommand: [python, t.py]\n"
+            "env: {A: 3, B: yes, C: 1.50, D: 010, E: '010', F: 0x1F, G: true, H: 1e3}\n"
+            "kubernetes: {labels: {team: 007}, node_selector: {gen: 5.10}}\n"
+            "image: {build_args: {CUDA: 12.10}}\n")
+    spec = parse_spec(text)
+    assert spec.env == {"A": "3", "B": "yes", "C": "1.50", "D": "010", "E": "010", "F": "0x1F", "G": "true",
+                        "H": "1e3"}
+    assert spec.kubernetes.labels == {"team": "007"} and spec.kubernetes.node_selector == {"gen": "5.10"}
+    assert spec.image.build_args == {"CUDA": "12.10"}
+    # --set gives a map's value as typed, and other fields as YAML reads them
+    flags = parse_set_flags(["env.MODE=010", "nodes=2"])
+    assert flags == {"env.MODE": "010", "nodes": 2}
+    assert parse_spec(text, flags).env["MODE"] == "010"
+
+
 def test_yaml_syntax_error_reports_line():
     with pytest.raises(SpecError) as err:
         parse_spec("name: x\ncommand: [python\n")
