@@ -70,7 +70,7 @@ def _plain_text(node: Any, data: Any, path: tuple[Any, ...] = ()) -> dict[tuple[
             if isinstance(key_node, yaml.ScalarNode) and key_node.tag.endswith(":str") and key_node.value in data:
                 out.update(_plain_text(value_node, data[key_node.value], path + (key_node.value,)))
     elif isinstance(node, yaml.SequenceNode) and isinstance(data, list):
-        for i, (item_node, item) in enumerate(zip(node.value, data)):
+        for i, (item_node, item) in enumerate(zip(node.value, data, strict=False)):
             out.update(_plain_text(item_node, item, path + (i,)))
     return out
 
