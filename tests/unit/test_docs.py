@@ -7,6 +7,8 @@
   without the run or spec argument, so its command, flags and choices are checked, not arity.
 - Every YAML block that is a job spec loads with the real spec loader.
 - The spec reference (docs/spec.md) documents every spec field, and only fields that exist.
+- Every relative link between the pages (and to files of the repository) leads somewhere: the
+  file exists and, with a ``#fragment``, the page has that heading.
 - The example specs render for the backends they say they serve; Kubernetes objects are valid
   against the official schemas (strict), as tests/unit/test_k8s_schema.py checks the goldens.
 
@@ -311,6 +313,46 @@ def test_the_field_check_sees_a_field_the_spec_lacks():
     doc["image"] = {**doc["image"], "tags": ["x"]}      # type: ignore[dict-item]
     assert "image.tags" in documented_fields(doc) - spec_fields()
     assert "volumes[].nfs.server" in spec_fields() and "kubernetes.secret_env" in spec_fields()
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lowercase, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    return {_slug(line.lstrip("#")) for line in _prose(page.read_text(encoding="utf-8")).splitlines()
+            if line.startswith("#")}
+
+
+def links() -> list[tuple[str, str]]:
+    out = []
+    for doc in DOCS:
+        for target in re.findall(r"\]\(([^)\s]+)\)", _prose(doc.read_text(encoding="utf-8"))):
+            if not re.match(r"[a-z]+:", target):
+                out.append((str(doc.relative_to(REPO)), target))
+    return out
+
+
+def test_the_pages_link_each_other():
+    assert len(links()) > 20 and ("README.md", "docs/spec.md") in links()
+
+
+@pytest.mark.parametrize("where,target", links())
+def test_every_relative_link_leads_somewhere(where, target):
+    file, _, fragment = target.partition("#")
+    page = (REPO / where).parent / file if file else REPO / where
+    assert page.exists(), f"{where} links to {target}: no such file"
+    if fragment:
+        assert fragment in anchors(page), f"{where} links to {target}: {page.name} has no such heading"
+
+
+def test_a_link_to_a_missing_heading_fails():
+    assert "exit-codes" in anchors(REPO / "README.md")
+    assert "node-loss-seen-in-seconds-and-nodes-at-scale" in anchors(REPO / "docs" / "kubernetes.md")
+    with pytest.raises(AssertionError, match="no such heading"):
+        test_every_relative_link_leads_somewhere("README.md", "docs/spec.md#no-such-heading")
 
 
 # --- the example specs ---------------------------------------------------------------------
