@@ -40,4 +40,4 @@ def rbac_manifest() -> str:
     try:
         return str(manifests_dir() / "rbac-watcher.yaml")
     except FileNotFoundError:
-        return "the watcher Role in wmctl's README (Kubernetes RBAC)"
+        return "the watcher Role in wmctl's docs/kubernetes.md (permissions)"

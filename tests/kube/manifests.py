@@ -105,7 +105,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def watcher_rbac() -> list[dict[str, Any]]:
-    """manifests/rbac-watcher.yaml, the permissions the README tells a cluster admin to grant."""
+    """manifests/rbac-watcher.yaml, the permissions docs/kubernetes.md tells a cluster admin to grant."""
     return [d for d in yaml.safe_load_all((REPO / "manifests" / "rbac-watcher.yaml").read_text()) if d]
 
 

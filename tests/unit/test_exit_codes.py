@@ -1,4 +1,4 @@
-"""Every command's exit code follows the README's table ("Exit codes:"), one row per case.
+"""Every command's exit code follows the README's table ("## Exit codes"), one row per case.
 
 Each case runs through ``orchestrator.cli.main`` (the path that maps a WmctlError to its exit
 code and a one-line message) with its own ``WMCTL_HOME``. A case passes when the exit code is
@@ -169,8 +169,8 @@ def test_every_error_class_s_exit_code_is_in_the_readme_table():
     from orchestrator import errors
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    paragraph = readme.split("Exit codes:", 1)[1].split("\n\n", 1)[0].strip()
-    documented = {int(n) for n in re.findall(r"(?:^|; )(\d+) ", paragraph)}
+    section = readme.split("\n## Exit codes\n", 1)[1].split("\n## ", 1)[0]
+    documented = {int(n) for n in re.findall(r"^\| (\d+) \| \S", section, re.MULTILINE)}
     classes = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.WmctlError)]
     assert {c.exit_code for c in classes} <= documented, documented
     assert documented == set(range(11)), documented

@@ -144,7 +144,7 @@ def test_secret_looking_env_values_get_a_warning(tmp_path, capsys, monkeypatch):
 
 
 def test_set_and_a_named_flag_the_named_flag_wins(tmp_path, capsys, monkeypatch):
-    # README: "--nodes, --image, --vendor and --namespace are applied after every --set".
+    # docs/spec.md: "--nodes, --image, --vendor and --namespace are applied after every --set".
     monkeypatch.setenv("WMCTL_HOME", str(tmp_path / "home"))
     spec = tmp_path / "job.yaml"
     spec.write_text("name: wm\nimage: {context: .}\ncommand: [python, t.py]\n", encoding="utf-8")
