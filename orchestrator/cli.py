@@ -8,12 +8,26 @@ so ``wmctl --help`` stays fast.
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
-import click
 
-from . import __version__
-from .errors import WmctlError
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    """Ctrl-C while wmctl is still importing: the user's answer, not a traceback (130, as main says)."""
+    raise SystemExit(130)
+
+
+# Installed before click and the commands are imported, in the wmctl process only (the console
+# script, or `python -m orchestrator.cli`), never in a program that imports this module; main()
+# gives KeyboardInterrupt back. A SIGINT someone ignored (a background job) stays ignored.
+if ((__name__ == "__main__" or sys.argv[0].rpartition("/")[2] == "wmctl")
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+import click  # noqa: E402
+
+from . import __version__  # noqa: E402
+from .errors import WmctlError  # noqa: E402
 
 # command name -> module under orchestrator.commands that defines a click command ``command``
 COMMANDS = {
@@ -94,6 +108,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         cli.main(args=argv, prog_name="wmctl", standalone_mode=False)
     except click.exceptions.Abort:

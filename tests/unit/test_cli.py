@@ -182,3 +182,23 @@ def test_yaml_output_never_uses_anchors():
     shared = {"a": 1}
     text = dump({"x": shared, "y": shared}, "yaml")
     assert "&" not in text and "*" not in text and text.count("a: 1") == 2
+
+
+def test_ctrl_c_while_wmctl_is_still_importing_is_an_exit_not_a_traceback():
+    """Ctrl-C in wmctl's first fraction of a second (while click and the commands import) printed a
+    KeyboardInterrupt traceback. The interrupt is delivered here at the moment cli.py imports click,
+    deterministically, and must end the process with 130 and nothing on stderr."""
+    code = ("import builtins, os, signal, sys\n"
+            "sys.argv[0] = '/usr/local/bin/wmctl'   # as the console script runs it\n"
+            "real = builtins.__import__\n"
+            "def hook(name, *a, **k):\n"
+            "    if name == 'click':\n"
+            "        builtins.__import__ = real\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = hook\n"
+            "import orchestrator.cli\n"
+            "orchestrator.cli.main(['--help'])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
