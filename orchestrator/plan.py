@@ -41,6 +41,9 @@ class HostFacts:
     python: str                    # the interpreter local agents run with
     home: Path                     # $WMCTL_HOME: run folders live under it
     port: int | None = None        # local: the free rendezvous port chosen for this attempt
+    # docker: the submitting user's (uid, gid) when containers should run as them (docker.user:
+    # auto); None for root, a remote engine, or rootless Docker / userns-remap (see the Docker backend)
+    user: tuple[int, int] | None = None
 
     @classmethod
     def of_this_machine(cls, port: int | None = None) -> "HostFacts":

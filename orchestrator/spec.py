@@ -225,6 +225,12 @@ class DockerSpec:
     network: str | None = None            # default: a private network per run
     cpusets: list[str] = field(default_factory=list)  # per node; default: split when nodes share a host
     runtime: str | None = None            # overrides the vendor profile's runtime
+    # Who the containers run as: auto (the submitting user's uid:gid, so what they write to host
+    # folders is the user's own; root stays root), image (the image's own USER), or UID[:GID] / NAME[:GROUP].
+    user: str = "auto"
+
+
+DOCKER_USER = re.compile(r"(\d{1,10}|[a-z_][a-z0-9_-]{0,31})(:(\d{1,10}|[a-z_][a-z0-9_-]{0,31}))?")
 
 
 @dataclass
@@ -584,6 +590,10 @@ def _check_docker(spec: JobSpec, problems: Problems) -> None:
     if spec.docker.cpusets and len(spec.docker.cpusets) != spec.nodes:
         problems.append(("docker.cpusets", f"give one CPU list per node ({spec.nodes}), got "
                          f"{len(spec.docker.cpusets)}"))
+    user = spec.docker.user
+    if user not in ("auto", "image") and not (isinstance(user, str) and DOCKER_USER.fullmatch(user)):
+        problems.append(("docker.user", f"{user!r} is not auto, image, UID[:GID] or NAME[:GROUP] "
+                         "(e.g. 1000:1000); auto runs containers as you, so host folders stay yours"))
 
 
 def _check_name(spec: JobSpec, problems: Problems) -> None:

@@ -37,6 +37,30 @@ def engine_is_local() -> bool:
     return urlparse(host).hostname in ("localhost", "127.0.0.1", "::1")
 
 
+def engine_remaps_users(daemon_json: str = "/etc/docker/daemon.json") -> bool:
+    """Does the local engine map container uids to other host uids? Rootless Docker runs as its
+    user (its socket is theirs), so the container's root is that user on the host; userns-remap
+    (daemon.json) shifts every container uid into a subordinate range. Either way a container
+    uid:gid is not the same user on the host. Read from files, without the SDK or the engine, so
+    a dry run stays light."""
+    import json
+    from urllib.parse import urlparse
+
+    host = os.environ.get("DOCKER_HOST", "")
+    socket = urlparse(host).path if host.startswith("unix://") else "/var/run/docker.sock"
+    try:
+        if os.stat(socket).st_uid != 0:
+            return True
+    except OSError:
+        pass
+    try:
+        with open(daemon_json, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("userns-remap"))
+
+
 def client(timeout: int | None = None) -> Any:
     """A client for the engine the Docker environment names (DOCKER_HOST, ...), or
     EngineUnavailable with a hint when there is none."""

@@ -194,6 +194,9 @@ class Backend(ABC, Generic[R]):
     runs_image: ClassVar[bool] = True
     #: do checkpoints outlive a node without a volume (a local run writes to this machine's disk)?
     checkpoints_outlive_nodes: ClassVar[bool] = False
+    #: are host_path volumes folders of this machine (a local engine's bind mounts), so a path in
+    #: the job is named to the user as the folder here that holds it?
+    host_paths_here: ClassVar[bool] = False
     #: the volume sources it can mount
     volume_sources: ClassVar[frozenset[str]] = frozenset(("pvc", "host_path", "nfs", "empty_dir",
                                                            "secret", "config_map"))

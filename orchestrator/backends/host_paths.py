@@ -12,7 +12,7 @@ data the job only reads hides a typo until the job fails.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import SpecError
@@ -38,6 +38,17 @@ def host_folders(spec: Any) -> list[HostFolder]:
     return [HostFolder(f"volumes[{i}].host_path", vol.name, vol.mount, host_path_source(spec, vol.host_path),
                        vol.read_only)
             for i, vol in enumerate(spec.volumes) if vol.source == "host_path" and vol.host_path is not None]
+
+
+def on_host(spec: Any, container_path: str) -> Path | None:
+    """Where a path inside the containers lies on this machine: under a host_path volume's folder,
+    or None (a named volume, a path in the image)."""
+    inside = PurePosixPath(container_path)
+    for f in host_folders(spec):
+        mount = PurePosixPath(f.mount)
+        if inside == mount or mount in inside.parents:
+            return f.path / inside.relative_to(mount)
+    return None
 
 
 def missing_read_only(spec: Any) -> Problems:

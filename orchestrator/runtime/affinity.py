@@ -423,6 +423,14 @@ def _ensure_checkpoint_dir(env: "os._Environ[str] | dict[str, str]") -> None:
     except OSError as exc:
         print(f"wmctl-bind: warning: cannot create the checkpoint folder {folder}: {exc}", file=sys.stderr,
               flush=True)
+        return
+    if not os.access(folder, os.W_OK | os.X_OK):
+        # Said before the job runs, not at its first save: a container running as a user
+        # (docker.user) who does not own the host folder behind its checkpoint mount.
+        print(f"wmctl-bind: error: the checkpoint folder {folder} is not writable by uid {os.getuid()} "
+              f"gid {os.getgid()}: give that user the folder on the host, or set docker.user",
+              file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 def launcher_main(argv: list[str] | None = None) -> None:

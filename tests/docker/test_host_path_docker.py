@@ -9,6 +9,7 @@ wmctl: the repository is bind-mounted read-only at /wmctl).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,56 @@ def test_missing_writable_relative_host_path_is_created_and_the_job_writes_there
     record = api.status(RUN).record
     assert record is not None and record.status == "succeeded"
     assert [a.attempt for a in record.attempts] == [0]      # submitted once, not retried
+
+
+def _run_through_api(spec: Path) -> tuple[int, list[str]]:
+    request = api.dryrun(api.load_job(spec), "docker")
+    for res in request.plan.resources:
+        if res["kind"] == "container":
+            c = res["create"]
+            c["mounts"] = c["mounts"] + [{"Target": "/wmctl", "Source": str(REPO), "Type": "bind", "ReadOnly": True}]
+            c["environment"] = {**c["environment"], "PYTHONPATH": "/wmctl", "PYTHONDONTWRITEBYTECODE": "1"}
+            c["command"] = [part for arg in c["command"] for part in (LAUNCHER if arg == "wmctl-bind" else [arg])]
+    lines: list[str] = []
+    return api.schedule(request, watch=True, echo=lines.append), lines
+
+
+def test_containers_write_host_folders_as_docker_user_and_refuse_one_it_cannot_write(
+        docker_client, base_image, sweep, tmp_path, monkeypatch):
+    """docker.user runs the containers as that uid:gid (auto: the submitting user; root here, so
+    the test names one): the checkpoint the job writes into the host folder belongs to that user,
+    who can delete it. A folder that user cannot write is said before the job runs, by path."""
+    monkeypatch.setenv("WMCTL_HOME", str(tmp_path / "home"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    os.chown(mine, 4321, 4321)
+    spec = tmp_path / "job.yaml"
+    data = {
+        "name": RUN, "nodes": 1, "nproc_per_node": 1, "affinity": "none",
+        "image": {"vendor": "cpu", "tag": base_image}, "resources": {"shm": "256Mi"},
+        "docker": {"user": "4321:4321"},
+        "volumes": [{"name": "ckpt", "mount": "/ckpt", "host_path": str(mine)}],
+        "checkpoint": {"dir": "/ckpt"},
+        "command": ["python3", "-c", "import os; open(os.environ['WMCTL_CHECKPOINT_DIR'] + '/w.txt', 'w').write("
+                                     "f'{os.getuid()}:{os.getgid()} {os.environ[\"HOME\"]}')"],
+        "restart": {"max_attempts": 1}, "rendezvous": {"join_timeout": "60s"},
+    }
+    spec.write_text(yaml.safe_dump(data))
+    code, lines = _run_through_api(spec)
+    assert code == 0, "\n".join(lines)
+    written = mine / RUN / "w.txt"
+    assert written.read_text().startswith("4321:4321 "), written.read_text()
+    assert (written.stat().st_uid, written.stat().st_gid) == (4321, 4321)
+    assert (written.parent.stat().st_uid, written.parent.stat().st_gid) == (4321, 4321)
+
+    api.delete(RUN, echo=lines.append)
+    theirs = tmp_path / "theirs"          # root's, 0755: uid 4321 may not write there
+    theirs.mkdir()
+    (theirs / RUN).mkdir()
+    data["volumes"][0]["host_path"] = str(theirs)
+    spec.write_text(yaml.safe_dump(data))
+    code, lines = _run_through_api(spec)
+    assert code != 0, "\n".join(lines)
+    log = (tmp_path / "home" / "runs" / RUN / "attempt-0" / "node-0.log").read_text()
+    assert f"the checkpoint folder /ckpt/{RUN} is not writable by uid 4321 gid 4321" in log, log
+    assert not (theirs / RUN / "w.txt").exists()

@@ -18,6 +18,8 @@ and dry runs never load it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import queue
 import threading
 import time
@@ -102,6 +104,7 @@ class DockerBackend(b.Backend[DockerRequest]):
     name = "docker"
     places_nodes = False     # one Docker host: a retry cannot go elsewhere
     graceful_cancel = True   # `docker stop`: SIGTERM, then SIGKILL after the grace period
+    host_paths_here = True   # bind mounts of this machine's folders (a remote engine: see host_paths)
     # secret and config_map are Kubernetes objects: a Docker host has no such thing to mount
     volume_sources = frozenset(("pvc", "host_path", "nfs", "empty_dir"))
     log_options = frozenset({"tail", "since", "timestamps"})   # the engine keeps each line's time
@@ -128,6 +131,16 @@ class DockerBackend(b.Backend[DockerRequest]):
         return render_docker(spec, profile, ctx, host)
 
     # ------------------------------------------------------------ the host
+
+    def host_facts(self, spec) -> HostFacts:
+        """This machine's facts, and the submitting user for ``docker.user: auto``: not for root,
+        a remote engine (its uids are not ours) or an engine that remaps uids (rootless Docker
+        already writes host files as its user; under userns-remap no container uid is ours)."""
+        facts = HostFacts.of_this_machine()
+        uid = os.getuid()
+        if spec.docker.user != "auto" or uid == 0 or not sdk.engine_is_local() or sdk.engine_remaps_users():
+            return facts
+        return dataclasses.replace(facts, user=(uid, os.getgid()))
 
     def check_host(self, spec) -> list[tuple[str, str]]:
         # A remote engine's bind sources are its folders, not this machine's: not checked here.

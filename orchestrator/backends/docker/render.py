@@ -50,6 +50,7 @@ def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, ho
                           "labels": L.run_labels(spec.name, ctx.attempt)})
     resources += volumes_to_create
     grace = spec.kubernetes.termination_grace_period_s
+    user = container_user(spec, host, notes)
     for node in range(spec.nodes):
         name = layout.node_name(spec.name, ctx.attempt, node)
         labels = {**L.run_labels(spec.name, ctx.attempt), L.NODE: str(node), L.SPEC_HASH: spec.spec_hash()}
@@ -58,6 +59,9 @@ def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, ho
         if ctx.excluded_nodes:
             labels[L.EXCLUDED_NODES] = ",".join(ctx.excluded_nodes)
         backend_env = dict(profile.docker.env)
+        if user is not None and spec.docker.user == "auto":
+            # a uid with no passwd entry in the image gets HOME=/, which it cannot write (caches)
+            backend_env["HOME"] = "/tmp"
         # With --gpus the NVIDIA toolkit sets its own visible-devices env from DeviceIDs.
         if profile.docker.visible_devices_env and device_ids is not None and not profile.docker.device_requests:
             backend_env[profile.docker.visible_devices_env] = device_ids[node]
@@ -70,6 +74,8 @@ def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, ho
             "shm_size": spec.resources.shm_bytes, "mounts": mounts, "network": network,
             "stop_signal": "SIGTERM", "stop_timeout": grace,
         }
+        if user is not None:
+            create["user"] = user
         if spec.resources.memory_bytes is not None:
             create["mem_limit"] = spec.resources.memory_bytes
         if spec.resources.cpu is not None and not cpusets:
@@ -85,6 +91,22 @@ def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, ho
                           "docker_run": docker_run_line(create, [name])})
     return Plan(backend="docker", run=spec.name, attempt=ctx.attempt, spec_hash=spec.spec_hash(),
                 request=DockerRequest(network=network), resources=resources, notes=notes, context=ctx)
+
+
+def container_user(spec: JobSpec, host: HostFacts, notes: list[str]) -> str | None:
+    """``--user`` for the containers: the submitting user's uid:gid under ``docker.user: auto``
+    (root, a remote engine and rootless/userns-remapped engines give no host user: the image's own
+    user runs), the spec's value when set, None for ``image``."""
+    if spec.docker.user == "image":
+        return None
+    if spec.docker.user != "auto":
+        return spec.docker.user
+    if host.user is None:
+        return None
+    uid, gid = host.user
+    notes.append(f"containers run as uid {uid} gid {gid} (you), so what they write to host folders is yours; "
+                 "docker.user: image keeps the image's own user")
+    return f"{uid}:{gid}"
 
 
 def _cpusets(spec: JobSpec, cpus: list[int], notes: list[str]) -> list[str]:
@@ -199,6 +221,8 @@ def docker_run_line(create: dict[str, Any], aliases: list[str]) -> str:
             "--network", create["network"]]
     for a in aliases:
         argv += ["--network-alias", a]
+    if create.get("user"):
+        argv += ["--user", create["user"]]
     argv += ["--shm-size", docker_bytes(create["shm_size"])]
     if "mem_limit" in create:
         argv += ["--memory", docker_bytes(create["mem_limit"])]
