@@ -14,6 +14,11 @@ each rank reports its shards in its done file, the marker lists and digests them
 torn or changed shard makes the checkpoint not count. DCP reshards on load, so a checkpoint of
 4 ranks resumes on 2 (reported as not exact, like any change of world size).
 
+Beside model, optimizer, scheduler, scaler and sampler, ``register(states={...})`` takes any
+object with ``state_dict()`` and ``load_state_dict()`` (torch's Stateful protocol), as
+torchtitan checkpoints one dict of them. Each rank saves its own in its rank file; a resume on
+another world size gives every rank rank 0's.
+
 Integrity: each file's digest is computed while the file is written (the stream torch.save
 writes to is hashed on the way: no extra read); each rank's ``rank-N.done`` file carries them to
 rank 0's commit. Restore verifies and loads every file before it touches the training objects,
@@ -49,12 +54,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .checkpoint_sharded import ShardedState, is_sharded_model, local_state
 from .ckpt_format import (ATTEMPT_FILE, COMMIT_MARKER, DCP_METADATA, DIGEST_NAME, DIGESTS, FORMAT_VERSION, LAYOUT,
                           LEFTOVER_RE, LOCK_FILE, META_FILE, MIN_KEEP, SHARDED_DIR, SHARED_FILE, STEP_DIR_RE,
-                          TMP_INFIX, CheckpointError, CheckpointInfo, checkpoint_files, file_digest,
+                          TMP_INFIX, CheckpointError, CheckpointInfo, Stateful, checkpoint_files, file_digest,
                           is_committed, latest_complete, list_checkpoints, marker_digest, new_hasher, rank_done_name,
                           rank_file_name, read_attempt, read_marker, step_dir_name, verify_checkpoint)
 from .ckpt_io import (RootLock, apply_retention, capture_rng, delete_trees, enospc_in, fsync_dir, fsync_file,
@@ -64,11 +69,12 @@ from .ckpt_read import ReadSide
 from .ckpt_tensors import host_copy, nonfinite_tensors, payload_bytes, unwrap
 from .protocol import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN, ENV_SPEC_HASH, ENV_TEST_SLEEP_BEFORE_COMMIT
 
-# The public API: every name users imported from here when all of it lived in this module.
+# The public API: every name users imported from here when all of it lived in this module, and
+# register()'s Stateful.
 __all__ = [
     "ATTEMPT_FILE", "COMMIT_MARKER", "DCP_METADATA", "DIGEST_NAME", "DIGESTS", "FORMAT_VERSION", "LAYOUT",
     "LEFTOVER_RE", "LOCK_FILE", "META_FILE", "MIN_KEEP", "SHARDED_DIR", "SHARED_FILE", "STEP_DIR_RE", "TMP_INFIX",
-    "CheckpointError", "CheckpointInfo", "CheckpointManager", "ResumeState", "apply_retention",
+    "CheckpointError", "CheckpointInfo", "CheckpointManager", "ResumeState", "Stateful", "apply_retention",
     "capture_rng", "enospc_in", "file_digest", "fsync_dir", "fsync_file", "is_committed", "latest_complete",
     "list_checkpoints", "marker_digest", "new_hasher", "nonfinite_tensors", "rank_done_name", "rank_file_name",
     "read_attempt", "read_marker", "record_attempt", "restore_rng", "step_dir_name", "verify_checkpoint",
@@ -157,6 +163,7 @@ class CheckpointManager(ReadSide):
         self.last_saved_step: int | None = None
         self._objects: dict[str, Any] = {}
         self._generators: dict[str, Any] = {}
+        self._states: dict[str, Stateful] = {}      # register(states=...): saved by every rank
         self._thread: threading.Thread | None = None
         self._sweeper: threading.Thread | None = None   # retention's deletes (rank 0)
         self._error: BaseException | None = None
@@ -190,7 +197,14 @@ class CheckpointManager(ReadSide):
             raise CheckpointError(refusal)
 
     def register(self, model: Any = None, optimizer: Any = None, scheduler: Any = None,
-                 scaler: Any = None, sampler: Any = None, generators: dict[str, Any] | None = None) -> None:
+                 scaler: Any = None, sampler: Any = None, generators: dict[str, Any] | None = None,
+                 states: Mapping[str, Stateful] | None = None) -> None:
+        """The objects every save holds and restore() puts back. ``states``: any more, by name,
+        each with ``state_dict()`` and ``load_state_dict()`` (torch's Stateful), as torchtitan
+        checkpoints one dict of them; each rank saves its own (a resume on another world size
+        gives every rank rank 0's)."""
+        named = self._check_registered(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
+                                       sampler=sampler, states=states)
         if model is not None and is_sharded_model(unwrap(model)):
             # FSDP (1 or 2): no rank holds the whole model, so model and optimizer go through
             # torch.distributed.checkpoint, every rank writing its own shards (checkpoint_sharded).
@@ -205,6 +219,25 @@ class CheckpointManager(ReadSide):
             if obj is not None:
                 self._objects[name] = obj
         self._generators.update(generators or {})
+        self._states.update(named)
+
+    @staticmethod
+    def _check_registered(states: Mapping[str, Stateful] | None, **objects: Any) -> dict[str, Stateful]:
+        """Refuse what register() could not save or restore, before any of it is taken; the states."""
+        for name, obj in objects.items():
+            if obj is not None:
+                _require_stateful(f"register({name}=...)", obj)
+        if states is None:
+            return {}
+        if not isinstance(states, Mapping):
+            raise CheckpointError(f"register(states=...) takes a dict of name -> object, not a "
+                                  f"{type(states).__name__}: register(states={{'train_state': train_state}})")
+        for name, obj in states.items():
+            if not isinstance(name, str) or not name:
+                raise CheckpointError(f"register(states=...): the name {name!r} is not a non-empty string; name "
+                                      "each object as it is saved in the checkpoint")
+            _require_stateful(f"register(states={{{name!r}: ...}})", obj)
+        return dict(states)
 
     def should_save(self, step: int) -> bool:
         return self.every_steps > 0 and step > 0 and step % self.every_steps == 0
@@ -404,8 +437,18 @@ class CheckpointManager(ReadSide):
             "world_size": self.world_size,
             "sampler": sampler.state_dict() if sampler is not None else None,
             "generators": {name: g.get_state() for name, g in self._generators.items()},
+            "states": {name: obj.state_dict() for name, obj in self._states.items()},
             "rng": capture_rng(),
         }
+
+    def _load_states(self, rank_state: dict[str, Any] | None) -> list[str]:
+        """Put the registered states back from a rank's saved state; a word for each not there."""
+        saved = (rank_state or {}).get("states") or {}
+        for name, obj in self._states.items():
+            if name in saved:
+                obj.load_state_dict(saved[name])
+        return [f"state {name!r} is not in this checkpoint (registered after it was written): left as it is"
+                for name in self._states if name not in saved]
 
     def _shared_payload(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -548,7 +591,7 @@ class CheckpointManager(ReadSide):
         ckpt, decision, loaded, skipped = found
         warnings: list[str] = list(decision.get("warnings") or [])
         warnings += [f"{s} was damaged: fell back to an older checkpoint" for s in skipped]
-        meta, shared, rank_state, rank0_sampler, shards = loaded
+        meta, shared, rank_state, rank0_state, shards = loaded
         if shards is not None and self._sharded is not None:
             self._sharded.apply(shards)     # model and optimizer first: the scheduler follows them
         for name in ("model", "optimizer", "scheduler", "scaler"):
@@ -565,14 +608,16 @@ class CheckpointManager(ReadSide):
             how = " (resharded by torch.distributed.checkpoint)" if shards is not None else ""
             warnings.append(f"{reason}: resuming inexactly (weights, optimizer{how} and sample position are kept; "
                             "per-rank random state starts anew)")
-            if sampler is not None and rank0_sampler is not None:
-                sampler.load_state_dict(rank0_sampler, world_size=saved_world)
+            if sampler is not None and rank0_state is not None and rank0_state["sampler"] is not None:
+                sampler.load_state_dict(rank0_state["sampler"], world_size=saved_world)
+            warnings += self._load_states(rank0_state)
         else:
             if sampler is not None and rank_state["sampler"] is not None:
                 sampler.load_state_dict(rank_state["sampler"])
             for name, gen in self._generators.items():
                 if name in rank_state["generators"]:
                     gen.set_state(rank_state["generators"][name])
+            warnings += self._load_states(rank_state)
             restore_rng(rank_state["rng"])   # last: see the docstring
         if self.rank == 0:
             for w in warnings:
@@ -583,3 +628,16 @@ class CheckpointManager(ReadSide):
                            samples=int(meta.get("samples", 0)), path=ckpt,
                            extra=dict(meta.get("extra") or {}), exact=exact, reason=reason,
                            warnings=warnings, resumed_from=Path(elsewhere) if elsewhere else None)
+
+
+def _require_stateful(what: str, obj: object) -> None:
+    """Refuse, naming what it needs, an object register() could not save or restore."""
+    if isinstance(obj, type):
+        raise CheckpointError(f"{what}: {obj.__name__} is a class; register an instance of it")
+    missing = [f"{m}()" for m in ("state_dict", "load_state_dict") if not callable(getattr(obj, m, None))]
+    if missing:
+        raise CheckpointError(
+            f"{what}: a {type(obj).__name__} has no {' and no '.join(missing)}. register() takes objects with "
+            "both state_dict() and load_state_dict() (torch's Stateful protocol): give it one, or wrap the "
+            "value in a small class that has them")
+

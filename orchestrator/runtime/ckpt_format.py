@@ -31,7 +31,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, runtime_checkable
 
 STEP_DIR_RE = re.compile(r"^step-(\d{8})$")
 TMP_INFIX = ".tmp-"      # step-N.tmp-<attempt>-<ns>: a re-save of a committed step, until it commits
@@ -71,6 +71,15 @@ DIGESTS: dict[str, Callable[[], Hasher]] = {
 class CheckpointError(RuntimeError):
     pass
 
+
+@runtime_checkable
+class Stateful(Protocol):
+    """What a checkpoint holds the state of (``register(states=...)``): torch's Stateful
+    (torch.distributed.checkpoint.stateful), without importing torch."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
 
 
 def step_dir_name(step: int) -> str:

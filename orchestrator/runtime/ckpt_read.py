@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from .checkpoint_sharded import ShardedState, load_failures
 from .ckpt_format import (COMMIT_MARKER, LAYOUT, META_FILE, SHARDED_DIR, SHARED_FILE, STEP_DIR_RE, CheckpointError,
-                          is_committed, latest_complete, list_checkpoints, rank_file_name, read_marker,
+                          Stateful, is_committed, latest_complete, list_checkpoints, rank_file_name, read_marker,
                           verify_checkpoint, verify_shard_share)
 from .ckpt_io import load_file
 from .protocol import ENV_RESUME_FROM
@@ -156,6 +156,7 @@ class ReadSide:
     rank: int
     world_size: int
     _objects: dict[str, Any]
+    _states: dict[str, Stateful]
     _sharded: ShardedState | None
 
     def _agree_on_checkpoint(self, path: str | Path | None) -> tuple[Path, dict[str, Any], Any, list[str]] | None:
@@ -204,17 +205,17 @@ class ReadSide:
     def _load_files(self, ckpt: Path) -> tuple[tuple[dict[str, Any], dict[str, Any], Any, Any, Any] | None, str | None]:
         """Everything this rank needs from ``ckpt``'s own files, loaded into memory, or why it
         cannot be: (meta, shared, own rank state or None after a world-size change, rank 0's
-        sampler, None: the DCP shards, loaded next by ``_load_shards``)."""
+        rank state when that is needed instead, None: the DCP shards, loaded next by ``_load_shards``)."""
         try:
             meta = json.loads((ckpt / META_FILE).read_text(encoding="utf-8"))
             shared = load_file(ckpt / SHARED_FILE)
             saved_world = int(meta.get("world_size", self.world_size))
             rank_path = ckpt / rank_file_name(self.rank)
             rank_state = load_file(rank_path) if saved_world == self.world_size and rank_path.exists() else None
-            rank0_sampler = None
-            if rank_state is None and self._objects.get("sampler") is not None:
-                rank0_sampler = load_file(ckpt / rank_file_name(0))["sampler"]
-            return (meta, shared, rank_state, rank0_sampler, None), None
+            rank0_state = None
+            if rank_state is None and (self._objects.get("sampler") is not None or self._states):
+                rank0_state = load_file(ckpt / rank_file_name(0))
+            return (meta, shared, rank_state, rank0_state, None), None
         except Exception as err:  # a damaged zip, a bad pickle, a missing key: any of it means damaged
             return None, _why(err)
 
