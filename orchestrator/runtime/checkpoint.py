@@ -3,7 +3,7 @@
 ``CheckpointManager`` saves and restores everything a bit-exact resume needs. What a checkpoint
 is on disk (names, the marker, digests, discovery) lives in ckpt_format.py; durable I/O (atomic
 and hashed writes, ENOSPC, RNG capture, the root lock, retention) in ckpt_io.py; the choice of
-the checkpoint a restore takes in ckpt_choice.py; walks over nested tensors in ckpt_tensors.py;
+the checkpoint a restore takes, and reading it, in ckpt_read.py; walks over nested tensors in ckpt_tensors.py;
 an FSDP model's shards in checkpoint_sharded.py. Users import all of it from here.
 
 An FSDP model (FSDP1 or FSDP2 ``fully_shard``) has no rank holding it whole: its model and

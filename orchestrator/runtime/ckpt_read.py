@@ -260,7 +260,7 @@ class ReadSide:
             self.progress.emit("checkpoint_damaged", **fields)
 
     def _choose(self, path: str | Path | None, skip: list[str]) -> dict[str, Any]:
-        """Rank 0: which checkpoint to load, what to warn about, or why to refuse (ckpt_choice)."""
+        """Rank 0: which checkpoint to load, what to warn about, or why to refuse (ResumeChoice)."""
         return ResumeChoice(self.root, self.run, self.spec_hash, self.resume_from,
                             self._report_damaged).choose(path, skip)
 
