@@ -286,12 +286,12 @@ def disk_probe(work: Path, nbytes: int, alone: bool = False) -> float:
 def digest_probe(nbytes: int) -> float:
     """Seconds for every rank at once to compute the integrity digest of ``nbytes`` in memory:
     the CPU a save spends on it besides writing (no disk involved)."""
-    from orchestrator.runtime.checkpoint import _hasher
+    from orchestrator.runtime.checkpoint import new_hasher
 
     chunk = os.urandom(8 << 20)
     dist.barrier()
     t0 = time.perf_counter()
-    h = _hasher()
+    h = new_hasher()
     for _ in range(max(1, nbytes // len(chunk))):
         h.update(chunk)
     h.hexdigest()
@@ -397,13 +397,13 @@ def report_digest(ckpt: Path, step_s: float, every: int) -> None:
     """The integrity digest's share: hashing a checkpoint's bytes (in memory, so no disk time is
     counted) is what the save adds while it writes and what restore adds to verify. A sync save
     blocks the loop for it; an async save pays it on the writer thread."""
-    from orchestrator.runtime.checkpoint import DIGEST_NAME, _hasher
+    from orchestrator.runtime.checkpoint import DIGEST_NAME, new_hasher
 
     blobs = [f.read_bytes() for f in sorted(ckpt.rglob("*")) if f.is_file()]
     nbytes = sum(map(len, blobs))
     t0 = time.perf_counter()
     for blob in blobs:
-        h = _hasher()
+        h = new_hasher()
         h.update(blob)
         h.hexdigest()
     seconds = time.perf_counter() - t0

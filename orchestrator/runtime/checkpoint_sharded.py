@@ -14,7 +14,7 @@ digests, fencing and the lock. For an FSDP model it hands model and optimizer to
         rank-00000.pt ...      as for any checkpoint
         COMMITTED              the same format-2 marker: it lists (and digests) the dcp/ files too
 
-Each rank reports the DCP files it wrote, with their sizes and digests (checkpoint.DIGEST_NAME), in its
+Each rank reports the DCP files it wrote, with their sizes and digests (ckpt_format.DIGEST_NAME), in its
 ``rank-N.done`` file like its other files; rank 0's commit then lists them in the marker, so a
 shard that is missing, torn or changed makes the checkpoint not count exactly as a damaged
 ``shared.pt`` would.
@@ -39,9 +39,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-SHARDED_DIR = "dcp"                 # the step folder's subfolder DCP writes
-DCP_METADATA = ".metadata"          # DCP's index, written by the coordinating rank (0)
-LAYOUT = "dcp"                      # meta.json "layout" of a sharded checkpoint
+from .ckpt_format import DCP_METADATA, LAYOUT, SHARDED_DIR, new_hasher
+from .ckpt_tensors import host_copy, map_tensors, tensor_leaves
+
+__all__ = ["DCP_METADATA", "LAYOUT", "SHARDED_DIR", "ShardedState", "is_sharded_model", "load_failures",
+           "local_state", "local_tensor", "pinned_staging_available"]
 
 
 def pinned_staging_available() -> bool:
@@ -95,12 +97,6 @@ def local_state(module: Any) -> list[tuple[str, Any]]:
             if name not in skip and buf is not None:
                 out.append((f"{prefix}.{name}" if prefix else name, local_tensor(buf)))
     return out
-
-
-def _hasher() -> Any:
-    from orchestrator.runtime.checkpoint import _hasher as h
-
-    return h()
 
 
 class ShardedState:
@@ -213,7 +209,7 @@ class ShardedState:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import FileSystemReader
 
-        target = _host_copy(self._state_dicts())
+        target = host_copy(self._state_dicts())
         dcp.load(target, storage_reader=FileSystemReader(str(folder)), process_group=self.group)
         return target
 
@@ -229,28 +225,14 @@ class ShardedState:
 
 def _leaves(obj: Any) -> list[Any]:
     """The tensors of a nested state dict."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _leaves(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _leaves(v)]
-    return []
+    return list(tensor_leaves(obj))
 
 
 def _structure(obj: Any) -> Any:
-    """What a staging cache must match: keys, and each tensor's type, shape and dtype."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return (type(obj).__name__, tuple(obj.shape), obj.dtype, tuple(local_tensor(obj).shape))
-    if isinstance(obj, dict):
-        return tuple((k, _structure(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return tuple(_structure(v) for v in obj)
-    return None
+    """What a staging cache must match: keys, and each tensor's type, shape and dtype (other
+    values, such as a learning rate, may change between saves)."""
+    return map_tensors(obj, lambda t: (type(t).__name__, tuple(t.shape), t.dtype, tuple(local_tensor(t).shape)),
+                       lambda _: None)
 
 
 def _cached_stager(pinned: bool) -> Any:
@@ -305,36 +287,20 @@ def _empty_host_copy(obj: Any, pinned: bool) -> Any:
     from torch.distributed._state_dict_utils import _create_cpu_state_dict
     from torch.distributed.tensor import DTensor
 
-    if isinstance(obj, DTensor) and obj.dim() > 0:
-        local = obj._local_tensor
+    def by_torch(leaf: Any) -> Any:
+        return _create_cpu_state_dict({"leaf": leaf}, pin_memory=pinned)["leaf"]
+
+    def tensor(t: Any) -> Any:
+        if not (isinstance(t, DTensor) and t.dim() > 0):
+            return by_torch(t)
+        local = t._local_tensor
         if local.numel() == 0 or local.data_ptr() == 0:
             buf = torch.zeros_like(local, device="cpu")
         else:
             buf = torch.empty(tuple(local.size()), dtype=local.dtype, pin_memory=pinned)
-        return DTensor(buf, obj._spec, requires_grad=False)
-    if isinstance(obj, dict):
-        return {k: _empty_host_copy(v, pinned) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_empty_host_copy(v, pinned) for v in obj]
-    if isinstance(obj, tuple):                     # a plain tuple, as torch's walk makes it
-        return tuple(_empty_host_copy(v, pinned) for v in obj)
-    return _create_cpu_state_dict({"leaf": obj}, pin_memory=pinned)["leaf"]
+        return DTensor(buf, t._spec, requires_grad=False)
 
-
-def _host_copy(obj: Any) -> Any:
-    """The state dict's structure with every tensor (DTensor: its local shard) copied to host
-    memory: what DCP loads into, so a failed load leaves the live objects as they were."""
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _host_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_host_copy(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_host_copy(v) for v in obj)
-    return obj
+    return map_tensors(obj, tensor, by_torch)       # tuples stay plain tuples, as torch's walk makes them
 
 
 def _recording_writer_class() -> type:
@@ -395,7 +361,7 @@ class _DigestingStream:
     def __init__(self, fh: Any, pool: ThreadPoolExecutor) -> None:
         self._fh = fh
         self._pool = pool
-        self._hash = _hasher()
+        self._hash = new_hasher()
         self.size = 0
 
     def write(self, data: Any) -> int:
@@ -464,7 +430,7 @@ def _DigestingFileSystem(pool: ThreadPoolExecutor) -> Any:  # noqa: N802  (a cla
 
 
 def _digest_file(path: Path) -> dict[str, Any]:
-    h = _hasher()
+    h = new_hasher()
     size = 0
     with open(path, "rb") as fh:
         while chunk := fh.read(8 << 20):

@@ -139,13 +139,13 @@ def test_retention_deletes_off_the_loop_and_wait_joins_them(tmp_path: Path, monk
     import threading
 
     gate, deleting = threading.Event(), threading.Event()
-    real = ck._delete_trees
+    real = ck.delete_trees
 
     def slow_delete(paths):
         deleting.set()
         gate.wait(60)
         real(paths)
-    monkeypatch.setattr(ck, "_delete_trees", slow_delete)
+    monkeypatch.setattr(ck, "delete_trees", slow_delete)
     toy = Toy()
     mgr = toy.manager(tmp_path, keep=2)
     for s in (1, 2):
@@ -182,8 +182,8 @@ EXIT_WITHOUT_CLOSE = """
 import sys, time
 import torch
 from orchestrator.runtime import checkpoint as ck
-real = ck._delete_trees
-ck._delete_trees = lambda paths: (time.sleep(1.5), real(paths))      # a sweep the exit must wait for
+real = ck.delete_trees
+ck.delete_trees = lambda paths: (time.sleep(1.5), real(paths))      # a sweep the exit must wait for
 root, mode = sys.argv[1], sys.argv[2]
 mgr = ck.CheckpointManager(root, keep=2, async_save=(mode == "async"))
 mgr.register(model=torch.nn.Linear(2, 2))
@@ -283,7 +283,7 @@ def test_a_sync_save_skips_the_zip_crc_and_gives_torch_its_option_back(tmp_path:
     def broken(obj, p):
         raise OSError(5, "Input/output error", str(p))
     with monkeypatch.context() as mp:
-        mp.setattr(ck, "_save_fsync", broken)
+        mp.setattr(ck, "save_fsync", broken)
         with pytest.raises(OSError):
             mgr.save(2)
     assert torch.serialization.get_crc32_options() is True
