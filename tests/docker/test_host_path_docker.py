@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import api
+from orchestrator import api, runs
 from orchestrator import labels as L
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
@@ -65,6 +65,6 @@ def test_missing_writable_relative_host_path_is_created_and_the_job_writes_there
     assert f"note: created the missing host folder {folder} (volumes[0].host_path, volume 'out', " \
            "mounted at /workspace/out)" in lines, lines
     assert (folder / "ok.txt").read_text() == "written in the container"
-    record = api.status(RUN).record
+    record = runs.status(RUN).record
     assert record is not None and record.status == "succeeded"
     assert [a.attempt for a in record.attempts] == [0]      # submitted once, not retried
