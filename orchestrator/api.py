@@ -1,6 +1,6 @@
 """The library face of wmctl: load a job, plan it, submit it, watch, cancel, inspect runs.
 
-Nothing here prints: lines go to the ``echo`` a caller passes, notes come back as values. The
+Nothing here prints: lines go to the ``view`` a caller passes, notes come back as values. The
 CLI (``orchestrator/commands``) parses options and calls one function of this module each.
 ``submit`` is ``schedule(dryrun(...))`` (TorchX's split): ``dryrun`` resolves the job and plans
 attempt 0 exactly as ``schedule`` then submits it.
@@ -26,7 +26,7 @@ from .runtime.protocol import ENV_RUN_STORE, ENV_WATCHER_OBJECT
 from .spec import JobSpec, from_dict, load_spec, profile_problems
 from .spec import warnings as spec_warnings
 from .state import RunRecord, RunStore, list_runs, open_store
-from .supervisor import Supervisor
+from .supervisor import Supervisor, SupervisorOptions
 from .vendors import VendorProfile, load_profile
 from .watchview import WatchView
 
@@ -181,20 +181,18 @@ def dryrun(job: Job, backend: str, *, auto_resume: bool = False, context: str | 
     return SubmitRequest(job, engine, engine.plan(job.spec, job.profile, ctx), auto_resume, options)
 
 
-def schedule(request: SubmitRequest, *, watch: bool, echo: Echo,
-             show_state: Callable[..., None] | None = None, replace: bool = False,
-             view: WatchView | None = None) -> int:
+def schedule(request: SubmitRequest, *, watch: bool, view: WatchView, replace: bool = False) -> int:
     """Record the run and submit its planned attempt 0; with ``watch``, supervise it to the end.
     Returns the exit code (0, or RunFailed's when the run failed)."""
     job, engine = request.job, request.backend
     store = open_store(job.spec.name)
     try:
-        _clear_the_name(store, engine, echo, replace=replace)
+        _clear_the_name(store, engine, view.line, replace=replace)
         # Leased before the record exists: `status` never takes a run being submitted for one
         # whose submitter died.
         store.acquire_watcher()
         for note in engine.prepare_host(job.spec):     # missing writable host folders, created
-            echo(f"note: {note}")
+            view.line(f"note: {note}")
         spec = job.spec
         overrides = dict(job.overrides)
         if spec.image.tag and "@sha256:" in spec.image.tag:
@@ -211,14 +209,14 @@ def schedule(request: SubmitRequest, *, watch: bool, echo: Echo,
         store.release_watcher()
         engine.close()
         raise
-    return _supervise(store, record, job, engine, watch=watch, echo=echo, show_state=show_state,
-                      first_plan=request.plan, view=view)
+    return _supervise(store, record, job, engine, watch=watch, view=view, first_plan=request.plan)
 
 
-def submit(job: Job, backend: str, *, auto_resume: bool = False, watch: bool = False, echo: Echo,
-           context: str | None = None, show_state: Callable[..., None] | None = None, replace: bool = False) -> int:
-    return schedule(dryrun(job, backend, auto_resume=auto_resume, context=context), watch=watch, echo=echo,
-                    show_state=show_state, replace=replace)
+def submit(job: Job, backend: str, *, auto_resume: bool = False, watch: bool = False, view: WatchView,
+           context: str | None = None, replace: bool = False) -> int:
+    """``schedule(dryrun(...))``."""
+    return schedule(dryrun(job, backend, auto_resume=auto_resume, context=context), watch=watch, view=view,
+                    replace=replace)
 
 
 def check_in_cluster(request: SubmitRequest) -> dict[str, str]:
@@ -349,19 +347,18 @@ def _ago(then: float) -> str:
     return f"{seconds}s"
 
 
-def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any], *, watch: bool, echo: Echo,
-               show_state: Callable[..., None] | None, first_plan: Plan[Any] | None = None,
-               view: WatchView | None = None) -> int:
+def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any], *, watch: bool, view: WatchView,
+               first_plan: Plan[Any] | None = None) -> int:
     try:
         note = store.acquire_watcher()
         if note:
-            echo(f"note: {note}")
+            view.line(f"note: {note}")
         try:
-            sup = Supervisor(job.spec, job.profile, engine, store, record, auto_resume=record.auto_resume,
-                             echo=echo, show_state=show_state, first_plan=first_plan, view=view)
+            sup = Supervisor(job.spec, job.profile, engine, store, record, view,
+                             SupervisorOptions(auto_resume=record.auto_resume), first_plan=first_plan)
             if not watch:
                 rec = sup.current_or_new_attempt()
-                echo(f"submitted {job.spec.name} attempt {rec.attempt}")
+                view.line(f"submitted {job.spec.name} attempt {rec.attempt}")
                 return 0
             return sup.run().exit_code
         finally:
@@ -374,25 +371,24 @@ def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any
 
 # ---- runs --------------------------------------------------------------------------------------
 
-def watch(run: str, *, auto_resume: bool | None, echo: Echo, show_state: Callable[..., None] | None = None,
-          view: WatchView | None = None) -> int:
+def watch(run: str, *, auto_resume: bool | None, view: WatchView) -> int:
     """Supervise a recorded run from where it is (adopting a running attempt)."""
     store = open_store(run)
     record = store.load()
     if auto_resume and resumable_unwatched(record):
         job, notes = job_of(record)
         take_up_unwatched(record, job.spec, backends.backend_class(record.backend).places_nodes)
-        echo(f"run {run} failed while nobody watched it ({record.attempts[-1].outcome}); resuming it")
+        view.line(f"run {run} failed while nobody watched it ({record.attempts[-1].outcome}); resuming it")
         store.save(record)
     if record.status != "running":
-        echo(record.final_report or f"run {run} already {record.status}")
+        view.line(record.final_report or f"run {run} already {record.status}")
         return {"succeeded": 0, "cancelled": RunCancelled.exit_code}.get(record.status, RunFailed.exit_code)
     if auto_resume is not None:
         record.auto_resume = auto_resume
     job, notes = job_of(record)
     for note in notes:
-        echo(f"note: {note}")
+        view.line(f"note: {note}")
     engine = engine_of(record)
-    return _supervise(store, record, job, engine, watch=True, echo=echo, show_state=show_state, view=view)
+    return _supervise(store, record, job, engine, watch=True, view=view)
 
 

@@ -21,6 +21,7 @@ import click
 
 from . import panel as P
 from .state import RunRecord
+from .watchview import News
 
 DUMB_TERMS = ("dumb", "unknown")
 REFRESH_PER_SECOND = 2       # ages and the backoff countdown move on their own between events
@@ -39,13 +40,13 @@ class PlainDisplay:
     def line(self, text: str, at: float | None = None) -> None:
         click.echo(f"{iso_stamp(at)} {text}")
 
-    def news(self, news: Any) -> None:
+    def news(self, news: News) -> None:
         """Nothing to redraw: every change already printed a line."""
 
     def close(self) -> None:
         pass
 
-    # the supervisor and the api take a plain callable for their lines
+    # a command's own lines: display(text)
     def __call__(self, text: str) -> None:
         self.line(text)
 
@@ -74,7 +75,7 @@ class LiveDisplay(PlainDisplay):
         shown = f"{when:%H:%M:%S}" if when.date() == datetime.now().date() else f"{when:%Y-%m-%d %H:%M:%S}"
         self.console.print(Text(f"[{shown}] {text}"), soft_wrap=True, highlight=False)
 
-    def news(self, news: Any) -> None:
+    def news(self, news: News) -> None:
         with self._lock:
             self.state.fold(news)
         if not self._started:

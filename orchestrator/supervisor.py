@@ -21,8 +21,10 @@ from .layout import run_dir
 from .plan import AttemptContext, Plan
 from .runtime.protocol import ENV_TEST_PAUSE_AT
 from .silence import SILENT, Silence
+from .spec import JobSpec
 from .joberror import node_tail, with_job_error
 from .state import AttemptRecord, RunRecord, RunStore
+from .vendors import VendorProfile
 from .watchview import News, WatchView
 
 POLL_INTERVAL_S = 0.25
@@ -159,25 +161,34 @@ class Outcome:
     exit_code: int
 
 
+@dataclass(frozen=True)
+class SupervisorOptions:
+    """How a supervisor watches: whether it resubmits after a retryable failure, and its clock
+    (a test drives a fake one)."""
+
+    auto_resume: bool = False
+    clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
+    poll_interval: float = POLL_INTERVAL_S
+
+
 class Supervisor:
-    def __init__(self, spec, profile, backend: b.Backend[Any], store: RunStore, record: RunRecord, *,
-                 auto_resume: bool, first_plan: Plan[Any] | None = None,
-                 echo: Callable[[str], None] = print, clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep, poll_interval: float = POLL_INTERVAL_S,
-                 show_state: Callable[[RunRecord, AttemptRecord, list[b.NodeStatus]], None] | None = None,
-                 view: WatchView | None = None):
+    """Watches the run ``record`` of ``spec`` on ``backend`` to its end, keeping ``store`` up to
+    date; every line and every change goes to ``view``. ``first_plan``: the plan a dry run
+    already made for attempt 0, submitted as printed."""
+
+    def __init__(self, spec: JobSpec, profile: VendorProfile, backend: b.Backend[Any], store: RunStore,
+                 record: RunRecord, view: WatchView, options: SupervisorOptions | None = None, *,
+                 first_plan: Plan[Any] | None = None):
+        options = options or SupervisorOptions()
         self.spec, self.profile, self.backend = spec, profile, backend
         self.store, self.record = store, record
-        self.auto_resume = auto_resume
-        # The plan a dry run already made for the first attempt: submitted as printed.
+        self.auto_resume = options.auto_resume
         self._first_plan = first_plan
-        self.echo, self.clock, self.sleep = echo, clock, sleep
-        # A view takes every line (with the event's own time where there is one) and the news.
+        self.clock, self.sleep, self.poll_interval = options.clock, options.sleep, options.poll_interval
+        # The view takes every line (with the event's own time where there is one) and the news.
         self.view = view
-        if view is not None:
-            self.echo = view.line
-        self.poll_interval = poll_interval
-        self.show_state = show_state or (lambda record, attempt, nodes: None)
+        self.echo: Callable[[str], None] = view.line
         self._outage_since: float | None = None
         self._told_history = False
 
@@ -339,7 +350,6 @@ class Supervisor:
             if events or tracker.nodes != before:
                 rec.last_step, rec.last_checkpoint_step = tracker.last_step, tracker.last_checkpoint_step
                 rec.resumed_from_step = tracker.resumed_from_step
-                self.show_state(self.record, rec, tracker.nodes)
                 self._tell(rec, tracker, events)
             if tracker.first_step_at and "first_step_s" not in rec.timings:
                 rec.timings["first_step_s"] = round(tracker.first_step_at - rec.submitted_at, 3)
@@ -571,15 +581,12 @@ class Supervisor:
         self.record.status = status
         self.record.final_report = report + "\n" + summary(self.record)
         self.store.save(self.record)
-        self.show_state(self.record, rec, tracker.nodes)
         self._tell(rec, tracker)
         self.echo(self.record.final_report)
         return Outcome(status, self.record.final_report, code)
 
     def _tell(self, rec: AttemptRecord, tracker: AttemptTracker, events: list[b.Event] | None = None,
               backoff_until: float | None = None, history: list[dict[str, Any]] | None = None) -> None:
-        if self.view is None:
-            return
         # The hang clock runs once every node runs or the job reported progress (AttemptTracker.failure).
         ticking = tracker.all_started_at is not None or tracker.first_progress_at is not None
         self.view.news(News(self.record, rec, list(tracker.nodes), list(events or []),
@@ -588,10 +595,7 @@ class Supervisor:
 
     def _say(self, text: str, at: float | None) -> None:
         """A line about an event, stamped with the event's time when a view shows times."""
-        if self.view is not None:
-            self.view.line(text, at)
-        else:
-            self.echo(text)
+        self.view.line(text, at)
 
 
 def metric_key(progress: dict[str, Any]) -> tuple[Any, ...]:

@@ -8,7 +8,7 @@ types without importing one another.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from .backends import base as b
 from .state import AttemptRecord, RunRecord
@@ -41,3 +41,17 @@ class WatchView(Protocol):
     def news(self, news: News) -> None:
         """The state changed (see News)."""
 
+
+
+class EchoView:
+    """A view for a caller that wants only the lines: each goes to ``echo`` (a list's append, a
+    logger); the news, already said in lines, is dropped."""
+
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self.echo = echo
+
+    def line(self, text: str, at: float | None = None) -> None:
+        self.echo(text)
+
+    def news(self, news: News) -> None:
+        """Nothing to redraw."""

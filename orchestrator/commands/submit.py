@@ -56,7 +56,7 @@ def command(spec_path, set_flags, nodes, image_tag, vendor, namespace, backend, 
             request.backend.close()
             raise
         with interrupted_watch(job.spec.name, submitted_here=True, watching=False), display_for(False) as display:
-            code = api.schedule(request, watch=False, echo=display, replace=replace)
+            code = api.schedule(request, watch=False, view=display, replace=replace)
             if code == 0:
                 display(api.start_cluster_watcher(job.spec.name))
                 reach = " ".join(f"{k}={shlex.quote(v)}" for k, v in store_env.items())
@@ -67,7 +67,7 @@ def command(spec_path, set_flags, nodes, image_tag, vendor, namespace, backend, 
     structured = output in ("json", "yaml")
     shown = contextlib.nullcontext(StderrLines()) if structured else display_for(watching, plain)
     with interrupted_watch(run, submitted_here=True, watching=watching), shown as display:
-        code = api.schedule(request, watch=watching, echo=display, view=display, replace=replace)
+        code = api.schedule(request, watch=watching, view=display, replace=replace)
         if code == 0 and not watching:
             if request.auto_resume:
                 pid = api.spawn_watcher(run, auto_resume=True)

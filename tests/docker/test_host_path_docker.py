@@ -16,6 +16,7 @@ import yaml
 
 from orchestrator import api, runs
 from orchestrator import labels as L
+from orchestrator.watchview import EchoView
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 
@@ -59,7 +60,7 @@ def test_missing_writable_relative_host_path_is_created_and_the_job_writes_there
             c["environment"] = {**c["environment"], "PYTHONPATH": "/wmctl", "PYTHONDONTWRITEBYTECODE": "1"}
             c["command"] = [part for arg in c["command"] for part in (LAUNCHER if arg == "wmctl-bind" else [arg])]
     lines: list[str] = []
-    code = api.schedule(request, watch=True, echo=lines.append)
+    code = api.schedule(request, watch=True, view=EchoView(lines.append))
 
     assert code == 0, "\n".join(lines)
     assert f"note: created the missing host folder {folder} (volumes[0].host_path, volume 'out', " \
