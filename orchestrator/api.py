@@ -1,7 +1,9 @@
-"""The library face of wmctl: load a job, plan it, submit it, watch, cancel, inspect runs.
+"""The library face of wmctl: load a job, plan it, submit it, and choose and start where its
+watcher runs (here, detached, in the cluster). What a run is and what can be asked of it
+(status, list, cancel, delete, metrics) is orchestrator.runs; its logs, orchestrator.logview.
 
 Nothing here prints: lines go to the ``view`` a caller passes, notes come back as values. The
-CLI (``orchestrator/commands``) parses options and calls one function of this module each.
+CLI (``orchestrator/commands``) parses options and calls the functions of this module.
 ``submit`` is ``schedule(dryrun(...))`` (TorchX's split): ``dryrun`` resolves the job and plans
 attempt 0 exactly as ``schedule`` then submits it.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,6 +222,56 @@ def submit(job: Job, backend: str, *, auto_resume: bool = False, watch: bool = F
                     replace=replace)
 
 
+# ---- where the watcher runs -----------------------------------------------------------------------
+
+HERE = "here"                # this process, in the foreground, to the run's end (``schedule(watch=True)``)
+DETACHED = "detached"        # a process of its own on this machine, its lines in the run folder
+IN_CLUSTER = "in-cluster"    # a watcher the backend runs (a watcher pod), the run's state kept there
+NOWHERE = "nowhere"          # none: nothing resumes the run; `wmctl watch RUN` attaches one later
+
+
+@dataclass(frozen=True)
+class WatcherPlace:
+    """Where a submitted run's watcher runs; in the cluster, also the settings that reach the
+    run's state from this machine."""
+
+    where: str
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+def place_watcher(request: SubmitRequest, *, watch: bool | None = None, detach: bool = False,
+                  in_cluster: bool = False) -> WatcherPlace:
+    """Where ``request``'s watcher will run, chosen before anything is submitted. ``in_cluster``:
+    the backend runs it (``check_in_cluster``: this process's run state then goes where that
+    watcher reads it). Otherwise here, in the foreground, when watching (``watch``, by default
+    the run's auto-resume) and not ``detach``; a run with auto-resume not watched here gets a
+    detached watcher; else none. A refused choice closes the request's backend."""
+    if in_cluster:
+        try:
+            return WatcherPlace(IN_CLUSTER, check_in_cluster(request))
+        except BaseException:
+            request.backend.close()
+            raise
+    if (request.auto_resume if watch is None else watch) and not detach:
+        return WatcherPlace(HERE)
+    return WatcherPlace(DETACHED if request.auto_resume else NOWHERE)
+
+
+def start_watcher(run: str, place: WatcherPlace) -> list[str]:
+    """Once ``run`` is submitted without watching it here, start its watcher where ``place``
+    says. Returns what its user should know: who watches the run now, and how to reach it."""
+    if place.where == IN_CLUSTER:
+        reach = " ".join(f"{k}={shlex.quote(v)}" for k, v in place.environment.items())
+        return [start_cluster_watcher(run), f"its state is in the cluster: {reach} wmctl status {run}"]
+    if place.where == DETACHED:
+        pid = spawn_watcher(run, auto_resume=True)
+        return [f"watcher {pid} supervises {run} with auto-resume; its lines: `wmctl logs {run} --watcher`"]
+    if place.where == NOWHERE:
+        return [f"nothing will resume {run} if it fails (no watcher runs): `wmctl watch {run} --auto-resume` "
+                f"starts one; `wmctl status {run}` shows where it stands"]
+    return []       # HERE: the watcher was this process, and the run has ended
+
+
 def check_in_cluster(request: SubmitRequest) -> dict[str, str]:
     """Before anything is submitted: can ``request``'s backend run the run's watcher itself
     (``submit --in-cluster``)? Its run state then goes to that backend's store for this process
@@ -369,7 +422,7 @@ def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any
         engine.close()
 
 
-# ---- runs --------------------------------------------------------------------------------------
+# ---- watching a recorded run ------------------------------------------------------------------
 
 def watch(run: str, *, auto_resume: bool | None, view: WatchView) -> int:
     """Supervise a recorded run from where it is (adopting a running attempt)."""
