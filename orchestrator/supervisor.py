@@ -17,12 +17,12 @@ from . import failures as F
 from .backends import base as b
 from .display import step_line, summary
 from .errors import EngineUnavailable, RunCancelled, RunFailed, WmctlError
+from .joberror import node_tail, with_job_error
 from .layout import run_dir
 from .plan import AttemptContext, Plan
 from .runtime.protocol import ENV_TEST_PAUSE_AT
 from .silence import SILENT, Silence
 from .spec import JobSpec
-from .joberror import node_tail, with_job_error
 from .state import AttemptRecord, RunRecord, RunStore
 from .vendors import VendorProfile
 from .watchview import News, WatchView
