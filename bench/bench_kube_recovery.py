@@ -108,6 +108,7 @@ def timeline_trial(*, beat: bool, backoff_s: float, grace_period: float = 40.0,
     from orchestrator import supervisor
     from orchestrator.backends.kubernetes import engine
     from orchestrator.vendors import load_profile
+    from orchestrator.watchview import EchoView
 
     S = SCALE_TIMELINE
     server = FakeApiServer().start()
@@ -154,9 +155,10 @@ def timeline_trial(*, beat: bool, backoff_s: float, grace_period: float = 40.0,
     # a real cluster, so here they are Kubernetes seconds too (restored in the finally below).
     gone_poll_s = engine.GONE_POLL_S
     engine.GONE_POLL_S = gone_poll_s * S
-    sup = supervisor.Supervisor(spec, load_profile("cpu"), backend, store, record, auto_resume=True,
-                                echo=lambda ln: lines.append((time.time(), ln)),
-                                poll_interval=supervisor.POLL_INTERVAL_S * S)
+    sup = supervisor.Supervisor(spec, load_profile("cpu"), backend, store, record,
+                                EchoView(lambda ln: lines.append((time.time(), ln))),
+                                supervisor.SupervisorOptions(auto_resume=True,
+                                                             poll_interval=supervisor.POLL_INTERVAL_S * S))
     thread = threading.Thread(target=sup.run, daemon=True)
     thread.start()
     stop = threading.Event()

@@ -1,7 +1,9 @@
-"""The library face of wmctl: load a job, plan it, submit it, watch, cancel, inspect runs.
+"""The library face of wmctl: load a job, plan it, submit it, and choose and start where its
+watcher runs (here, detached, in the cluster). What a run is and what can be asked of it
+(status, list, cancel, delete, metrics) is orchestrator.runs; its logs, orchestrator.logview.
 
-Nothing here prints: lines go to the ``echo`` a caller passes, notes come back as values. The
-CLI (``orchestrator/commands``) parses options and calls one function of this module each.
+Nothing here prints: lines go to the ``view`` a caller passes, notes come back as values. The
+CLI (``orchestrator/commands``) parses options and calls the functions of this module.
 ``submit`` is ``schedule(dryrun(...))`` (TorchX's split): ``dryrun`` resolves the job and plans
 attempt 0 exactly as ``schedule`` then submits it.
 """
@@ -10,24 +12,26 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from . import backends
-from .backends.base import AttemptRef, Backend, BackendOptions
+from .backends.base import Backend, BackendOptions
 from .imagebuild.record import RECORD_FILE, pinned_ref
-from .errors import (EngineUnavailable, OptionError, RunCancelled, RunExists, RunFailed, RunNotFound, SpecError,
-                     WmctlError)
+from .errors import OptionError, RunCancelled, RunExists, RunFailed, SpecError, WmctlError
 from .plan import AttemptContext, Plan
+from .reconcile import resumable_unwatched, take_up_unwatched
+from .runs import engine_of, remove, status
 from .runtime.protocol import ENV_RUN_STORE, ENV_WATCHER_OBJECT
 from .spec import JobSpec, from_dict, load_spec, profile_problems
 from .spec import warnings as spec_warnings
-from .state import Lease, RunRecord, RunStore, list_runs, open_store
-from .supervisor import Supervisor, WatchView
+from .state import RunRecord, RunStore, list_runs, open_store
+from .supervisor import Supervisor, SupervisorOptions
 from .vendors import VendorProfile, load_profile
+from .watchview import WatchView
 
 Echo = Callable[[str], None]
 
@@ -180,20 +184,18 @@ def dryrun(job: Job, backend: str, *, auto_resume: bool = False, context: str | 
     return SubmitRequest(job, engine, engine.plan(job.spec, job.profile, ctx), auto_resume, options)
 
 
-def schedule(request: SubmitRequest, *, watch: bool, echo: Echo,
-             show_state: Callable[..., None] | None = None, replace: bool = False,
-             view: WatchView | None = None) -> int:
+def schedule(request: SubmitRequest, *, watch: bool, view: WatchView, replace: bool = False) -> int:
     """Record the run and submit its planned attempt 0; with ``watch``, supervise it to the end.
     Returns the exit code (0, or RunFailed's when the run failed)."""
     job, engine = request.job, request.backend
     store = open_store(job.spec.name)
     try:
-        _clear_the_name(store, engine, echo, replace=replace)
+        _clear_the_name(store, engine, view.line, replace=replace)
         # Leased before the record exists: `status` never takes a run being submitted for one
         # whose submitter died.
         store.acquire_watcher()
         for note in engine.prepare_host(job.spec):     # missing writable host folders, created
-            echo(f"note: {note}")
+            view.line(f"note: {note}")
         spec = job.spec
         overrides = dict(job.overrides)
         if spec.image.tag and "@sha256:" in spec.image.tag:
@@ -210,14 +212,64 @@ def schedule(request: SubmitRequest, *, watch: bool, echo: Echo,
         store.release_watcher()
         engine.close()
         raise
-    return _supervise(store, record, job, engine, watch=watch, echo=echo, show_state=show_state,
-                      first_plan=request.plan, view=view)
+    return _supervise(store, record, job, engine, watch=watch, view=view, first_plan=request.plan)
 
 
-def submit(job: Job, backend: str, *, auto_resume: bool = False, watch: bool = False, echo: Echo,
-           context: str | None = None, show_state: Callable[..., None] | None = None, replace: bool = False) -> int:
-    return schedule(dryrun(job, backend, auto_resume=auto_resume, context=context), watch=watch, echo=echo,
-                    show_state=show_state, replace=replace)
+def submit(job: Job, backend: str, *, auto_resume: bool = False, watch: bool = False, view: WatchView,
+           context: str | None = None, replace: bool = False) -> int:
+    """``schedule(dryrun(...))``."""
+    return schedule(dryrun(job, backend, auto_resume=auto_resume, context=context), watch=watch, view=view,
+                    replace=replace)
+
+
+# ---- where the watcher runs -----------------------------------------------------------------------
+
+HERE = "here"                # this process, in the foreground, to the run's end (``schedule(watch=True)``)
+DETACHED = "detached"        # a process of its own on this machine, its lines in the run folder
+IN_CLUSTER = "in-cluster"    # a watcher the backend runs (a watcher pod), the run's state kept there
+NOWHERE = "nowhere"          # none: nothing resumes the run; `wmctl watch RUN` attaches one later
+
+
+@dataclass(frozen=True)
+class WatcherPlace:
+    """Where a submitted run's watcher runs; in the cluster, also the settings that reach the
+    run's state from this machine."""
+
+    where: str
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+def place_watcher(request: SubmitRequest, *, watch: bool | None = None, detach: bool = False,
+                  in_cluster: bool = False) -> WatcherPlace:
+    """Where ``request``'s watcher will run, chosen before anything is submitted. ``in_cluster``:
+    the backend runs it (``check_in_cluster``: this process's run state then goes where that
+    watcher reads it). Otherwise here, in the foreground, when watching (``watch``, by default
+    the run's auto-resume) and not ``detach``; a run with auto-resume not watched here gets a
+    detached watcher; else none. A refused choice closes the request's backend."""
+    if in_cluster:
+        try:
+            return WatcherPlace(IN_CLUSTER, check_in_cluster(request))
+        except BaseException:
+            request.backend.close()
+            raise
+    if (request.auto_resume if watch is None else watch) and not detach:
+        return WatcherPlace(HERE)
+    return WatcherPlace(DETACHED if request.auto_resume else NOWHERE)
+
+
+def start_watcher(run: str, place: WatcherPlace) -> list[str]:
+    """Once ``run`` is submitted without watching it here, start its watcher where ``place``
+    says. Returns what its user should know: who watches the run now, and how to reach it."""
+    if place.where == IN_CLUSTER:
+        reach = " ".join(f"{k}={shlex.quote(v)}" for k, v in place.environment.items())
+        return [start_cluster_watcher(run), f"its state is in the cluster: {reach} wmctl status {run}"]
+    if place.where == DETACHED:
+        pid = spawn_watcher(run, auto_resume=True)
+        return [f"watcher {pid} supervises {run} with auto-resume; its lines: `wmctl logs {run} --watcher`"]
+    if place.where == NOWHERE:
+        return [f"nothing will resume {run} if it fails (no watcher runs): `wmctl watch {run} --auto-resume` "
+                f"starts one; `wmctl status {run}` shows where it stands"]
+    return []       # HERE: the watcher was this process, and the run has ended
 
 
 def check_in_cluster(request: SubmitRequest) -> dict[str, str]:
@@ -330,7 +382,7 @@ def _clear_the_name(store: RunStore, engine: Backend[Any], echo: Echo, *, replac
                             hint=f"--replace replaces it, `wmctl delete {store.run}` removes it, or give this run "
                                  "another name (name: or --set name=...)")
         echo(f"replacing run {store.run} ({old.status})")
-        _delete(store, engine, old, echo)
+        remove(store, engine, old, echo)
         return
     left = engine.attempts(store.run)
     if left:
@@ -348,47 +400,18 @@ def _ago(then: float) -> str:
     return f"{seconds}s"
 
 
-def delete(run: str, *, echo: Echo) -> RunRecord:
-    """Remove an ended run: what it left on its backend (finished containers, Jobs kept for their
-    TTL, archived logs) and its record. Its checkpoints are the user's data and stay."""
-    view = status(run)
-    record = view.record
-    assert record is not None
-    if record.status == "running":
-        raise RunExists(f"run {run!r} has not ended ({view.watcher})",
-                        hint=f"`wmctl cancel {run}` first, then delete it")
-    store = open_store(run)
-    engine = engine_of(record)
-    try:
-        _delete(store, engine, record, echo)
-    finally:
-        engine.close()
-    return record
-
-
-def _delete(store: RunStore, engine: Backend[Any], record: RunRecord, echo: Echo) -> None:
-    left = engine.attempts(store.run)
-    if left:
-        echo(f"removing what run {store.run} ({record.status}) left on {engine.name}: "
-             + ", ".join(ref.attempt_name for ref in left))
-    for ref in left:
-        engine.cancel(ref)
-    store.delete()
-
-
-def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any], *, watch: bool, echo: Echo,
-               show_state: Callable[..., None] | None, first_plan: Plan[Any] | None = None,
-               view: WatchView | None = None) -> int:
+def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any], *, watch: bool, view: WatchView,
+               first_plan: Plan[Any] | None = None) -> int:
     try:
         note = store.acquire_watcher()
         if note:
-            echo(f"note: {note}")
+            view.line(f"note: {note}")
         try:
-            sup = Supervisor(job.spec, job.profile, engine, store, record, auto_resume=record.auto_resume,
-                             echo=echo, show_state=show_state, first_plan=first_plan, view=view)
+            sup = Supervisor(job.spec, job.profile, engine, store, record, view,
+                             SupervisorOptions(auto_resume=record.auto_resume), first_plan=first_plan)
             if not watch:
                 rec = sup.current_or_new_attempt()
-                echo(f"submitted {job.spec.name} attempt {rec.attempt}")
+                view.line(f"submitted {job.spec.name} attempt {rec.attempt}")
                 return 0
             return sup.run().exit_code
         finally:
@@ -399,201 +422,26 @@ def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any
         engine.close()
 
 
-# ---- runs --------------------------------------------------------------------------------------
+# ---- watching a recorded run ------------------------------------------------------------------
 
-def watch(run: str, *, auto_resume: bool | None, echo: Echo, show_state: Callable[..., None] | None = None,
-          view: WatchView | None = None) -> int:
+def watch(run: str, *, auto_resume: bool | None, view: WatchView) -> int:
     """Supervise a recorded run from where it is (adopting a running attempt)."""
-    from .supervisor import resumable_unwatched, take_up_unwatched
-
     store = open_store(run)
     record = store.load()
     if auto_resume and resumable_unwatched(record):
         job, notes = job_of(record)
         take_up_unwatched(record, job.spec, backends.backend_class(record.backend).places_nodes)
-        echo(f"run {run} failed while nobody watched it ({record.attempts[-1].outcome}); resuming it")
+        view.line(f"run {run} failed while nobody watched it ({record.attempts[-1].outcome}); resuming it")
         store.save(record)
     if record.status != "running":
-        echo(record.final_report or f"run {run} already {record.status}")
+        view.line(record.final_report or f"run {run} already {record.status}")
         return {"succeeded": 0, "cancelled": RunCancelled.exit_code}.get(record.status, RunFailed.exit_code)
     if auto_resume is not None:
         record.auto_resume = auto_resume
     job, notes = job_of(record)
     for note in notes:
-        echo(f"note: {note}")
+        view.line(f"note: {note}")
     engine = engine_of(record)
-    return _supervise(store, record, job, engine, watch=True, echo=echo, show_state=show_state, view=view)
+    return _supervise(store, record, job, engine, watch=True, view=view)
 
 
-def engine_of(record: RunRecord) -> Backend[Any]:
-    """The backend object a recorded run lives on."""
-    return backends.create(record.backend, BackendOptions(context=record.kube_context, namespace=record.namespace,
-                                                          kubeconfig=record.kubeconfig))
-
-
-def ref_of(record: RunRecord, attempt: int) -> AttemptRef:
-    return AttemptRef(record.backend, record.run, attempt, record.namespace)
-
-
-@dataclass
-class RunView:
-    """A run as it is now: its record (reconciled with the backend when nobody watches it), and
-    who watches it."""
-
-    run: str
-    record: RunRecord | None
-    lease: Lease | None = None
-    problem: str | None = None      # why the record could not be read
-    note: str | None = None         # what reconciling saw, or why it could not look
-
-    @property
-    def watcher(self) -> str:
-        return self.lease.describe() if self.lease else "unwatched"
-
-
-def status(run: str, *, reconcile: bool = True) -> RunView:
-    """The run's record and watcher. A record that says running while no watcher holds the lease
-    is checked against where the run lives, and its true end recorded."""
-    store = open_store(run)
-    record = store.load()
-    lease = store.lease()
-    note = None
-    if reconcile and lease is None and record.status == "running":
-        record, note = _reconcile(store, record)
-        lease = store.lease()
-    return RunView(run, record, lease, note=note)
-
-
-def _reconcile(store: RunStore, record: RunRecord) -> tuple[RunRecord, str | None]:
-    from .supervisor import reconcile
-
-    try:
-        store.acquire_watcher()     # no watcher may start (and decide) while this one looks
-    except WmctlError:
-        return store.load(), None   # a watcher started meanwhile: its record is the truth
-    try:
-        record = store.load()
-        engine = engine_of(record)
-        try:
-            if reconcile(record, engine):
-                store.save(record)
-        finally:
-            engine.close()
-    except EngineUnavailable as exc:
-        return record, f"could not check the run on {record.backend}: {exc.message}"
-    finally:
-        store.release_watcher()
-    return record, None
-
-
-def runs() -> list[RunView]:
-    """Every run recorded here, reconciled like ``status``; a damaged record is listed with its
-    problem, never raised."""
-    out = []
-    for run in list_runs():
-        try:
-            out.append(status(run))
-        except RunNotFound as exc:
-            out.append(RunView(run, None, problem=exc.message))
-    return out
-
-
-def metrics(run: str, attempt: int | None = None) -> list[dict[str, Any]]:
-    """Every progress event a watcher kept for ``run`` (oldest first), or one attempt's."""
-    store = open_store(run)
-    store.load()
-    events = store.metrics()
-    return events if attempt is None else [e for e in events if e.get("attempt") == attempt]
-
-
-def describe(run: str) -> list[dict[str, Any]]:
-    """The run's events and decisions, oldest first (``timeline.events``)."""
-    from .timeline import events
-
-    store = open_store(run)
-    return events(store.load(), store)
-
-
-def watcher_log(run: str) -> Iterator[str]:
-    """What a detached watcher of ``run`` printed."""
-    store = open_store(run)
-    store.load()
-    path = store.watcher_log()
-    if not path.exists():
-        raise RunNotFound(f"run {run} has no watcher log ({path})",
-                          hint="only a watcher started by `wmctl submit --detach --auto-resume` writes one; "
-                               "a foreground watcher prints to its terminal")
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            yield line.rstrip("\n")
-
-
-def logs(run: str, *, node: int = 0, attempt: int | None = None, follow: bool = False, all_nodes: bool = False,
-         tail: int | None = None, since: float | None = None, timestamps: bool = False,
-         raw: bool = False) -> Iterator[str]:
-    """What `wmctl logs` prints: see ``logview.logs``."""
-    from .logview import logs as view
-
-    return view(run, node=node, attempt=attempt, follow=follow, all_nodes=all_nodes, tail=tail, since=since,
-                timestamps=timestamps, raw=raw)
-
-
-def cancel(run: str, *, graceful: bool = False, by: str | None = None, wait_s: float = 60.0,
-           sleep: Callable[[float], None] = time.sleep) -> RunRecord:
-    """Cancel ``run``: the intent is recorded first (so no watcher, here or in another process,
-    resubmits), then every attempt is torn down (``graceful``: SIGTERM and a wait for the job's
-    checkpoint). A watcher ends the run itself; without one the record is ended here."""
-    store = open_store(run)
-    record = store.load()
-    engine = engine_of(record)
-    try:
-        if graceful and not engine.graceful_cancel:
-            raise OptionError(f"the {engine.name} backend cannot cancel gracefully",
-                              hint="cancel without --graceful: its teardown already sends SIGTERM with the "
-                                   "termination grace period")
-        refs = engine.attempts(run)
-        if record.status == "running":
-            intent = store.request_cancel(by=by or f"pid {os.getpid()}@{socket.gethostname()}", graceful=graceful)
-            for ref in refs:
-                engine.note_cancel(ref, intent)
-        for ref in refs:
-            engine.cancel(ref, graceful=graceful)
-    finally:
-        engine.close()
-    deadline = time.monotonic() + wait_s
-    while store.watched() and time.monotonic() < deadline:
-        sleep(0.2)          # the watcher sees the intent and ends the run as cancelled
-    record = store.load()
-    if record.status == "running" and not store.watched():
-        record.status = "cancelled"
-        record.final_report = f"run {run} cancelled by the user"
-        if record.attempts and record.attempts[-1].outcome is None:
-            record.attempts[-1].outcome = "cancelled"
-            record.attempts[-1].ended_at = time.time()
-        store.save(record)
-    return record
-
-
-def ended_at(record: RunRecord) -> float:
-    """When a run ended (its last attempt's end), or when it was submitted if no attempt says."""
-    return max((a.ended_at for a in record.attempts if a.ended_at is not None), default=record.created_at)
-
-
-def prune(older_than_s: float, *, echo: Echo, dry_run: bool = False, now: float | None = None) -> list[str]:
-    """Delete (``delete``: record, logs, leftover objects; never checkpoints) every run that ended
-    more than ``older_than_s`` ago. A running run, or one whose record cannot be read, is kept.
-    Returns the runs deleted (or, with ``dry_run``, that would be)."""
-    now = time.time() if now is None else now
-    done = []
-    for view in runs():
-        record = view.record
-        if record is None or record.status == "running" or now - ended_at(record) < older_than_s:
-            continue
-        if not dry_run:
-            try:
-                delete(record.run, echo=echo)
-            except RunExists as exc:        # resubmitted meanwhile: it is running again
-                echo(f"kept {record.run}: {exc.message}")
-                continue
-        done.append(record.run)
-    return done

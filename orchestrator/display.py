@@ -20,6 +20,8 @@ from typing import Any
 import click
 
 from . import panel as P
+from .state import RunRecord
+from .watchview import News
 
 DUMB_TERMS = ("dumb", "unknown")
 REFRESH_PER_SECOND = 2       # ages and the backoff countdown move on their own between events
@@ -38,13 +40,13 @@ class PlainDisplay:
     def line(self, text: str, at: float | None = None) -> None:
         click.echo(f"{iso_stamp(at)} {text}")
 
-    def news(self, news: Any) -> None:
+    def news(self, news: News) -> None:
         """Nothing to redraw: every change already printed a line."""
 
     def close(self) -> None:
         pass
 
-    # the supervisor and the api take a plain callable for their lines
+    # a command's own lines: display(text)
     def __call__(self, text: str) -> None:
         self.line(text)
 
@@ -73,7 +75,7 @@ class LiveDisplay(PlainDisplay):
         shown = f"{when:%H:%M:%S}" if when.date() == datetime.now().date() else f"{when:%Y-%m-%d %H:%M:%S}"
         self.console.print(Text(f"[{shown}] {text}"), soft_wrap=True, highlight=False)
 
-    def news(self, news: Any) -> None:
+    def news(self, news: News) -> None:
         with self._lock:
             self.state.fold(news)
         if not self._started:
@@ -117,3 +119,66 @@ def wants_plain(plain: bool = False, stream: Any = None, env: Any = None) -> boo
 
 def make_display(plain: bool = False) -> PlainDisplay:
     return PlainDisplay() if wants_plain(plain) else LiveDisplay()
+
+
+# ---- what a run's lines and report say -----------------------------------------------------------
+
+STEP_PARTS = ("compute", "data", "comm", "other")
+
+
+def step_line(progress: dict[str, Any]) -> str:
+    """One step report as a line: loss, then where the step's time went, largest part first (the
+    first part is the bottleneck). At most three parts, none under 1%, so that a stamped line of a
+    run up to step 99,999 fits 100 columns.
+
+    >>> step_line({"step": 300, "loss": 0.0059, "timing": {"step_s": 0.0604, "bottleneck": "compute",
+    ...     "compute_share": 0.56, "data_share": 0.27, "comm_share": 0.16, "other_share": 0.01}})
+    'step 300 loss 0.0059, 60.4 ms: compute 56% data 27% comm 16%'
+    """
+    text = f"step {progress.get('step')}"
+    loss = progress.get("loss")
+    if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+        text += f" loss {loss:.4g}"
+    elif isinstance(loss, str):
+        text += f" loss {loss[:12]}"
+    timing = progress.get("timing")
+    if isinstance(timing, dict) and isinstance(timing.get("step_s"), (int, float)):
+        text += f", {timing['step_s'] * 1000:.1f} ms"
+        shares = [(part, timing.get(f"{part}_share")) for part in STEP_PARTS]
+        measured = [(part, float(v)) for part, v in shares
+                    if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0.005]
+        ranked = sorted(measured, key=lambda pv: -pv[1])[:3]
+        if ranked:
+            text += ":" + "".join(f" {part} {v * 100:.0f}%" for part, v in ranked)
+    return text
+
+
+def steps_redone(record: RunRecord) -> list[int]:
+    """Per failure: steps the next attempt computed again (last step reached - resumed step)."""
+    out = []
+    for prev, nxt in zip(record.attempts, record.attempts[1:], strict=False):
+        if prev.last_step is not None:
+            out.append(max(0, prev.last_step - (nxt.resumed_from_step or 0)))
+    return out
+
+
+def summary(record: RunRecord) -> str:
+    lines = [f"run {record.run} ({record.backend}): {record.status}, {len(record.attempts)} attempt(s)"]
+    for a in record.attempts:
+        parts = [f"  attempt {a.attempt}: {a.outcome or 'running'}"]
+        if a.resumed_from_step is not None:
+            parts.append(f"resumed from step {a.resumed_from_step}")
+        if a.last_step is not None:
+            parts.append(f"reached step {a.last_step}")
+        if a.last_checkpoint_step is not None:
+            parts.append(f"last checkpoint {a.last_checkpoint_step}")
+        if a.evidence:
+            parts.append(a.evidence)
+        if a.excluded_nodes:
+            parts.append(f"excluded {','.join(a.excluded_nodes)}")
+        lines.append("; ".join(parts))
+        lines += [f"    | {text}" for text in a.error]
+    redone = steps_redone(record)
+    if redone:
+        lines.append(f"  steps redone per failure: {redone}")
+    return "\n".join(lines)

@@ -1,5 +1,5 @@
 """`wmctl logs`: one node's or every node's output, of one attempt or, following, of every
-attempt the run makes until it ends.
+attempt the run makes until it ends; or what a detached watcher printed (``watcher_log``).
 
 What each backend can narrow (``--tail``, ``--since``, ``--timestamps``) is its ``log_options``,
 checked once by ``backends.check_logs`` before any engine is asked. What is the same everywhere
@@ -19,6 +19,8 @@ from . import backends
 from .backends.base import Backend, LogQuery
 from .errors import BackendError, RunNotFound
 from .layout import attempt_name
+from .reconcile import reconcile
+from .runs import engine_of, ref_of
 from .runtime.protocol import PROGRESS_PREFIX
 from .state import RunRecord, RunStore, open_store
 
@@ -55,8 +57,6 @@ def logs(run: str, *, node: int = 0, attempt: int | None = None, follow: bool = 
         shown = attempt_name(run, numbers[-1] if attempt is None else attempt)
         raise RunNotFound(f"{shown} has no node {node}", hint=(f"its nodes are 0-{count - 1}" if count > 1 else
                                                              "its only node is 0") + "; --all-nodes shows them all")
-    from .api import engine_of
-
     engine = engine_of(record)
     n = numbers[-1] if attempt is None else attempt
     state = _Run(store, engine)
@@ -78,6 +78,20 @@ def logs(run: str, *, node: int = 0, attempt: int | None = None, follow: bool = 
         engine.close()
 
 
+def watcher_log(run: str) -> Iterator[str]:
+    """What a detached watcher of ``run`` printed."""
+    store = open_store(run)
+    store.load()
+    path = store.watcher_log()
+    if not path.exists():
+        raise RunNotFound(f"run {run} has no watcher log ({path})",
+                          hint="only a watcher started by `wmctl submit --detach --auto-resume` writes one; "
+                               "a foreground watcher prints to its terminal")
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            yield line.rstrip("\n")
+
+
 def _nodes(record: RunRecord) -> int | None:
     nodes = (record.spec or {}).get("nodes")
     return nodes if isinstance(nodes, int) and nodes > 0 else None
@@ -85,7 +99,7 @@ def _nodes(record: RunRecord) -> int | None:
 
 class _Run:
     """The run as its record says, read again at most every ``every_s``. A run nobody watches is
-    reconciled with its backend in memory (``supervisor.reconcile``, never saved, no lease taken,
+    reconciled with its backend in memory (``reconcile.reconcile``, never saved, no lease taken,
     so a watcher starting meanwhile is never refused): a local node killed with its keeper writes
     no exit file, and no watcher would record that its attempt ended."""
 
@@ -100,8 +114,6 @@ class _Run:
 
     def record(self) -> RunRecord | None:
         """None once the run is deleted."""
-        from .supervisor import reconcile
-
         with self._lock:
             if time.monotonic() - self._at >= self.every_s:
                 try:
@@ -141,8 +153,6 @@ class _Run:
 
 def _attempt_lines(engine: Backend[Any], record: RunRecord, n: int, nodes: list[int], *, follow: bool,
                    query: LogQuery, prefixed: bool, raw: bool) -> Iterator[str]:
-    from .api import ref_of
-
     ref = ref_of(record, n)
 
     def one(node: int) -> Iterator[str]:

@@ -30,7 +30,7 @@ from .backends import base as b
 from .state import RunRecord
 
 if TYPE_CHECKING:
-    from .supervisor import News
+    from .watchview import News
 
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_ASCII = "_.-=+*#"

@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import os
 import time
-from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from . import failures as F
 from .backends import base as b
+from .display import step_line, summary
 from .errors import EngineUnavailable, RunCancelled, RunFailed, WmctlError
+from .joberror import node_tail, with_job_error
 from .layout import run_dir
 from .plan import AttemptContext, Plan
 from .runtime.protocol import ENV_TEST_PAUSE_AT
 from .silence import SILENT, Silence
+from .spec import JobSpec
 from .state import AttemptRecord, RunRecord, RunStore
+from .vendors import VendorProfile
+from .watchview import News, WatchView
 
 POLL_INTERVAL_S = 0.25
 WAITING_PREFIX = "waiting to be placed: "   # a running attempt's evidence while the cluster says why it waits
@@ -30,7 +34,6 @@ TEARDOWN_WAIT_S = 5.0     # a worker's signal death waits this long for rank 0's
 # After the job completed and a node's exit was found benign, the other nodes' torchrun agents wait
 # in their exit barrier for an agent that has already left it; they are stopped after this long.
 EXIT_BARRIER_WAIT_S = 10.0
-LOG_TAIL_LINES = 400      # of a failed node's output, searched for the failing rank's error
 
 # The phases a test can hold open (WMCTL_TEST_PAUSE_AT=<phase>) to cancel a run inside them.
 SUBMITTING, STARTING, TEARDOWN = "submitting", "starting", "teardown"
@@ -151,34 +154,6 @@ class AttemptTracker:
         return F.hang_failure(self.last_heartbeat, now, heartbeat_timeout, self.nodes)
 
 
-@dataclass(frozen=True)
-class News:
-    """What the supervisor tells a watcher's view besides its lines: the run, the attempt it
-    watches, that attempt's nodes, this round's events (as the backend reported them, event time
-    included), and the supervisor's own clocks. The live panel folds these; nothing is read twice."""
-
-    record: RunRecord
-    attempt: AttemptRecord
-    nodes: list[b.NodeStatus]
-    events: list[b.Event] = field(default_factory=list)
-    heartbeat_at: float | None = None     # the hang clock's last tick; None until it runs
-    heartbeat_timeout_s: float = 0.0
-    backoff_until: float | None = None    # waiting until then before the next attempt
-    # Once, when a watcher takes up a run: the progress events earlier attempts kept in the run
-    # store (metrics.jsonl), which no backend replays: the loss trend and checkpoints so far.
-    history: list[dict[str, Any]] = field(default_factory=list)
-
-
-class WatchView(Protocol):
-    """Where a watcher's lines and news go (orchestrator.display)."""
-
-    def line(self, text: str, at: float | None = None) -> None:
-        """One line; ``at``: when what it reports happened (an event replayed on attach), else now."""
-
-    def news(self, news: News) -> None:
-        """The state changed (see News)."""
-
-
 @dataclass
 class Outcome:
     status: str          # succeeded | failed
@@ -186,25 +161,34 @@ class Outcome:
     exit_code: int
 
 
+@dataclass(frozen=True)
+class SupervisorOptions:
+    """How a supervisor watches: whether it resubmits after a retryable failure, and its clock
+    (a test drives a fake one)."""
+
+    auto_resume: bool = False
+    clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
+    poll_interval: float = POLL_INTERVAL_S
+
+
 class Supervisor:
-    def __init__(self, spec, profile, backend: b.Backend[Any], store: RunStore, record: RunRecord, *,
-                 auto_resume: bool, first_plan: Plan[Any] | None = None,
-                 echo: Callable[[str], None] = print, clock: Callable[[], float] = time.time,
-                 sleep: Callable[[float], None] = time.sleep, poll_interval: float = POLL_INTERVAL_S,
-                 show_state: Callable[[RunRecord, AttemptRecord, list[b.NodeStatus]], None] | None = None,
-                 view: WatchView | None = None):
+    """Watches the run ``record`` of ``spec`` on ``backend`` to its end, keeping ``store`` up to
+    date; every line and every change goes to ``view``. ``first_plan``: the plan a dry run
+    already made for attempt 0, submitted as printed."""
+
+    def __init__(self, spec: JobSpec, profile: VendorProfile, backend: b.Backend[Any], store: RunStore,
+                 record: RunRecord, view: WatchView, options: SupervisorOptions | None = None, *,
+                 first_plan: Plan[Any] | None = None):
+        options = options or SupervisorOptions()
         self.spec, self.profile, self.backend = spec, profile, backend
         self.store, self.record = store, record
-        self.auto_resume = auto_resume
-        # The plan a dry run already made for the first attempt: submitted as printed.
+        self.auto_resume = options.auto_resume
         self._first_plan = first_plan
-        self.echo, self.clock, self.sleep = echo, clock, sleep
-        # A view takes every line (with the event's own time where there is one) and the news.
+        self.clock, self.sleep, self.poll_interval = options.clock, options.sleep, options.poll_interval
+        # The view takes every line (with the event's own time where there is one) and the news.
         self.view = view
-        if view is not None:
-            self.echo = view.line
-        self.poll_interval = poll_interval
-        self.show_state = show_state or (lambda record, attempt, nodes: None)
+        self.echo: Callable[[str], None] = view.line
         self._outage_since: float | None = None
         self._told_history = False
 
@@ -366,7 +350,6 @@ class Supervisor:
             if events or tracker.nodes != before:
                 rec.last_step, rec.last_checkpoint_step = tracker.last_step, tracker.last_checkpoint_step
                 rec.resumed_from_step = tracker.resumed_from_step
-                self.show_state(self.record, rec, tracker.nodes)
                 self._tell(rec, tracker, events)
             if tracker.first_step_at and "first_step_s" not in rec.timings:
                 rec.timings["first_step_s"] = round(tracker.first_step_at - rec.submitted_at, 3)
@@ -598,15 +581,12 @@ class Supervisor:
         self.record.status = status
         self.record.final_report = report + "\n" + summary(self.record)
         self.store.save(self.record)
-        self.show_state(self.record, rec, tracker.nodes)
         self._tell(rec, tracker)
         self.echo(self.record.final_report)
         return Outcome(status, self.record.final_report, code)
 
     def _tell(self, rec: AttemptRecord, tracker: AttemptTracker, events: list[b.Event] | None = None,
               backoff_until: float | None = None, history: list[dict[str, Any]] | None = None) -> None:
-        if self.view is None:
-            return
         # The hang clock runs once every node runs or the job reported progress (AttemptTracker.failure).
         ticking = tracker.all_started_at is not None or tracker.first_progress_at is not None
         self.view.news(News(self.record, rec, list(tracker.nodes), list(events or []),
@@ -615,45 +595,7 @@ class Supervisor:
 
     def _say(self, text: str, at: float | None) -> None:
         """A line about an event, stamped with the event's time when a view shows times."""
-        if self.view is not None:
-            self.view.line(text, at)
-        else:
-            self.echo(text)
-
-
-def with_job_error(backend: b.Backend[Any], ref: b.AttemptRef, failure: F.Failure,
-                   lines: list[str] | None = None, profile: Any = None) -> tuple[F.Failure, F.JobError | None]:
-    """An application error is reported in the failing rank's own words: its traceback's end,
-    read from its node's output (``lines``, when already read) before a teardown takes the
-    node away. An exit that was the torchrun agent's own rendezvous failure is infrastructure."""
-    if failure.kind != F.APP_ERROR or failure.node is None:
-        return failure, None
-    lines = lines if lines is not None else node_tail(backend, ref, failure.node)
-    if lines is None:
-        return failure, None
-    rendezvous = F.rendezvous_failure(lines)
-    if rendezvous is not None:      # the agent's, not the job's: infrastructure, retried
-        return replace(failure, kind=F.RENDEZVOUS, evidence=f"{failure.evidence}; {rendezvous}"), None
-    error = F.job_error(lines)
-    device = F.device_fault(lines, getattr(profile, "device_fault_patterns", None) or [])
-    if device is not None:          # the vendor's words for a failed device: the node, not the job
-        return replace(failure, kind=F.DEVICE_FAULT, evidence=f"{failure.evidence}; {device}"), error
-    if error is None:
-        return failure, None
-    full = F.storage_full(error)
-    if full is not None:
-        return replace(failure, kind=F.STORAGE_FULL, evidence=f"{full}; {error.summary}"), error
-    return replace(failure, evidence=f"{failure.evidence}; {error.summary}"), error
-
-
-def node_tail(backend: b.Backend[Any], ref: b.AttemptRef, node: int) -> list[str] | None:
-    """The end of one node's output (None when it cannot be read)."""
-    tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
-    try:
-        tail.extend(backend.logs(ref, node=node, follow=False))
-    except WmctlError:
-        return None
-    return list(tail)
+        self.view.line(text, at)
 
 
 def metric_key(progress: dict[str, Any]) -> tuple[Any, ...]:
@@ -661,160 +603,3 @@ def metric_key(progress: dict[str, Any]) -> tuple[Any, ...]:
     return progress.get("event"), progress.get("step"), progress.get("time")
 
 
-STEP_PARTS = ("compute", "data", "comm", "other")
-
-
-def step_line(progress: dict[str, Any]) -> str:
-    """One step report as a line: loss, then where the step's time went, largest part first (the
-    first part is the bottleneck). At most three parts, none under 1%, so that a stamped line of a
-    run up to step 99,999 fits 100 columns.
-
-    >>> step_line({"step": 300, "loss": 0.0059, "timing": {"step_s": 0.0604, "bottleneck": "compute",
-    ...     "compute_share": 0.56, "data_share": 0.27, "comm_share": 0.16, "other_share": 0.01}})
-    'step 300 loss 0.0059, 60.4 ms: compute 56% data 27% comm 16%'
-    """
-    text = f"step {progress.get('step')}"
-    loss = progress.get("loss")
-    if isinstance(loss, (int, float)) and not isinstance(loss, bool):
-        text += f" loss {loss:.4g}"
-    elif isinstance(loss, str):
-        text += f" loss {loss[:12]}"
-    timing = progress.get("timing")
-    if isinstance(timing, dict) and isinstance(timing.get("step_s"), (int, float)):
-        text += f", {timing['step_s'] * 1000:.1f} ms"
-        shares = [(part, timing.get(f"{part}_share")) for part in STEP_PARTS]
-        measured = [(part, float(v)) for part, v in shares
-                    if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0.005]
-        ranked = sorted(measured, key=lambda pv: -pv[1])[:3]
-        if ranked:
-            text += ":" + "".join(f" {part} {v * 100:.0f}%" for part, v in ranked)
-    return text
-
-
-def steps_redone(record: RunRecord) -> list[int]:
-    """Per failure: steps the next attempt computed again (last step reached - resumed step)."""
-    out = []
-    for prev, nxt in zip(record.attempts, record.attempts[1:], strict=False):
-        if prev.last_step is not None:
-            out.append(max(0, prev.last_step - (nxt.resumed_from_step or 0)))
-    return out
-
-
-def summary(record: RunRecord) -> str:
-    lines = [f"run {record.run} ({record.backend}): {record.status}, {len(record.attempts)} attempt(s)"]
-    for a in record.attempts:
-        parts = [f"  attempt {a.attempt}: {a.outcome or 'running'}"]
-        if a.resumed_from_step is not None:
-            parts.append(f"resumed from step {a.resumed_from_step}")
-        if a.last_step is not None:
-            parts.append(f"reached step {a.last_step}")
-        if a.last_checkpoint_step is not None:
-            parts.append(f"last checkpoint {a.last_checkpoint_step}")
-        if a.evidence:
-            parts.append(a.evidence)
-        if a.excluded_nodes:
-            parts.append(f"excluded {','.join(a.excluded_nodes)}")
-        lines.append("; ".join(parts))
-        lines += [f"    | {text}" for text in a.error]
-    redone = steps_redone(record)
-    if redone:
-        lines.append(f"  steps redone per failure: {redone}")
-    return "\n".join(lines)
-
-
-# How long `status` looks at a run nobody watches before it answers with what it saw.
-RECONCILE_WAIT_S = 3.0
-NO_WATCHER = "none: no watcher ran"
-
-
-def reconcile(record: RunRecord, backend: b.Backend[Any], *, clock: Callable[[], float] = time.time,
-              sleep: Callable[[float], None] = time.sleep, wait_s: float = RECONCILE_WAIT_S) -> bool:
-    """The true state of a run that says `running` while no watcher holds its lease, read from
-    where it runs (processes, containers, Kubernetes objects), folded into ``record``. Returns
-    True when the record changed (the caller saves it, holding the lease so no watcher races it).
-
-    Nobody decided anything for an attempt that ended unwatched: its outcome is classified as a
-    watcher would have, and its decision says no watcher ran, so `wmctl watch RUN --auto-resume`
-    can still resume a retryable failure."""
-    if record.status != "running":
-        return False
-    last = record.attempts[-1] if record.attempts else None
-    now = clock()
-    if last is None:
-        record.status = "failed"
-        record.final_report = (f"run {record.run} failed: no attempt was submitted (the submitting process "
-                               "stopped before it could)\n" + summary(record))
-        return True
-    if last.outcome is not None:
-        return False
-    if not backend.resolves_gone and last.attempt not in {r.attempt for r in backend.attempts(record.run)}:
-        gone = F.Failure(F.NODE_LOST, None, None, now,
-                         f"every object of attempt {last.attempt} is gone and no watcher saw it end "
-                         "(removed outside wmctl?)")
-        _end_unwatched(record, last, gone, now)
-        return True
-    ref = b.AttemptRef(backend.name, record.run, last.attempt, record.namespace)
-    tracker = AttemptTracker(started_at=last.submitted_at)
-    deadline = now + wait_s
-    while True:
-        tracker.feed(backend.poll(ref), clock())
-        done = b.Observation([], tracker.nodes).finished
-        if (tracker.nodes and (done or F.root_cause(tracker.events))) or clock() >= deadline:
-            break
-        if tracker.nodes and not done and tracker.last_step is not None:
-            break               # running and reporting: that is the answer
-        sleep(0.2)
-    for name in ("last_step", "last_checkpoint_step", "resumed_from_step"):
-        value = getattr(tracker, name)
-        if value is not None:
-            setattr(last, name, value)
-    failure = F.root_cause(tracker.events)
-    if failure is not None:
-        failure, error = with_job_error(backend, ref, failure)
-        last.error = list(error.lines) if error else []
-        _end_unwatched(record, last, failure, clock())
-        up = [n.node for n in tracker.nodes if n.phase not in (b.SUCCEEDED, b.FAILED, b.LOST)]
-        if up:
-            assert record.final_report is not None
-            record.final_report += (f"\n  node(s) {', '.join(map(str, up))} of attempt {last.attempt} still up "
-                                    f"(blocked on the lost peer): `wmctl cancel {record.run}` frees them")
-        return True
-    if tracker.succeeded:
-        last.outcome, last.ended_at = "succeeded", clock()
-        record.status = "succeeded"
-        record.final_report = (f"run {record.run} succeeded on attempt {last.attempt} at step {last.last_step} "
-                               "(seen by `status`: no watcher ran)\n" + summary(record))
-        return True
-    if not tracker.nodes or b.Observation([], tracker.nodes).finished:
-        return False
-    return tracker.last_step is not None
-
-
-def resumable_unwatched(record: RunRecord) -> bool:
-    """Did the run fail unwatched (see ``reconcile``) with a failure a watcher would have retried?"""
-    last = record.attempts[-1] if record.attempts else None
-    return (record.status == "failed" and last is not None and last.decision == NO_WATCHER
-            and last.outcome in F.DEFAULT_DECISIONS and F.DEFAULT_DECISIONS[last.outcome] != F.STOP)
-
-
-def take_up_unwatched(record: RunRecord, spec: Any, places_nodes: bool) -> None:
-    """Hand a run that failed unwatched back to a watcher: its last failure gets the decision a
-    watcher would have taken, so the next attempt resumes from the newest checkpoint."""
-    last = record.attempts[-1]
-    failure = F.Failure(str(last.outcome), last.failed_node, last.failed_host, last.ended_at or 0.0,
-                        last.evidence or "")
-    last.decision = F.decide(failure, retry_on_oom=spec.restart.retry_on_oom,
-                             exclude_failed_nodes=spec.restart.exclude_failed_nodes and places_nodes)
-    record.status, record.final_report = "running", None
-
-
-def _end_unwatched(record: RunRecord, last: AttemptRecord, failure: F.Failure, now: float) -> None:
-    last.ended_at = now
-    last.outcome, last.evidence = failure.kind, failure.evidence
-    last.failed_node, last.failed_host = failure.node, failure.host
-    retryable = F.DEFAULT_DECISIONS[failure.kind] != F.STOP
-    last.decision = NO_WATCHER
-    record.status = "failed"
-    hint = (f"; `wmctl watch {record.run} --auto-resume` resumes it from its newest checkpoint" if retryable else "")
-    record.final_report = (f"run {record.run} failed: {failure.describe()}; nothing resumed it: no watcher ran{hint}\n"
-                           + summary(record))

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     lines = PlainDisplay()
     try:
-        return api.watch(args.run, auto_resume=True if args.auto_resume else None, echo=lines, view=lines)
+        return api.watch(args.run, auto_resume=True if args.auto_resume else None, view=lines)
     except WmctlError as exc:
         lines(f"error: {exc}")
         return exc.exit_code

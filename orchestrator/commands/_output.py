@@ -60,7 +60,7 @@ def StderrLines() -> Any:
 
 def run_result(run: str) -> dict[str, Any]:
     """What `submit` and `cancel` print with -o json|yaml: the run in `wmctl list`'s row schema."""
-    from .. import api
+    from .. import runs
     from .list_runs import row
 
-    return row(api.status(run))
+    return row(runs.status(run))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from .. import api
+from .. import runs
 from ._output import FORMATS, emit, run_result
 from .list_runs import COLUMNS
 from ._params import run_argument
@@ -18,7 +18,7 @@ from ._params import run_argument
               help="table: one line; json or yaml: the run in `wmctl list`'s schema.")
 def command(run, graceful, output):
 
-    record = api.cancel(run, graceful=graceful)
+    record = runs.cancel(run, graceful=graceful)
     if output == "table":
         click.echo(f"cancelled {run} ({record.status})")
         return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .. import api
+from .. import runs
 from ._common import echo_line
 from ._params import run_argument
 
@@ -13,7 +13,7 @@ from ._params import run_argument
 @run_argument
 def command(run):
 
-    record = api.delete(run, echo=echo_line)
+    record = runs.delete(run, echo=echo_line)
     where = (record.spec or {}).get("checkpoint", {}).get("dir")
     kept = f"; its checkpoints under {_on_this_machine(record, where)} are kept" if where else ""
     click.echo(f"deleted run {run} ({record.status}){kept}")

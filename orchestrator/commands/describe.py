@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from .. import api
+from .. import runs
 from ..timeline import DESCRIBE_KEYS
 from ._output import emit, iso, output_option
 from ._params import run_argument
@@ -18,9 +18,9 @@ from ._params import run_argument
 @run_argument
 @output_option
 def command(run, output):
-    rows = [{**e, "time": iso(e["time"])} for e in api.describe(run)]
+    rows = [{**e, "time": iso(e["time"])} for e in runs.describe(run)]
     if output == "table":
-        view = api.status(run, reconcile=False)
+        view = runs.status(run, reconcile=False)
         click.echo(f"run {run}  backend {view.record.backend}  status {view.record.status}  "
                    f"watcher {view.watcher}")
     emit(rows, output, columns=DESCRIBE_KEYS)

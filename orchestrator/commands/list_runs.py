@@ -10,14 +10,14 @@ from typing import Any
 
 import click
 
-from .. import api
+from .. import runs
 from ..serialize import dump
 from .status import watcher_data
 
 COLUMNS = ("RUN", "BACKEND", "STATUS", "ATTEMPTS", "STEP", "WATCHER")
 
 
-def row(item: api.RunView) -> dict[str, Any]:
+def row(item: runs.RunView) -> dict[str, Any]:
     """One run in list's schema."""
     rec = item.record
     if rec is None:
@@ -31,7 +31,7 @@ def row(item: api.RunView) -> dict[str, Any]:
 @click.command("list", help="List runs recorded on this machine.")
 @click.option("-o", "--output", type=click.Choice(["table", "json", "yaml"]), default="table", show_default=True)
 def command(output):
-    items = api.runs()
+    items = runs.runs()
     if output != "table":
         rows = [row(item) for item in items]
         click.echo(dump(rows, output, stream=False), nl=False)

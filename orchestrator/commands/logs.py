@@ -8,7 +8,7 @@ import time
 
 import click
 
-from .. import api
+from .. import logview
 from ._params import Duration, run_argument
 
 
@@ -31,11 +31,11 @@ def command(run, node, all_nodes, attempt, follow, tail, since, timestamps, raw,
                                          ("--all-nodes", all_nodes), ("-f", follow)) if used]
         if extra:
             raise click.UsageError(f"{', '.join(extra)}: not with --watcher (its log is one file; --tail N works)")
-        lines = api.watcher_log(run)
+        lines = logview.watcher_log(run)
         for line in (lines if tail is None else collections.deque(lines, maxlen=tail)):
             click.echo(line)
         return
-    lines = api.logs(run, node=node, attempt=attempt, follow=follow, all_nodes=all_nodes, tail=tail,
-                     since=None if since is None else time.time() - since, timestamps=timestamps, raw=raw)
+    lines = logview.logs(run, node=node, attempt=attempt, follow=follow, all_nodes=all_nodes, tail=tail,
+                         since=None if since is None else time.time() - since, timestamps=timestamps, raw=raw)
     for line in lines:
         click.echo(line)

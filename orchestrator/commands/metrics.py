@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from .. import api
+from .. import runs
 from ._params import run_argument
 
 METRICS_COLUMNS = ("time", "attempt", "event", "step", "loss", "samples", "step_s", "data", "compute", "comm",
@@ -41,7 +41,7 @@ def flat(event: dict[str, Any]) -> dict[str, Any]:
 @click.option("--attempt", type=click.IntRange(min=0), default=None, help="Only this attempt's events.")
 @click.option("-o", "--output", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 def command(run, attempt, output):
-    rows = [flat(e) for e in api.metrics(run, attempt)]
+    rows = [flat(e) for e in runs.metrics(run, attempt)]
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
         return

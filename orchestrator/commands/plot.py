@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from .. import api
+from .. import runs
 from ..errors import OptionError, RunNotFound
 from ..plot import data as plotdata
 from ._params import run_argument
@@ -26,8 +26,8 @@ from ._params import run_argument
 def command(run, output, attempt, terminal):
     if output is not None:
         _check_output(output)
-    record = api.status(run, reconcile=False).record
-    events = api.metrics(run)
+    record = runs.status(run, reconcile=False).record
+    events = runs.metrics(run)
     attempts = [asdict(a) for a in record.attempts] if record is not None else []
     data = plotdata.build(run, events, attempts, only_attempt=attempt)
     if attempt is not None and not data.series:

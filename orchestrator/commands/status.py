@@ -8,8 +8,8 @@ from dataclasses import asdict
 
 import click
 
-from .. import api
-from ..supervisor import steps_redone, summary
+from .. import runs
+from ..display import steps_redone, summary
 from ..serialize import dump
 from ._params import run_argument
 
@@ -18,7 +18,7 @@ from ._params import run_argument
 @run_argument
 @click.option("-o", "--output", type=click.Choice(["table", "yaml", "json"]), default="table", show_default=True)
 def command(run, output):
-    view = api.status(run)
+    view = runs.status(run)
     record = view.record
     if output == "table":
         click.echo(summary(record))
@@ -34,7 +34,7 @@ def command(run, output):
         click.echo(dump(data, "yaml"), nl=False)
 
 
-def watcher_data(view: api.RunView) -> dict:
+def watcher_data(view: runs.RunView) -> dict:
     """The watcher in a fixed shape: state, pid, host, beat_age_s (null when nobody watches)."""
     if view.lease is None:
         return {"state": "unwatched" if view.record is not None else "unknown", "pid": None, "host": None,

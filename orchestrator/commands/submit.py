@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import shlex
 
 import click
 
@@ -49,32 +48,18 @@ def command(spec_path, set_flags, nodes, image_tag, vendor, namespace, backend, 
         request.backend.close()
         click.echo(plan_document(request.plan, output or "yaml"), nl=False)
         return
-    if in_cluster:
-        try:
-            store_env = api.check_in_cluster(request)
-        except BaseException:
-            request.backend.close()
-            raise
-        with interrupted_watch(job.spec.name, submitted_here=True, watching=False), display_for(False) as display:
-            code = api.schedule(request, watch=False, echo=display, replace=replace)
-            if code == 0:
-                display(api.start_cluster_watcher(job.spec.name))
-                reach = " ".join(f"{k}={shlex.quote(v)}" for k, v in store_env.items())
-                display(f"its state is in the cluster: {reach} wmctl status {job.spec.name}")
-        raise SystemExit(code)
-    watching = (request.auto_resume if watch is None else watch) and not detach
+    place = api.place_watcher(request, watch=watch, detach=detach, in_cluster=in_cluster)
     run = job.spec.name
-    structured = output in ("json", "yaml")
+    watching = place.where == api.HERE
+    # An in-cluster watcher may not hold the run yet when submit returns: reading the run here
+    # for -o would reconcile it under that watcher's feet, so --in-cluster prints lines only.
+    structured = output in ("json", "yaml") and place.where != api.IN_CLUSTER
     shown = contextlib.nullcontext(StderrLines()) if structured else display_for(watching, plain)
     with interrupted_watch(run, submitted_here=True, watching=watching), shown as display:
-        code = api.schedule(request, watch=watching, echo=display, view=display, replace=replace)
-        if code == 0 and not watching:
-            if request.auto_resume:
-                pid = api.spawn_watcher(run, auto_resume=True)
-                display(f"watcher {pid} supervises {run} with auto-resume; its lines: `wmctl logs {run} --watcher`")
-            else:
-                display(f"nothing will resume {run} if it fails (no watcher runs): `wmctl watch {run} --auto-resume` "
-                        f"starts one; `wmctl status {run}` shows where it stands")
+        code = api.schedule(request, watch=watching, view=display, replace=replace)
+        if code == 0:
+            for note in api.start_watcher(run, place):
+                display(note)
     if structured:
         emit(run_result(run), output)
     raise SystemExit(code)

@@ -24,7 +24,7 @@ def command(run, auto_resume, plain):
     with interrupted_watch(run), display_for(True, plain) as display:
         while True:
             try:
-                code = api.watch(run, auto_resume=auto_resume, echo=display, view=display)
+                code = api.watch(run, auto_resume=auto_resume, view=display)
                 break
             except RunExists as exc:
                 # A watcher pod of `submit --in-cluster` that replaced one on a dead node: the dead

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import api
+from orchestrator import api, runs
 from orchestrator import labels as L
+from orchestrator.watchview import EchoView
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 
@@ -60,13 +61,13 @@ def test_missing_writable_relative_host_path_is_created_and_the_job_writes_there
             c["environment"] = {**c["environment"], "PYTHONPATH": "/wmctl", "PYTHONDONTWRITEBYTECODE": "1"}
             c["command"] = [part for arg in c["command"] for part in (LAUNCHER if arg == "wmctl-bind" else [arg])]
     lines: list[str] = []
-    code = api.schedule(request, watch=True, echo=lines.append)
+    code = api.schedule(request, watch=True, view=EchoView(lines.append))
 
     assert code == 0, "\n".join(lines)
     assert f"note: created the missing host folder {folder} (volumes[0].host_path, volume 'out', " \
            "mounted at /workspace/out)" in lines, lines
     assert (folder / "ok.txt").read_text() == "written in the container"
-    record = api.status(RUN).record
+    record = runs.status(RUN).record
     assert record is not None and record.status == "succeeded"
     assert [a.attempt for a in record.attempts] == [0]      # submitted once, not retried
 

@@ -57,9 +57,9 @@ def test_plot_of_a_run_with_a_killed_node(tmp_path, monkeypatch):
     monkeypatch.setenv("WMCTL_HOME", str(home))
     from dataclasses import asdict
 
-    from orchestrator import api
-    record = api.status(run, reconcile=False).record
-    d = plotdata.build(run, api.metrics(run), [asdict(a) for a in record.attempts])
+    from orchestrator import runs
+    record = runs.status(run, reconcile=False).record
+    d = plotdata.build(run, runs.metrics(run), [asdict(a) for a in record.attempts])
     assert d.boundaries == [plotdata.Boundary(1, resumed["step"], resumed=True, exact=True)]
     assert d.failures == [plotdata.Failure(0, reached, "node_lost")]
     assert d.redone == [plotdata.Redone(1, resumed["step"] + 1, reached)]

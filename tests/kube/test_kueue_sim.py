@@ -18,7 +18,8 @@ from orchestrator.backends.kubernetes.engine import KubernetesBackend
 from orchestrator.spec import from_dict
 from orchestrator.state import LocalRunStore as RunStore
 from orchestrator.state import RunRecord
-from orchestrator.supervisor import Supervisor
+from orchestrator.supervisor import Supervisor, SupervisorOptions
+from orchestrator.watchview import EchoView
 from orchestrator.vendors import load_profile
 
 from .manifests import watcher_rbac
@@ -125,8 +126,8 @@ def supervised(fake_api, tmp_path, monkeypatch, queue: str, api_client=None, pen
     record = RunRecord(run=spec.name, backend="kubernetes", spec_path="kq.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=True)
     lines: list[str] = []
-    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, auto_resume=True, echo=lines.append,
-                     poll_interval=0.02)
+    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(lines.append),
+                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
     return sup, backend, store, lines
 
 

@@ -22,7 +22,8 @@ from orchestrator.runtime.protocol import format_progress
 from orchestrator.spec import from_dict
 from orchestrator.state import LocalRunStore as RunStore
 from orchestrator.state import RunRecord
-from orchestrator.supervisor import Supervisor
+from orchestrator.supervisor import Supervisor, SupervisorOptions
+from orchestrator.watchview import EchoView
 from orchestrator.vendors import load_profile
 
 pytestmark = pytest.mark.timeout(90)
@@ -90,8 +91,8 @@ def silence_run(fake_api, tmp_path, monkeypatch) -> Iterator[SilenceRun]:
                        spec_hash=spec.spec_hash(), auto_resume=True)
     lines: list[str] = []
     result: dict = {}
-    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, auto_resume=True,
-                     echo=lines.append, poll_interval=0.02)
+    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(lines.append),
+                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
     run = SilenceRun(fake_api, store, threading.Thread(target=lambda: result.setdefault("outcome", sup.run()),
                                                        daemon=True), lines, result)
     run.thread.start()

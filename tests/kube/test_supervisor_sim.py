@@ -19,7 +19,8 @@ from orchestrator.backends.kubernetes.engine import KubernetesBackend
 from orchestrator.spec import from_dict
 from orchestrator.state import LocalRunStore as RunStore
 from orchestrator.state import RunRecord
-from orchestrator.supervisor import Supervisor
+from orchestrator.supervisor import Supervisor, SupervisorOptions
+from orchestrator.watchview import EchoView
 from orchestrator.vendors import load_profile
 
 from .manifests import watcher_rbac, without_nodes
@@ -72,9 +73,8 @@ def test_sim_supervisor_replaces_an_attempt_that_lost_a_node(fake_api, tmp_path,
     record = RunRecord(run=spec.name, backend="kubernetes", spec_path="sup.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=True)
     lines: list[str] = []
-    sup = Supervisor(spec, profile, backend, store, record, auto_resume=True,
-                     echo=lines.append,
-                     poll_interval=0.02)
+    sup = Supervisor(spec, profile, backend, store, record, EchoView(lines.append),
+                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
     result: dict = {}
     thread = threading.Thread(target=lambda: result.setdefault("outcome", sup.run()), daemon=True)
     thread.start()
@@ -149,8 +149,8 @@ def test_sim_the_next_attempt_is_created_only_once_the_last_ones_pods_are_gone(f
     record = RunRecord(run=spec.name, backend="kubernetes", spec_path="seq.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=True)
     lines: list[str] = []
-    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, auto_resume=True, echo=lines.append,
-                     poll_interval=0.02)
+    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(lines.append),
+                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
     result: dict = {}
     thread = threading.Thread(target=lambda: result.setdefault("outcome", sup.run()), daemon=True)
     thread.start()
@@ -221,8 +221,8 @@ def test_sim_an_attempt_that_cannot_be_placed_says_why_and_ends_unschedulable(fa
     record = RunRecord(run=spec.name, backend="kubernetes", spec_path="p.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=True)
     lines: list[str] = []
-    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, auto_resume=True, echo=lines.append,
-                     poll_interval=0.02)
+    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(lines.append),
+                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
     try:
         outcome = sup.run()
     finally:
@@ -256,8 +256,8 @@ def test_sim_a_kubelet_that_refuses_the_pod_is_a_node_fault_retried_elsewhere(fa
     store = RunStore(spec.name)
     record = RunRecord(run=spec.name, backend="kubernetes", spec_path="a.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=True)
-    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, auto_resume=True, echo=lambda _: None,
-                     poll_interval=0.02)
+    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(lambda _: None),
+                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
     try:
         outcome = sup.run()
     finally:
@@ -294,8 +294,8 @@ def test_sim_a_gpu_the_device_plugin_marks_unhealthy_is_a_device_fault_retried_e
     record = RunRecord(run=spec.name, backend="kubernetes", spec_path="g.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=True)
     lines: list[str] = []
-    sup = Supervisor(spec, load_profile("cuda"), backend, store, record, auto_resume=True, echo=lines.append,
-                     poll_interval=0.02)
+    sup = Supervisor(spec, load_profile("cuda"), backend, store, record, EchoView(lines.append),
+                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
     result: dict = {}
     thread = threading.Thread(target=lambda: result.setdefault("outcome", sup.run()), daemon=True)
     thread.start()

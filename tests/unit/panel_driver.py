@@ -13,7 +13,7 @@ import time
 from orchestrator.backends import base as b
 from orchestrator.display import make_display
 from orchestrator.state import AttemptRecord, RunRecord
-from orchestrator.supervisor import News
+from orchestrator.watchview import News
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--plain", action="store_true")

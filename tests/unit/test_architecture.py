@@ -4,7 +4,10 @@ known by the registry alone.
 The layer table below covers every module (a new module without a row fails the test). A module
 may import from its own layer and the layers under it, never from one above:
 
-    commands -> api -> supervisor -> backends (engines) -> render/check/classify -> spec, layout, vendors
+    commands -> api -> runs, logs -> supervisor, reconcile -> backends (engines) -> render/check/classify
+    -> spec, layout, vendors
+
+Within a layer imports may not go round in a circle either (``test_no_import_circles_above_the_runtime``).
 
 Function-local imports count the same as top-level ones: a lazy import is still a dependency.
 And no module imports itself through others, within a layer too: no import cycle anywhere.
@@ -26,15 +29,19 @@ ROOT = Path(__file__).resolve().parents[2] / "orchestrator"
 
 # (module or package prefix, layer); the longest matching prefix wins. Higher imports lower.
 LAYERS: list[tuple[str, int]] = [
-    ("orchestrator.cli", 7),
-    ("orchestrator.commands", 7),
-    ("orchestrator.api", 6),
-    ("orchestrator.watcher", 6),         # the detached watcher process: the library's watch
+    ("orchestrator.cli", 8),
+    ("orchestrator.commands", 8),
+    ("orchestrator.api", 7),             # load, plan, submit, and where the watcher runs
+    ("orchestrator.watcher", 7),         # the detached watcher process: the library's watch
+    ("orchestrator.runs", 6),            # what a run is and what can be asked of it (status, list, cancel, ...)
     ("orchestrator.logview", 6),         # `wmctl logs`: the library's logs, across nodes and attempts
     ("orchestrator.supervisor", 5),
+    ("orchestrator.reconcile", 5),       # a run nobody watches: read from its backend, handed back to a watcher
     ("orchestrator.timeline", 5),        # `wmctl describe`: a run's events, from its folder
     ("orchestrator.display", 5),
     ("orchestrator.panel", 5),           # the live panel's model: pure, rows out of the supervisor's news
+    ("orchestrator.watchview", 5),       # what a watcher hands its view: lines and news
+    ("orchestrator.joberror", 5),        # a failure in the job's own words, read from its node's output
     ("orchestrator.failures", 5),
     ("orchestrator.silence", 5),         # the runtime's node beat turned into node loss
     # backends: the registry, each package's face and its engine (they reach the SDKs and the store)
@@ -311,3 +318,66 @@ def test_no_source_file_is_ignored_by_git():
     found = subprocess.run(["git", "check-ignore", "--stdin"], input="\n".join(paths), cwd=repo,
                            capture_output=True, text=True)
     assert found.stdout.strip() == "", f"ignored by git: {found.stdout.split()}"
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circles_above_the_runtime():
+    """Two modules that import each other (even lazily, even on one layer) are one module in
+    two files: neither can be read, tested or moved without the other. (The runtime, layer 1, is
+    the checkpoint rooms' part of issue 21: its own circle is split there.)"""
+    graph: dict[str, set[str]] = {}
+    for module, path in modules().items():
+        if layer(module) == 1:
+            continue
+        # a package's own __init__ is where its modules are found, not a dependency of them
+        graph[module] = {t for t, _ in imports(module, path) if t != module and not module.startswith(t + ".")}
+    circles = _circles(graph)
+    assert not circles, "import circles: " + "; ".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_check_sees_a_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_logs_and_run_queries_sit_below_the_api():
+    """`wmctl logs` and the run queries need what a run is (orchestrator.runs), never the api
+    that submits runs: the api<->logview circle of issue 21 stays broken."""
+    for module in ("orchestrator.logview", "orchestrator.runs", "orchestrator.reconcile"):
+        targets = {t for t, _ in imports(module, modules()[module])}
+        assert "orchestrator.api" not in targets, module
+        assert layer(module) < layer("orchestrator.api")

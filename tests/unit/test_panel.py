@@ -8,7 +8,7 @@ from __future__ import annotations
 from orchestrator import panel as P
 from orchestrator.backends import base as b
 from orchestrator.state import AttemptRecord, RunRecord
-from orchestrator.supervisor import News
+from orchestrator.watchview import News
 
 T = 2_000_000_000.0
 TIMING = {"step_s": 0.05, "compute_share": 0.6, "data_share": 0.3, "comm_share": 0.1, "other_share": 0.0,

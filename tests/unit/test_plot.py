@@ -202,7 +202,7 @@ def test_two_failures_each_shade_what_they_lost():
     """Attempt 1 resumes from 10, fails at 12 (before catching up with 14); attempt 2 resumes from
     10 again. Each failure's lost steps are shaded, counted as `wmctl status` counts them."""
     from orchestrator.state import RunRecord as Rec
-    from orchestrator.supervisor import steps_redone
+    from orchestrator.display import steps_redone
 
     attempts = [{"attempt": 0, "outcome": "node_lost", "last_step": 14},
                 {"attempt": 1, "outcome": "oom", "last_step": 12, "resumed_from_step": 10},

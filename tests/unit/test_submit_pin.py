@@ -9,6 +9,7 @@ import yaml
 
 from orchestrator.imagebuild import record as build_record
 from orchestrator import api
+from orchestrator.watchview import EchoView
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -22,7 +23,7 @@ def test_the_pinned_digest_is_kept_in_the_run_record(tmp_path, monkeypatch):
     build_record.record_image(spec, "tiny", {"tag": tag, "image_id": "sha256:1",
                                        "repo_digest": f"registry.example.com/team/tiny@{DIGEST}"})
     lines: list[str] = []
-    assert api.submit(api.load_job(spec, {}), "local", watch=True, echo=lines.append) == 0
+    assert api.submit(api.load_job(spec, {}), "local", watch=True, view=EchoView(lines.append)) == 0
     record = json.loads((tmp_path / "home" / "runs" / "tiny" / "run.json").read_text())
     assert record["overrides"]["image.tag"] == f"registry.example.com/team/tiny@{DIGEST}"
     assert record["status"] == "succeeded"

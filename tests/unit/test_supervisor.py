@@ -17,7 +17,9 @@ from orchestrator.errors import EngineUnavailable
 from orchestrator.runtime.protocol import PREEMPTED_EXIT_CODE
 from orchestrator.state import LocalRunStore as RunStore
 from orchestrator.state import RunRecord
-from orchestrator.supervisor import Supervisor
+from orchestrator.supervisor import Supervisor, SupervisorOptions
+from orchestrator.vendors import load_profile
+from orchestrator.watchview import EchoView, News
 
 from .helpers import spec_from
 
@@ -137,8 +139,8 @@ def supervise(scripts, *, restart=None, auto_resume=True, places_nodes=True, on_
     record = RunRecord(run=spec.name, backend=backend.name, spec_path="sup.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=auto_resume)
     lines: list[str] = []
-    sup = Supervisor(spec, profile, backend, store, record, auto_resume=auto_resume,
-                     echo=lines.append, clock=clock, sleep=clock.sleep, poll_interval=1.0)
+    sup = Supervisor(spec, profile or load_profile("cpu"), backend, store, record, EchoView(lines.append),
+                     SupervisorOptions(auto_resume=auto_resume, clock=clock, sleep=clock.sleep, poll_interval=1.0))
     outcome = sup.run()
     return outcome, backend, store.load(), lines, clock
 
@@ -333,13 +335,16 @@ def test_the_live_display_sees_every_state_change_and_the_end(home):
     record = RunRecord(run=spec.name, backend=backend.name, spec_path="sup.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=True)
     seen: list[tuple] = []
-    Supervisor(spec, None, backend, store, record, auto_resume=True,
-               echo=lambda line: None,
-               clock=clock, sleep=clock.sleep, poll_interval=1.0,
-               show_state=lambda rec, a, nodes: seen.append((rec.status, a.last_step, a.last_checkpoint_step,
-                                                             [n.phase for n in nodes]))).run()
-    assert seen == [("running", 5, 5, ["running", "running"]), ("running", 8, 5, ["running", "running"]),
-                    ("running", 8, 5, ["succeeded", "succeeded"]), ("succeeded", 8, 5, ["succeeded", "succeeded"])]
+    class States(EchoView):
+        def news(self, news: News) -> None:
+            seen.append((news.record.status, news.attempt.last_step, news.attempt.last_checkpoint_step,
+                         [n.phase for n in news.nodes]))
+
+    Supervisor(spec, load_profile("cpu"), backend, store, record, States(lambda line: None),
+               SupervisorOptions(auto_resume=True, clock=clock, sleep=clock.sleep, poll_interval=1.0)).run()
+    assert seen[0] == ("running", None, None, [])       # the attempt taken up: nothing seen of it yet
+    assert seen[1:] == [("running", 5, 5, ["running", "running"]), ("running", 8, 5, ["running", "running"]),
+                        ("running", 8, 5, ["succeeded", "succeeded"]), ("succeeded", 8, 5, ["succeeded", "succeeded"])]
 
 
 def test_time_spent_pending_is_not_a_hang(home):

@@ -9,7 +9,8 @@ import pytest
 from orchestrator.backends import base as b
 from orchestrator.state import LocalRunStore as RunStore
 from orchestrator.state import AttemptRecord, RunRecord
-from orchestrator.supervisor import Supervisor
+from orchestrator.supervisor import Supervisor, SupervisorOptions
+from orchestrator.vendors import load_profile
 
 from .helpers import spec_from
 from .test_supervisor import START, Clock, ScriptedBackend, done, running
@@ -58,8 +59,8 @@ def test_lines_carry_event_times_and_news_carries_the_backoff(home):
     record = RunRecord(run=spec.name, backend=backend.name, spec_path="v.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=True)
     view = RecordingView(clock)
-    outcome = Supervisor(spec, None, backend, store, record, auto_resume=True, echo=lambda line: None,
-                         clock=clock, sleep=clock.sleep, poll_interval=1.0, view=view).run()
+    outcome = Supervisor(spec, load_profile("cpu"), backend, store, record, view,
+                         SupervisorOptions(auto_resume=True, clock=clock, sleep=clock.sleep, poll_interval=1.0)).run()
     assert outcome.exit_code == 0
 
     stamped = dict(view.lines)
@@ -97,8 +98,8 @@ def test_a_watcher_adopting_a_running_attempt_keeps_each_replayed_event_once(hom
     store.append_metric({**first.progress, "attempt": 0, "seen": START - 50})    # kept by that watcher
     backend = ScriptedBackend(clock, {0: [([first, line_at(2)], running()), ([], done())]})
     view = RecordingView(clock)
-    Supervisor(spec, None, backend, store, record, auto_resume=True, echo=lambda line: None,
-               clock=clock, sleep=clock.sleep, poll_interval=1.0, view=view).run()
+    Supervisor(spec, load_profile("cpu"), backend, store, record, view,
+               SupervisorOptions(auto_resume=True, clock=clock, sleep=clock.sleep, poll_interval=1.0)).run()
     assert [m["step"] for m in store.metrics() if m["event"] == "step"] == [1, 2]
     assert ("attempt 0: step 1 loss 0.5", JOB_TIME + 1) in view.lines      # shown again, at its own time
     assert all(not n.history for n in view.news_seen)        # the backend replays this attempt: no history
@@ -117,7 +118,7 @@ def test_a_watcher_taking_up_a_later_attempt_hands_the_view_what_earlier_ones_ke
     store.append_metric({**line_at(1).progress, "attempt": 0, "seen": START - 90})
     backend = ScriptedBackend(clock, {1: [([line_at(2)], running()), ([], done())]})
     view = RecordingView(clock)
-    Supervisor(spec, None, backend, store, record, auto_resume=True, echo=lambda line: None,
-               clock=clock, sleep=clock.sleep, poll_interval=1.0, view=view).run()
+    Supervisor(spec, load_profile("cpu"), backend, store, record, view,
+               SupervisorOptions(auto_resume=True, clock=clock, sleep=clock.sleep, poll_interval=1.0)).run()
     assert [[m["step"] for m in n.history] for n in view.news_seen if n.history] == [[1]]
     assert view.news_seen[0].history and view.news_seen[0].attempt.attempt == 1
