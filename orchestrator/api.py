@@ -407,21 +407,32 @@ def watch(run: str, *, auto_resume: bool | None, echo: Echo, show_state: Callabl
     from .supervisor import resumable_unwatched, take_up_unwatched
 
     store = open_store(run)
-    record = store.load()
-    if auto_resume and resumable_unwatched(record):
+    store.load()                        # no such run: said before the lease is taken
+    # Leased before the record is read: a reader reconciling the run is waited for, and what it
+    # recorded is what this watcher takes up.
+    taken = store.acquire_watcher()
+    try:
+        record = store.load()
+        if taken:
+            echo(f"note: {taken}")
+        if auto_resume and resumable_unwatched(record):
+            job, notes = job_of(record)
+            take_up_unwatched(record, job.spec, backends.backend_class(record.backend).places_nodes)
+            echo(f"run {run} failed while nobody watched it ({record.attempts[-1].outcome}); resuming it")
+            store.save(record)
+        if record.status != "running":
+            echo(record.final_report or f"run {run} already {record.status}")
+            store.release_watcher()
+            return {"succeeded": 0, "cancelled": RunCancelled.exit_code}.get(record.status, RunFailed.exit_code)
+        if auto_resume is not None:
+            record.auto_resume = auto_resume
         job, notes = job_of(record)
-        take_up_unwatched(record, job.spec, backends.backend_class(record.backend).places_nodes)
-        echo(f"run {run} failed while nobody watched it ({record.attempts[-1].outcome}); resuming it")
-        store.save(record)
-    if record.status != "running":
-        echo(record.final_report or f"run {run} already {record.status}")
-        return {"succeeded": 0, "cancelled": RunCancelled.exit_code}.get(record.status, RunFailed.exit_code)
-    if auto_resume is not None:
-        record.auto_resume = auto_resume
-    job, notes = job_of(record)
-    for note in notes:
-        echo(f"note: {note}")
-    engine = engine_of(record)
+        for note in notes:
+            echo(f"note: {note}")
+        engine = engine_of(record)
+    except BaseException:
+        store.release_watcher()
+        raise
     return _supervise(store, record, job, engine, watch=True, echo=echo, show_state=show_state, view=view)
 
 
@@ -468,21 +479,19 @@ def _reconcile(store: RunStore, record: RunRecord) -> tuple[RunRecord, str | Non
     from .supervisor import reconcile
 
     try:
-        store.acquire_watcher()     # no watcher may start (and decide) while this one looks
-    except WmctlError:
-        return store.load(), None   # a watcher started meanwhile: its record is the truth
-    try:
-        record = store.load()
-        engine = engine_of(record)
-        try:
-            if reconcile(record, engine):
-                store.save(record)
-        finally:
-            engine.close()
+        # Never the watcher's lease: a watcher starting meanwhile waits for this, then reads it.
+        with store.reconciling() as why_not:
+            if why_not is not None:     # a watcher holds the run (its record is the truth), or a note
+                return store.load(), why_not or None
+            record = store.load()
+            engine = engine_of(record)
+            try:
+                if reconcile(record, engine):
+                    store.save(record)
+            finally:
+                engine.close()
     except EngineUnavailable as exc:
         return record, f"could not check the run on {record.backend}: {exc.message}"
-    finally:
-        store.release_watcher()
     return record, None
 
 
