@@ -5,9 +5,15 @@ meanwhile waits for that reader, then reads what it recorded, instead of being r
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -17,6 +23,8 @@ from orchestrator.errors import RunExists, RunFailed
 from orchestrator.state import AttemptRecord, LocalRunStore, RunRecord
 
 from .helpers import full_spec
+
+REPO = Path(__file__).resolve().parents[2]
 
 GATE = threading.Event()        # the gated backend's poll waits for it
 INSIDE = threading.Event()      # set once a reader is inside the gated poll
@@ -177,3 +185,40 @@ def test_a_watcher_is_never_refused_by_a_reader_asking_who_watches(home, monkeyp
     assert taken == [None], taken
     assert store.lease() is not None and store.lease().pid == os.getpid()
     store.release_watcher()
+
+
+READ_ONLY = """
+import json, os, sys
+from orchestrator import api, supervisor  # noqa: F401  everything a look imports, before losing the right to
+from orchestrator.backends.local import engine  # noqa: F401
+if os.getuid() == 0:            # root reads everything: look as nobody, who may read but not write
+    os.setegid(65534)
+    os.seteuid(65534)
+view = api.status(sys.argv[1])
+listed = [(v.run, v.record.status if v.record else v.problem) for v in api.runs()]
+print(json.dumps({"status": view.record.status, "watcher": view.watcher, "note": view.note, "list": listed}))
+"""
+
+
+def test_a_user_who_may_read_but_not_write_the_runs_sees_them(monkeypatch):
+    """Issue 22 item 9: `status` and `list` need no lock to read; what they cannot record is said."""
+    # Outside pytest's own folder, which it keeps closed to other users.
+    home = Path(tempfile.mkdtemp(prefix="wmctl-read-only-")) / "home"
+    monkeypatch.setenv("WMCTL_HOME", str(home))
+    try:
+        running_record("ro", backend="local")
+        LocalRunStore("ro").lease()              # as after any earlier look: the lock files exist
+        (home / "runs" / "ro" / "watcher.lock").touch()
+        (home / "runs" / "ro" / "reconcile.lock").touch()
+        for path in [home.parent, home, *home.rglob("*")]:
+            path.chmod(0o555 if path.is_dir() else 0o444)
+        looked = subprocess.run([sys.executable, "-c", READ_ONLY, "ro"], capture_output=True, text=True,
+                                timeout=120, cwd="/", env={**os.environ, "PYTHONPATH": str(REPO)})
+    finally:
+        for path in [home.parent, home, *home.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        shutil.rmtree(home.parent)
+    assert looked.returncode == 0, looked.stderr
+    seen = json.loads(looked.stdout)
+    assert (seen["status"], seen["watcher"], seen["list"]) == ("running", "unwatched", [["ro", "running"]]), seen
+    assert "not checked against where it runs" in seen["note"] and "Permission denied" in seen["note"], seen
