@@ -274,6 +274,33 @@ def test_detach_with_auto_resume_starts_a_watcher_that_resumes(home):
     assert "watcher: unwatched" in wmctl(home, "status", run).stdout
 
 
+def test_a_detached_watcher_is_never_knocked_off_by_status_in_a_loop(home):
+    """Issue 22 item 3: another shell runs `wmctl status` in a loop from before the submit; the
+    detached watcher still takes the run, keeps it, and resumes it after a node is killed."""
+    run = "detached-looked-at"
+    spec = h.write_spec(home, run, nodes=2, steps=60)
+    env = {**os.environ, "WMCTL_HOME": str(home), "PYTHONPATH": str(h.REPO)}
+    loop = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys\n"
+        "while True:\n"
+        f"    subprocess.run([sys.executable, '-m', 'orchestrator.cli', 'status', {run!r}], capture_output=True)\n")],
+        env=env, cwd=str(h.REPO))
+    try:
+        sub = wmctl(home, "submit", str(spec), "--detach", "--auto-resume")
+        assert sub.returncode == 0, sub.stdout + sub.stderr
+        h.wait_checkpoint(home, run, 0, 5)
+        assert "watcher: watched by " in wmctl(home, "status", run).stdout
+        assert h.kill_node(run, 0, 1) > 0
+        h.wait_until(lambda: h.record(home, run)["status"] != "running", 240, "the run to end")
+    finally:
+        loop.kill()
+        loop.wait()
+    log = wmctl(home, "logs", run, "--watcher").stdout
+    assert "already watched" not in log, log
+    assert h.record(home, run)["status"] == "succeeded", log
+    assert submitted_attempts(home, run) == [0, 1]
+
+
 def test_an_app_error_is_reported_with_the_jobs_own_traceback(home):
     run = "crashes"
     spec = h.write_spec(home, run, nodes=2, job="crash.py")
