@@ -298,12 +298,15 @@ class LocalRunStore(RunStore):
             note = f"took over the stale lease of {held.pid}@{held.host} (last beat {held.age():.0f}s ago)"
         # A reader reconciling the run (``reconciling``) decided while no watcher held the lock:
         # let it record what it saw, so this watcher reads that and decides from it.
-        with open(self.dir / layout.RECONCILE_LOCK, "a+") as gate:
-            if not _flock(gate, fcntl.LOCK_EX, READER_RECONCILE_S):
-                fh.close()
-                raise RunExists(f"run {self.run!r} is being checked by `wmctl status` or `list` for over "
-                                f"{READER_RECONCILE_S:.0f} s (its backend answers slowly)",
-                                hint=f"try again in a moment; `wmctl status {self.run}` shows what it recorded")
+        try:
+            with open(self.dir / layout.RECONCILE_LOCK, "a+") as gate:
+                if not _flock(gate, fcntl.LOCK_EX, READER_RECONCILE_S):
+                    raise RunExists(f"run {self.run!r} is being checked by `wmctl status` or `list` for over "
+                                    f"{READER_RECONCILE_S:.0f} s (its backend answers slowly)",
+                                    hint=f"try again in a moment; `wmctl status {self.run}` shows what it recorded")
+        except BaseException:
+            fh.close()
+            raise
         self._lock_fh = fh
         self._lease = Lease.mine()
         self._write_lease(self._lease)
