@@ -427,21 +427,32 @@ def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any
 def watch(run: str, *, auto_resume: bool | None, view: WatchView) -> int:
     """Supervise a recorded run from where it is (adopting a running attempt)."""
     store = open_store(run)
-    record = store.load()
-    if auto_resume and resumable_unwatched(record):
+    store.load()                        # no such run: said before the lease is taken
+    # Leased before the record is read: a reader reconciling the run is waited for, and what it
+    # recorded is what this watcher takes up.
+    taken = store.acquire_watcher()
+    try:
+        record = store.load()
+        if taken:
+            view.line(f"note: {taken}")
+        if auto_resume and resumable_unwatched(record):
+            job, notes = job_of(record)
+            take_up_unwatched(record, job.spec, backends.backend_class(record.backend).places_nodes)
+            view.line(f"run {run} failed while nobody watched it ({record.attempts[-1].outcome}); resuming it")
+            store.save(record)
+        if record.status != "running":
+            view.line(record.final_report or f"run {run} already {record.status}")
+            store.release_watcher()
+            return {"succeeded": 0, "cancelled": RunCancelled.exit_code}.get(record.status, RunFailed.exit_code)
+        if auto_resume is not None:
+            record.auto_resume = auto_resume
         job, notes = job_of(record)
-        take_up_unwatched(record, job.spec, backends.backend_class(record.backend).places_nodes)
-        view.line(f"run {run} failed while nobody watched it ({record.attempts[-1].outcome}); resuming it")
-        store.save(record)
-    if record.status != "running":
-        view.line(record.final_report or f"run {run} already {record.status}")
-        return {"succeeded": 0, "cancelled": RunCancelled.exit_code}.get(record.status, RunFailed.exit_code)
-    if auto_resume is not None:
-        record.auto_resume = auto_resume
-    job, notes = job_of(record)
-    for note in notes:
-        view.line(f"note: {note}")
-    engine = engine_of(record)
+        for note in notes:
+            view.line(f"note: {note}")
+        engine = engine_of(record)
+    except BaseException:
+        store.release_watcher()
+        raise
     return _supervise(store, record, job, engine, watch=True, view=view)
 
 

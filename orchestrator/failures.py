@@ -64,6 +64,13 @@ class Failure:
     host: str | None
     time: float
     evidence: str
+    # A loss seen after the fact: the earliest it can have happened (Event.since). It may have
+    # come before anything seen meanwhile, and is ordered by this, not by when it was seen.
+    since: float | None = None
+
+    @property
+    def earliest(self) -> float:
+        return self.time if self.since is None else min(self.since, self.time)
 
     def describe(self) -> str:
         where = f" on node {self.node}" + (f" ({self.host})" if self.host else "") if self.node is not None else ""
@@ -80,7 +87,7 @@ def classify_event(ev: b.Event) -> Failure | None:
     if k == b.NODE_LOST and ev.reason in DEVICE_REASONS:
         return Failure(DEVICE_FAULT, ev.node, ev.host, ev.time, ev.message or ev.reason or "device failed")
     if k == b.NODE_LOST:
-        return Failure(NODE_LOST, ev.node, ev.host, ev.time, ev.message or ev.reason or "node lost")
+        return Failure(NODE_LOST, ev.node, ev.host, ev.time, ev.message or ev.reason or "node lost", ev.since)
     if k == b.NODE_PAUSED:
         return Failure(HANG, ev.node, ev.host, ev.time, ev.message or "node frozen (paused)")
     if k == b.OOM_KILLED:
@@ -115,14 +122,17 @@ _PRIORITY = {NODE_LOST: 0, DEVICE_FAULT: 0, HANG: 1, OOM: 2, IMAGE_PULL: 3, UNSC
 
 
 def root_cause(events: list[b.Event]) -> Failure | None:
-    """The first failure in time; an app-looking exit yields to a nearby infrastructure failure."""
-    failures = sorted((f for f in map(classify_event, events) if f is not None), key=lambda f: f.time)
+    """The first failure in time; an app-looking exit yields to a nearby infrastructure failure.
+    A node found gone without an exit status counts from its last sign of life (``since``), not
+    from when someone looked: however late that is, a survivor that died of the lost peer in
+    between is its consequence."""
+    failures = sorted((f for f in map(classify_event, events) if f is not None), key=lambda f: f.earliest)
     if not failures:
         return None
     first = failures[0]
     if first.kind in (APP_ERROR, PREEMPTED) and not first.evidence.startswith("exit 83"):
         for other in failures[1:]:
-            if other.time - first.time > CONSEQUENCE_WINDOW_S:
+            if other.earliest - first.earliest > CONSEQUENCE_WINDOW_S:
                 break
             if _PRIORITY[other.kind] < _PRIORITY[first.kind] and other.kind in (NODE_LOST, HANG, OOM):
                 return other

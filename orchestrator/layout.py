@@ -16,6 +16,7 @@ from .runtime.protocol import ENV_HOME
 RUNS = "runs"
 RECORD_FILE = "run.json"
 WATCHER_LOCK = "watcher.lock"
+RECONCILE_LOCK = "reconcile.lock"  # held by a reader (status, list) folding what it saw into the record
 WATCHER_LEASE = "watcher.json" # who watches: pid, host, last beat (read across hosts sharing the folder)
 WATCHER_LOG = "watcher.log"   # a detached watcher's output (`wmctl logs RUN --watcher`)
 CANCEL_FILE = "cancel.json"   # the cancel intent, written before anything is torn down

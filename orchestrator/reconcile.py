@@ -14,7 +14,7 @@ from typing import Any, Callable
 from . import failures as F
 from .backends import base as b
 from .display import summary
-from .errors import EngineUnavailable, WmctlError
+from .errors import EngineUnavailable
 from .joberror import with_job_error
 from .spec import JobSpec
 from .state import AttemptRecord, RunRecord, RunStore
@@ -30,7 +30,7 @@ def reconcile(record: RunRecord, backend: b.Backend[Any], *, clock: Callable[[],
               sleep: Callable[[float], None] = time.sleep, wait_s: float = RECONCILE_WAIT_S) -> bool:
     """The true state of a run that says `running` while no watcher holds its lease, read from
     where it runs (processes, containers, Kubernetes objects), folded into ``record``. Returns
-    True when the record changed (the caller saves it, holding the lease so no watcher races it).
+    True when the record changed (the caller saves it under the store's reconcile lock, so no watcher races it).
 
     Nobody decided anything for an attempt that ended unwatched: its outcome is classified as a
     watcher would have, and its decision says no watcher ran, so `wmctl watch RUN --auto-resume`
@@ -121,22 +121,20 @@ def _end_unwatched(record: RunRecord, last: AttemptRecord, failure: F.Failure, n
 
 def reconcile_stored(store: RunStore, record: RunRecord,
                      engine_of: Callable[[RunRecord], b.Backend[Any]]) -> tuple[RunRecord, str | None]:
-    """``reconcile`` a stored run, holding its lease meanwhile, and save what changed. Returns
-    the record as it now stands, and a note when the backend could not be asked."""
+    """``reconcile`` a stored run under the store's reconcile lock (never the watcher's lease: a
+    watcher starting meanwhile waits for this, then reads what it saved), and save what changed.
+    Returns the record as it now stands, and a note when the backend could not be asked."""
     try:
-        store.acquire_watcher()     # no watcher may start (and decide) while this one looks
-    except WmctlError:
-        return store.load(), None   # a watcher started meanwhile: its record is the truth
-    try:
-        record = store.load()
-        engine = engine_of(record)
-        try:
-            if reconcile(record, engine):
-                store.save(record)
-        finally:
-            engine.close()
+        with store.reconciling() as why_not:
+            if why_not is not None:     # a watcher holds the run (its record is the truth), or a note
+                return store.load(), why_not or None
+            record = store.load()
+            engine = engine_of(record)
+            try:
+                if reconcile(record, engine):
+                    store.save(record)
+            finally:
+                engine.close()
     except EngineUnavailable as exc:
         return record, f"could not check the run on {record.backend}: {exc.message}"
-    finally:
-        store.release_watcher()
     return record, None

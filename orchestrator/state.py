@@ -18,9 +18,10 @@ import shutil
 import socket
 import time
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable
+from typing import IO, Any, Callable, Iterable, Iterator
 
 from . import layout
 from .errors import OptionError, RecordDamaged, RunExists, RunNotFound
@@ -31,6 +32,14 @@ from .runtime.protocol import ENV_RUN_STORE
 # than LEASE_STALE_S. A stale lease is taken over; a live one is refused.
 LEASE_BEAT_S = 5.0
 LEASE_STALE_S = 60.0
+# Readers (`status`, `list`) never hold the lease. A starting watcher that finds its lock held by
+# no watcher (a reader asking who watches) waits up to READER_LOOK_S for that look to end; one
+# that finds a reader folding what it saw into the record (the reconcile lock) waits up to
+# READER_RECONCILE_S for it, then reads what it recorded. A reader waits up to READER_QUEUE_S for
+# another reader's reconcile before it shows the record as it stands.
+READER_LOOK_S = 5.0
+READER_RECONCILE_S = 60.0
+READER_QUEUE_S = 10.0
 
 # Version 1 records (before the resolved spec was kept) carry no "version" key.
 RECORD_VERSION = 2
@@ -175,6 +184,23 @@ class RunStore(ABC):
         """Does a live watcher hold this run's lease?"""
         return self.lease() is not None
 
+    @contextmanager
+    def reconciling(self) -> Iterator[str | None]:
+        """While a reader (`status`, `list`) folds what it saw of an unwatched run into the record:
+        yields None when it may (no watcher holds the lease, and none starts deciding until the
+        block ends), else why not: "" when there is nothing to do (a watcher holds the run), or a
+        note to show. This default holds the lease itself; a store with a lock of its own for
+        readers overrides it, so that no reader ever refuses a starting watcher."""
+        try:
+            self.acquire_watcher()
+        except RunExists:
+            yield ""
+            return
+        try:
+            yield None
+        finally:
+            self.release_watcher()
+
     @abstractmethod
     def append_metric(self, event: dict[str, Any]) -> None:
         """Keep one progress event (step, loss, timing, checkpoint, resume, failure) as it arrives."""
@@ -250,9 +276,9 @@ class LocalRunStore(RunStore):
             return None             # held by this store already (submit takes it before the record exists)
         self.dir.mkdir(parents=True, exist_ok=True)
         fh = open(self.dir / layout.WATCHER_LOCK, "a+")
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        # Held by a watcher: refused at once. Held by no watcher: a reader looking who watches
+        # (``lease``), for an instant: waited for, never a reason to refuse.
+        if not _flock(fh, fcntl.LOCK_EX, READER_LOOK_S, give_up=self._watcher_lease_live):
             fh.close()
             held = self._read_lease()
             holder = held.describe() if held else "another process on this host"
@@ -270,10 +296,49 @@ class LocalRunStore(RunStore):
                                 hint=f"stop that watcher first (on its host), or use `wmctl status {self.run}` to look "
                                      f"without acting; its lease goes stale {LEASE_STALE_S:.0f} s after its last beat")
             note = f"took over the stale lease of {held.pid}@{held.host} (last beat {held.age():.0f}s ago)"
+        # A reader reconciling the run (``reconciling``) decided while no watcher held the lock:
+        # let it record what it saw, so this watcher reads that and decides from it.
+        try:
+            with open(self.dir / layout.RECONCILE_LOCK, "a+") as gate:
+                if not _flock(gate, fcntl.LOCK_EX, READER_RECONCILE_S):
+                    raise RunExists(f"run {self.run!r} is being checked by `wmctl status` or `list` for over "
+                                    f"{READER_RECONCILE_S:.0f} s (its backend answers slowly)",
+                                    hint=f"try again in a moment; `wmctl status {self.run}` shows what it recorded")
+        except BaseException:
+            fh.close()
+            raise
         self._lock_fh = fh
         self._lease = Lease.mine()
         self._write_lease(self._lease)
         return note
+
+    @contextmanager
+    def reconciling(self) -> Iterator[str | None]:
+        """Under the run's reconcile lock, never the watcher's: a watcher starting meanwhile waits
+        for it (``acquire_watcher``) instead of being refused. Reading needs no lock at all: a
+        user who may not write the run folder gets a note, not an error."""
+        try:
+            gate = open(self.dir / layout.RECONCILE_LOCK, "a+")
+        except OSError as exc:
+            yield (f"not checked against where it runs: {exc.strerror or exc} ({self.dir}); "
+                   "only a user who may write the run folder records its true state")
+            return
+        with gate:
+            if not _flock(gate, fcntl.LOCK_EX, READER_QUEUE_S):
+                yield ""            # another reader is still at it: the record as it stands
+                return
+            # Taken before this lock or while a watcher waits for it: the watcher decides.
+            yield "" if self.lease() is not None else None
+
+    def _watcher_lease_live(self) -> bool:
+        """Does the lease file name a watcher that is alive (its process on this host, or a
+        beat from another host): the holder of the lock is then that watcher, not a reader."""
+        held = self._read_lease()
+        if held is None:
+            return False
+        if held.host != socket.gethostname():
+            return held.age() < LEASE_STALE_S
+        return held.pid > 0 and _alive(held.pid)
 
     def release_watcher(self) -> None:
         if self._lock_fh is not None:
@@ -309,12 +374,17 @@ class LocalRunStore(RunStore):
         return self.dir / layout.WATCHER_LOG
 
     def _flock_held(self) -> bool:
-        path = self.dir / layout.WATCHER_LOCK
-        if not path.exists():
+        """Is the lease lock held? Opened for reading (a user who may only read the run folder
+        can ask) and locked shared for an instant (a watcher taking it meanwhile waits)."""
+        try:
+            fh = open(self.dir / layout.WATCHER_LOCK, "r")
+        except FileNotFoundError:
             return False
-        with open(path, "a+") as fh:
+        except OSError:             # unreadable: the lease file, if any, is all there is to go by
+            return self._read_lease() is not None
+        with fh:
             try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 return True
             fcntl.flock(fh, fcntl.LOCK_UN)
@@ -417,6 +487,32 @@ def list_runs(home: Path | None = None) -> list[str]:
     """Every run the chosen store keeps (``home``: the local store's root, for tests)."""
     module = _store_module()
     return local_runs(home) if module is None or home is not None else module.list_runs()
+
+
+def _flock(fh: IO[str], mode: int, wait_s: float, give_up: Callable[[], bool] = lambda: False) -> bool:
+    """Take ``mode`` (LOCK_EX, LOCK_SH) on ``fh``, waiting up to ``wait_s`` while another holds
+    it, unless ``give_up()`` says its holder is not worth waiting for. True when taken."""
+    deadline = time.monotonic() + wait_s
+    pause = 0.001               # a look lasts microseconds: try again soon, then less often
+    while True:
+        try:
+            fcntl.flock(fh, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline or give_up():
+                return False
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:         # another user's process: alive
+        return True
+    return True
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:

@@ -96,6 +96,9 @@ class Event:
     reason: str | None = None          # e.g. OOMKilled, DeletionByTaintManager, NodeNotReady
     message: str = ""
     progress: dict[str, Any] | None = None
+    # A loss found after the fact (a node gone without an exit status, seen when someone looked):
+    # the earliest it can have happened, the node's last sign of life. ``time`` is when it was seen.
+    since: float | None = None
 
 
 @dataclass(frozen=True)

@@ -99,3 +99,17 @@ def test_submit_refuses_a_plan_for_another_backend_without_touching_the_engine()
     with pytest.raises(BackendError, match="kubernetes plan cannot be submitted to Docker"):
         DockerBackend(client=object()).submit(Plan(backend="kubernetes", run="r", attempt=0, spec_hash="h",
                                                           request=KubernetesRequest(namespace="default")))
+
+
+def test_a_container_killed_while_nobody_watched_is_the_cause_however_late_anyone_looks():
+    """Issue 22 item 2 on Docker: the engine keeps a killed container's exit (137) and its
+    FinishedAt, so a first look long after the survivor died of the lost peer still orders the
+    kill first."""
+    killed_at, survivor_at = 1000.0, 1002.5
+    events = []
+    for node, state, finished in ((0, _state("exited", 1), survivor_at), (1, _state("exited", 137), killed_at)):
+        status = node_status(node, f"c{node}", state, signal=None, cancelled=False, previous=None)
+        events += transition_events(None, status, started_at=900.0, finished_at=finished, event_time=None,
+                                    name=f"c{node}")
+    found = failures.root_cause(events)    # nobody looked until now, minutes later
+    assert found is not None and (found.kind, found.node, found.time) == (failures.NODE_LOST, 1, killed_at)

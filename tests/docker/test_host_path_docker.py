@@ -81,7 +81,7 @@ def _run_through_api(spec: Path) -> tuple[int, list[str]]:
             c["environment"] = {**c["environment"], "PYTHONPATH": "/wmctl", "PYTHONDONTWRITEBYTECODE": "1"}
             c["command"] = [part for arg in c["command"] for part in (LAUNCHER if arg == "wmctl-bind" else [arg])]
     lines: list[str] = []
-    return api.schedule(request, watch=True, echo=lines.append), lines
+    return api.schedule(request, watch=True, view=EchoView(lines.append)), lines
 
 
 def test_containers_write_host_folders_as_docker_user_and_refuse_one_it_cannot_write(
@@ -112,7 +112,7 @@ def test_containers_write_host_folders_as_docker_user_and_refuse_one_it_cannot_w
     assert (written.stat().st_uid, written.stat().st_gid) == (4321, 4321)
     assert (written.parent.stat().st_uid, written.parent.stat().st_gid) == (4321, 4321)
 
-    api.delete(RUN, echo=lines.append)
+    runs.delete(RUN, echo=lines.append)
     theirs = tmp_path / "theirs"          # root's, 0755: uid 4321 may not write there
     theirs.mkdir()
     (theirs / RUN).mkdir()

@@ -227,6 +227,35 @@ def test_a_killed_unwatched_run_is_resumed_by_a_later_watcher(home):
     assert rec["attempts"][1]["resumed_from_step"] is not None
 
 
+def test_a_node_killed_unwatched_is_node_lost_however_late_anyone_looks(home):
+    """Issue 22 item 2: nobody looks until the survivor has died of the lost peer (gloo's
+    "Connection closed by peer", exit 1) and longer than the consequence window has passed since.
+    The vanished node is still the cause, and a later watcher resumes the run."""
+    from orchestrator.failures import CONSEQUENCE_WINDOW_S
+
+    run = "unwatched-late-look"
+    spec = h.write_spec(home, run, nodes=2, steps=60)
+    assert wmctl(home, "submit", str(spec)).returncode == 0
+    h.wait_checkpoint(home, run, 0, 5)
+    assert h.kill_node(run, 0, 1) > 0
+    survivor = h.run_folder(home, run) / "attempt-0" / "node-0.exit.json"
+    h.wait_until(survivor.exists, 120, "the survivor to exit")
+    exited = json.loads(survivor.read_text())
+    assert exited["exit_code"] not in (0, 137), exited       # it died of the lost peer, not of a signal
+    assert not (h.run_folder(home, run) / "attempt-0" / "node-1.exit.json").exists()
+    # The look comes late: longer after the survivor's exit than the consequence window.
+    h.wait_until(lambda: time.time() > exited["time"] + CONSEQUENCE_WINDOW_S + 1, 60, "a late look")
+    data = json.loads(wmctl(home, "status", run, "-o", "json").stdout)
+    assert data["status"] == "failed", data
+    attempt = data["attempts"][0]
+    assert (attempt["outcome"], attempt["failed_node"]) == ("node_lost", 1), data
+    w = h.Watch(spec, home, run, "--auto-resume", command="watch")
+    assert w.wait(timeout=240) == 0, w.output
+    assert "failed while nobody watched it (node_lost); resuming it" in w.output
+    assert h.record(home, run)["status"] == "succeeded", w.output
+    assert submitted_attempts(home, run) == [0, 1]
+
+
 def test_detach_with_auto_resume_starts_a_watcher_that_resumes(home):
     run = "detached"
     spec = h.write_spec(home, run, nodes=2, steps=60)
@@ -243,6 +272,33 @@ def test_detach_with_auto_resume_starts_a_watcher_that_resumes(home):
     assert log.returncode == 0
     assert "attempt 0 failed: node_lost" in log.stdout and f"run {run} succeeded on attempt 1" in log.stdout
     assert "watcher: unwatched" in wmctl(home, "status", run).stdout
+
+
+def test_a_detached_watcher_is_never_knocked_off_by_status_in_a_loop(home):
+    """Issue 22 item 3: another shell runs `wmctl status` in a loop from before the submit; the
+    detached watcher still takes the run, keeps it, and resumes it after a node is killed."""
+    run = "detached-looked-at"
+    spec = h.write_spec(home, run, nodes=2, steps=60)
+    env = {**os.environ, "WMCTL_HOME": str(home), "PYTHONPATH": str(h.REPO)}
+    loop = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys\n"
+        "while True:\n"
+        f"    subprocess.run([sys.executable, '-m', 'orchestrator.cli', 'status', {run!r}], capture_output=True)\n")],
+        env=env, cwd=str(h.REPO))
+    try:
+        sub = wmctl(home, "submit", str(spec), "--detach", "--auto-resume")
+        assert sub.returncode == 0, sub.stdout + sub.stderr
+        h.wait_checkpoint(home, run, 0, 5)
+        assert "watcher: watched by " in wmctl(home, "status", run).stdout
+        assert h.kill_node(run, 0, 1) > 0
+        h.wait_until(lambda: h.record(home, run)["status"] != "running", 240, "the run to end")
+    finally:
+        loop.kill()
+        loop.wait()
+    log = wmctl(home, "logs", run, "--watcher").stdout
+    assert "already watched" not in log, log
+    assert h.record(home, run)["status"] == "succeeded", log
+    assert submitted_attempts(home, run) == [0, 1]
 
 
 def test_an_app_error_is_reported_with_the_jobs_own_traceback(home):

@@ -13,6 +13,12 @@ def ev(kind, t=100.0, node=1, code=None, reason=None, message=""):
     return b.Event(kind, t, node, f"host-{node}", exit_code=code, reason=reason, message=message)
 
 
+def lost(t, node=1, since=None):
+    """A node found gone (no exit status) at ``t``, last alive at ``since``."""
+    return b.Event(b.NODE_LOST, t, node, f"host-{node}", reason="gone", since=since,
+                   message="the node's processes vanished without an exit status (killed)")
+
+
 @pytest.mark.parametrize("event, kind", [
     (ev(b.NODE_EXITED, code=0), None),
     (ev(b.NODE_EXITED, code=PREEMPTED_EXIT_CODE), F.PREEMPTED),
@@ -46,6 +52,13 @@ def test_each_event_maps_to_its_class(event, kind):
     ([ev(b.NODE_EXITED, 100, 0, code=1), ev(b.NODE_LOST, 100 + F.CONSEQUENCE_WINDOW_S + 1, 1)], F.APP_ERROR, 0),
     # order of arrival does not matter, time does
     ([ev(b.NODE_LOST, 103, 1), ev(b.NODE_EXITED, 100, 0, code=1)], F.NODE_LOST, 1),
+    # a node found gone without an exit status long after the survivor died of it (nobody looked):
+    # it counts from its last sign of life, before that death, so it is still the cause
+    ([ev(b.NODE_EXITED, 100, 0, code=1), lost(130, since=95)], F.NODE_LOST, 1),
+    ([lost(130, since=95), ev(b.NODE_EXITED, 100, 0, code=1)], F.NODE_LOST, 1),
+    ([ev(b.NODE_EXITED, 100, 0, code=1), lost(130, since=103)], F.NODE_LOST, 1),
+    # ... but a node still alive (writing) long after the app error did not cause it
+    ([ev(b.NODE_EXITED, 100, 0, code=1), lost(130, since=100 + F.CONSEQUENCE_WINDOW_S + 1)], F.APP_ERROR, 0),
     # a frozen node explains the survivor's timeout
     ([ev(b.NODE_EXITED, 100, 0, code=1), ev(b.NODE_PAUSED, 101, 1)], F.HANG, 1),
     # a graceful preemption checkpointed: a later loss does not re-label it
@@ -257,3 +270,15 @@ def test_a_rendezvous_failure_is_infrastructure_but_never_hides_a_workers_error(
     assert F.rendezvous_failure(["exit 1"]) is None
     assert F.decide(F.Failure(F.RENDEZVOUS, 1, "h", 0.0, "x")) == F.RETRY
 
+
+
+def test_a_node_found_gone_is_dated_from_its_last_sign_of_life_by_the_local_backend():
+    from orchestrator.backends.local.classify import NodeView, node_events
+
+    w = NodeView(1, "localhost-1")
+    pids = {"keeper": 1, "agent": 2, "started": 10.0}
+    [gone] = node_events(w, None, pids, None, None, last_alive=42.0)
+    assert (gone.kind, gone.since, w.phase) == (b.NODE_LOST, 42.0, b.LOST)
+    assert gone.time > 42.0            # when it was seen
+    found = F.root_cause([b.Event(b.NODE_EXITED, 50.0, 0, "localhost-0", exit_code=1), gone])
+    assert found is not None and (found.kind, found.node, found.since) == (F.NODE_LOST, 1, 42.0)

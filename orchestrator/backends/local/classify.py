@@ -23,9 +23,12 @@ class NodeView:
 
 
 def node_events(w: NodeView, exit_data: dict[str, Any] | None, pids: dict[str, Any] | None,
-                keeper_state: str | None, agent_state: str | None) -> list[b.Event]:
+                keeper_state: str | None, agent_state: str | None,
+                last_alive: float | None = None) -> list[b.Event]:
     """The events since ``w`` was last updated, given the node's files and process states
-    (``/proc/PID/stat`` letters: R, S, T stopped, Z zombie; None: no such process)."""
+    (``/proc/PID/stat`` letters: R, S, T stopped, Z zombie; None: no such process).
+    ``last_alive``: the node's last sign of life (its start, its last output), the earliest its
+    processes can have vanished: nobody may have looked until long after."""
     if exit_data is not None:
         w.exit_code = exit_data["exit_code"]
         w.reason = "SIGKILL" if exit_data.get("signal") == signal.SIGKILL else None
@@ -38,7 +41,7 @@ def node_events(w: NodeView, exit_data: dict[str, Any] | None, pids: dict[str, A
         return []
     if keeper_state in (None, "Z", "X"):
         w.phase, w.reason, w.reported_end = b.LOST, "gone", True
-        return [b.Event(b.NODE_LOST, node=w.node, host=w.host, reason="gone",
+        return [b.Event(b.NODE_LOST, node=w.node, host=w.host, reason="gone", since=last_alive,
                         message="the node's processes vanished without an exit status (killed)")]
     events = []
     if not w.reported_start:

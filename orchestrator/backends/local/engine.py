@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from ... import layout
 from ...errors import BackendError, RunNotFound, SpecError, WmctlError
@@ -227,7 +227,8 @@ class LocalBackend(b.Backend[LocalRequest]):
         keeper_state = _proc_state(pids["keeper"])
         if keeper_state in (None, "Z", "X") and w.exit_file.exists():
             return self._check_node(w)      # it exited between the two reads
-        return node_events(w, None, pids, keeper_state, _proc_state(pids["agent"]))
+        last_alive = _last_sign_of_life(w, pids) if keeper_state in (None, "Z", "X") else None
+        return node_events(w, None, pids, keeper_state, _proc_state(pids["agent"]), last_alive)
 
     def _read_progress(self, w: _NodeWatch) -> list[b.Event]:
         try:
@@ -335,6 +336,18 @@ class LocalBackend(b.Backend[LocalRequest]):
         directory = layout.run_dir(run)
         found = sorted(n for n in (layout.attempt_number(p.name) for p in directory.glob("attempt-*")) if n is not None)
         return [b.AttemptRef(self.name, run, n) for n in found]
+
+
+def _last_sign_of_life(w: _NodeWatch, pids: dict[str, Any]) -> float:
+    """When a node whose processes are gone was last seen alive: its start, or the last write to
+    its output (a dead process writes nothing), whichever is later. Its loss came after this."""
+    seen = [float(pids.get("started") or 0.0)]
+    for path in (w.log, w.pid_file):
+        try:
+            seen.append(path.stat().st_mtime)
+        except OSError:
+            pass
+    return max(seen)
 
 
 def _signal(pid: int, sig: int) -> None:
