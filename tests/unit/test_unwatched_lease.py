@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from orchestrator import api, backends
+from orchestrator import api, backends, runs
 from orchestrator.backends import base as b
 from orchestrator.errors import RunExists, RunFailed
 from orchestrator.state import AttemptRecord, LocalRunStore, RunRecord
+from orchestrator.watchview import EchoView
 
 from .helpers import full_spec
 
@@ -90,8 +91,8 @@ def wait_until(predicate, what: str, timeout: float = 30.0) -> None:
 
 def test_a_watcher_starting_while_a_reader_reconciles_waits_for_it_and_reads_what_it_saw(home):
     running_record("r")
-    views: list[api.RunView] = []
-    reader = threading.Thread(target=lambda: views.append(api.status("r")))
+    views: list[runs.RunView] = []
+    reader = threading.Thread(target=lambda: views.append(runs.status("r")))
     reader.start()
     assert INSIDE.wait(30), "the reader never looked at the backend"
 
@@ -123,12 +124,12 @@ def test_a_watcher_starting_while_a_reader_reconciles_waits_for_it_and_reads_wha
 
 def test_watch_started_while_a_reader_reconciles_takes_up_what_the_reader_recorded(home):
     running_record("v")
-    reader = threading.Thread(target=lambda: api.status("v"))
+    reader = threading.Thread(target=lambda: runs.status("v"))
     reader.start()
     assert INSIDE.wait(30), "the reader never looked at the backend"
     lines: list[str] = []
     codes: list[int] = []
-    watching = threading.Thread(target=lambda: codes.append(api.watch("v", auto_resume=False, echo=lines.append)))
+    watching = threading.Thread(target=lambda: codes.append(api.watch("v", auto_resume=False, view=EchoView(lines.append))))
     watching.start()
     wait_until(lambda: LocalRunStore("v").lease() is not None, "the watcher to take its lock")
     GATE.set()
@@ -145,10 +146,10 @@ def test_a_reader_never_reconciles_a_run_a_watcher_holds(home):
     watcher = LocalRunStore("w")
     watcher.acquire_watcher()
     GATE.set()
-    view = api.status("w")
+    view = runs.status("w")
     assert not INSIDE.is_set()                 # it never looked at the backend, let alone recorded
     assert view.record is not None and view.record.status == "running" and view.lease is not None
-    assert [v.record.status for v in api.runs() if v.record is not None] == ["running"]
+    assert [v.record.status for v in runs.runs() if v.record is not None] == ["running"]
     assert watcher.lease() is not None
     watcher.release_watcher()
 
@@ -189,13 +190,13 @@ def test_a_watcher_is_never_refused_by_a_reader_asking_who_watches(home, monkeyp
 
 READ_ONLY = """
 import json, os, sys
-from orchestrator import api, supervisor  # noqa: F401  everything a look imports, before losing the right to
+from orchestrator import api, runs, supervisor  # noqa: F401  everything a look imports, before losing the right to
 from orchestrator.backends.local import engine  # noqa: F401
 if os.getuid() == 0:            # root reads everything: look as nobody, who may read but not write
     os.setegid(65534)
     os.seteuid(65534)
-view = api.status(sys.argv[1])
-listed = [(v.run, v.record.status if v.record else v.problem) for v in api.runs()]
+view = runs.status(sys.argv[1])
+listed = [(v.run, v.record.status if v.record else v.problem) for v in runs.runs()]
 print(json.dumps({"status": view.record.status, "watcher": view.watcher, "note": view.note, "list": listed}))
 """
 
