@@ -266,10 +266,26 @@ def test_context_carries_nested_requirements_and_both_wheel_groups(tmp_path):
     with tarfile.open(fileobj=buf) as tar:
         names = set(tar.getnames())
     assert {"wmctl/req/requirements.txt", "wmctl/req/reqs/base.txt", "wmctl/req/constraints.txt"} <= names
+    assert "wmctl/requirements.txt" not in names
+    # The wheels travel in the wheels image's own context (sent once per wheelhouse), never in the job's.
+    assert not [n for n in names if "wheelhouse" in n]
+    wheels = set()
+    for folder, count in (("wmctl/wheelhouse-torch", 2), ("wmctl/wheelhouse", 1)):
+        buf = io.BytesIO()
+        assert engine.write_wheels_context(plan, folder, buf) == count
+        buf.seek(0)
+        with tarfile.open(fileobj=buf) as tar:
+            wheels |= set(tar.getnames())
+            dockerfile = tar.extractfile("Dockerfile").read().decode()
+        assert dockerfile.splitlines()[1:] == ["FROM scratch", 'COPY ["wmctl/", "/wmctl/"]']
     assert {"wmctl/wheelhouse-torch/torch-1.0-py3-none-any.whl",
             "wmctl/wheelhouse-torch/filelock-1.0-py3-none-any.whl",
-            "wmctl/wheelhouse/six-1.0-py3-none-any.whl"} <= names
-    assert "wmctl/requirements.txt" not in names
+            "wmctl/wheelhouse/six-1.0-py3-none-any.whl"} <= wheels
+    # The job's Dockerfile copies each group from its image, by a tag named after the wheels' contents.
+    torch_image, deps_image = plan.wheels_images["wmctl/wheelhouse-torch"], plan.wheels_images["wmctl/wheelhouse"]
+    assert torch_image.startswith("wmctl/wheelhouse:torch-") and deps_image.startswith("wmctl/wheelhouse:deps-")
+    assert f'COPY --from={torch_image} ["/wmctl/wheelhouse-torch/", "/tmp/wmctl/wheelhouse/"]' in plan.dockerfile
+    assert f'COPY --from={deps_image} ["/wmctl/wheelhouse/", "/tmp/wmctl/wheelhouse/"]' in plan.dockerfile
 
 
 # ---- the reporter is closed on every way out -------------------------------------------------------------------
