@@ -9,12 +9,10 @@ attempt 0 exactly as ``schedule`` then submits it.
 from __future__ import annotations
 
 import os
-import secrets
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import backends
 from .backends.base import AttemptRef, Backend, BackendOptions
@@ -26,8 +24,10 @@ from .runtime.protocol import ENV_RUN_STORE, ENV_WATCHER_OBJECT
 from .spec import JobSpec, from_dict, load_spec, profile_problems
 from .spec import warnings as spec_warnings
 from .state import Lease, RunRecord, RunStore, list_runs, open_store
-from .supervisor import Supervisor, WatchView
 from .vendors import VendorProfile, load_profile
+
+if TYPE_CHECKING:   # loaded by the functions that supervise: a dry run never needs it
+    from .supervisor import WatchView
 
 Echo = Callable[[str], None]
 
@@ -42,6 +42,12 @@ class Job:
     spec_path: Path | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)   # what a user should know (the image pin)
+
+
+def _run_id() -> str:
+    import secrets
+
+    return secrets.token_hex(8)
 
 
 def load_job(spec_path: Path, overrides: dict[str, Any] | None = None) -> Job:
@@ -203,7 +209,7 @@ def schedule(request: SubmitRequest, *, watch: bool, echo: Echo,
                            overrides=overrides, spec_hash=spec.spec_hash(), auto_resume=request.auto_resume,
                            kube_context=request.options.context, kubeconfig=request.options.kubeconfig,
                            namespace=engine.namespace_of(spec),
-                           spec=spec.to_dict(), source_dir=str(spec.source_dir), run_id=secrets.token_hex(8),
+                           spec=spec.to_dict(), source_dir=str(spec.source_dir), run_id=_run_id(),
                            resume_from=request.plan.context.resume_from)
         store.save(record)
     except BaseException:
@@ -384,6 +390,8 @@ def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any
         if note:
             echo(f"note: {note}")
         try:
+            from .supervisor import Supervisor
+
             sup = Supervisor(job.spec, job.profile, engine, store, record, auto_resume=record.auto_resume,
                              echo=echo, show_state=show_state, first_plan=first_plan, view=view)
             if not watch:
@@ -553,6 +561,8 @@ def cancel(run: str, *, graceful: bool = False, by: str | None = None, wait_s: f
                                    "termination grace period")
         refs = engine.attempts(run)
         if record.status == "running":
+            import socket
+
             intent = store.request_cancel(by=by or f"pid {os.getpid()}@{socket.gethostname()}", graceful=graceful)
             for ref in refs:
                 engine.note_cancel(ref, intent)
