@@ -4,8 +4,12 @@ runtime wheel, build args, platform and the base image's id; and the wheels imag
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import time
 from pathlib import Path
+from typing import Any, Callable
+
 from .context import ContextScan
 
 
@@ -18,10 +22,64 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def wheelhouse_hashes(wheelhouse: Path, wheelhouse_files: list[tuple[str, int]]) -> dict[str, str]:
-    """sha256 of each wheelhouse file, read once per build: the content digest and the wheels
-    image's tag (``wheels_image_digest``) both come from these."""
-    return {rel: _file_sha256(wheelhouse / rel) for rel, _size in wheelhouse_files}
+# Wheel hashes kept between builds, keyed by what changes when a file is written (git's index
+# does the same): a code-only rebuild no longer reads a multi-GB wheelhouse again. A file whose
+# mtime or ctime is within RACY_S of now is hashed but not kept: a second write in the same
+# timestamp tick would otherwise go unnoticed.
+HASH_CACHE_FILE = "wheelhouse-hashes.json"
+RACY_S = 2.0
+
+
+def _hash_cache_path() -> Path:
+    root = os.environ.get("WMCTL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "wmctl")
+    return Path(root) / HASH_CACHE_FILE
+
+
+def _load_hash_cache(path: Path) -> dict[str, list[Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _save_hash_cache(path: Path, cache: dict[str, list[Any]]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:      # a read-only or full cache folder: hash again next time
+        pass
+
+
+def wheelhouse_hashes(wheelhouse: Path, wheelhouse_files: list[tuple[str, int]], *,
+                      clock: Callable[[], float] = time.time) -> dict[str, str]:
+    """sha256 of each wheelhouse file: the content digest and the wheels images' tags
+    (``wheels_image_digest``) both come from these. A file unchanged since an earlier build
+    (same device, inode, size, mtime and ctime) is not read again."""
+    cache_path = _hash_cache_path()
+    cache = _load_hash_cache(cache_path)
+    out: dict[str, str] = {}
+    changed = False
+    now = clock()
+    for rel, _size in wheelhouse_files:
+        path = wheelhouse / rel
+        st = path.stat()
+        stamp = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        key = os.path.abspath(path)
+        hit = cache.get(key)
+        if isinstance(hit, list) and len(hit) == 2 and hit[0] == stamp and isinstance(hit[1], str):
+            out[rel] = hit[1]
+            continue
+        out[rel] = _file_sha256(path)
+        if now - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 > RACY_S:
+            cache[key] = [stamp, out[rel]]
+            changed = True
+    if changed:
+        _save_hash_cache(cache_path, cache)
+    return out
 
 
 def wheels_image_digest(folder: str, hashes: dict[str, str]) -> str:

@@ -405,3 +405,64 @@ def test_rich_reporter_stops_its_spinner_once():
         reporter._status.stop = lambda: (stops.append(1), real_stop())
         reporter.close()   # build_image closes it, then the command's `with` does
     assert stops == [1]
+
+
+# ---- wheel hashes kept between builds ---------------------------------------------------------------------------
+
+def test_wheel_hashes_are_kept_between_builds_and_redone_when_a_wheel_changes(tmp_path, monkeypatch):
+    import hashlib
+    import os
+    import time
+
+    from orchestrator.imagebuild import digest
+
+    monkeypatch.setenv("WMCTL_CACHE_DIR", str(tmp_path / "cache"))
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    wheel_file = wh / "six-1.0-py3-none-any.whl"
+    wheel_file.write_bytes(b"a" * 100)
+    files = [(wheel_file.name, 100)]
+
+    def later() -> float:          # past the racy window: the file's stamps are settled
+        return time.time() + 10 * digest.RACY_S
+
+    first = digest.wheelhouse_hashes(wh, files, clock=later)
+    assert first == {wheel_file.name: hashlib.sha256(b"a" * 100).hexdigest()}
+    read = digest._file_sha256
+
+    def no_read(path):
+        raise AssertionError(f"{path} was read again")
+
+    monkeypatch.setattr(digest, "_file_sha256", no_read)
+    assert digest.wheelhouse_hashes(wh, files, clock=later) == first
+    # Rebuilt in place: same name, same size; its stamps changed, so it is read again.
+    wheel_file.write_bytes(b"b" * 100)
+    os.utime(wheel_file, ns=(10**9, 10**9))
+    monkeypatch.setattr(digest, "_file_sha256", read)
+    assert digest.wheelhouse_hashes(wh, files, clock=later) == {wheel_file.name: hashlib.sha256(b"b" * 100).hexdigest()}
+
+
+def test_a_wheel_written_just_now_is_hashed_but_not_kept(tmp_path, monkeypatch):
+    from orchestrator.imagebuild import digest
+
+    monkeypatch.setenv("WMCTL_CACHE_DIR", str(tmp_path / "cache"))
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    (wh / "six-1.0-py3-none-any.whl").write_bytes(b"a")
+    assert digest.wheelhouse_hashes(wh, [("six-1.0-py3-none-any.whl", 1)])   # the real clock: racy
+    assert not (tmp_path / "cache" / digest.HASH_CACHE_FILE).exists()
+
+
+def test_a_cache_folder_that_cannot_be_written_only_costs_the_hashing(tmp_path, monkeypatch):
+    import time
+
+    from orchestrator.imagebuild import digest
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("WMCTL_CACHE_DIR", str(blocker))
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    (wh / "six-1.0-py3-none-any.whl").write_bytes(b"a")
+    got = digest.wheelhouse_hashes(wh, [("six-1.0-py3-none-any.whl", 1)], clock=lambda: time.time() + 100)
+    assert list(got) == ["six-1.0-py3-none-any.whl"]
