@@ -8,7 +8,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from .context import ContextScan
 
@@ -22,21 +22,24 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-# Wheel hashes kept between builds, keyed by what changes when a file is written (git's index
-# does the same): a code-only rebuild no longer reads a multi-GB wheelhouse again. A file whose
-# mtime or ctime is within RACY_S of now is hashed but not kept: a second write in the same
-# timestamp tick would otherwise go unnoticed.
+# Facts about wheelhouse files (their sha256, a wheel's Requires-Dist) kept between builds, keyed
+# by what changes when a file is written (git's index does the same): a code-only rebuild no
+# longer reads a multi-GB wheelhouse, or the 16,000-entry zip index of a torch wheel, again. A
+# file whose mtime or ctime is within RACY_S of now is read but not kept: a second write in the
+# same timestamp tick would otherwise go unnoticed.
 HASH_CACHE_FILE = "wheelhouse-hashes.json"
 RACY_S = 2.0
 
+T = TypeVar("T")
 
-def _hash_cache_path() -> Path:
+
+def _cache_path(name: str) -> Path:
     root = os.environ.get("WMCTL_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "wmctl")
-    return Path(root) / HASH_CACHE_FILE
+    return Path(root) / name
 
 
-def _load_hash_cache(path: Path) -> dict[str, list[Any]]:
+def _load_cache(path: Path) -> dict[str, list[Any]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -44,42 +47,51 @@ def _load_hash_cache(path: Path) -> dict[str, list[Any]]:
     return data if isinstance(data, dict) else {}
 
 
-def _save_hash_cache(path: Path, cache: dict[str, list[Any]]) -> None:
+def _save_cache(path: Path, cache: dict[str, list[Any]]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(cache), encoding="utf-8")
         os.replace(tmp, path)
-    except OSError:      # a read-only or full cache folder: hash again next time
+    except OSError:      # a read-only or full cache folder: read the files again next time
         pass
+
+
+def by_stamp(cache_file: str, paths: list[Path], compute: Callable[[Path], T],
+             clock: Callable[[], float] = time.time) -> list[T]:
+    """``compute(path)`` for each path (a JSON value), from the cache file when the file is
+    unchanged since (same device, inode, size, mtime and ctime)."""
+    cache_path = _cache_path(cache_file)
+    cache = _load_cache(cache_path)
+    out: list[T] = []
+    changed = False
+    now = clock()
+    for path in paths:
+        st = path.stat()
+        stamp = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        key = os.path.abspath(path)
+        hit = cache.get(key)
+        if isinstance(hit, list) and len(hit) == 2 and hit[0] == stamp:
+            out.append(hit[1])
+            continue
+        value = compute(path)
+        out.append(value)
+        if now - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 > RACY_S:
+            cache[key] = [stamp, value]
+            changed = True
+    if changed:
+        _save_cache(cache_path, cache)
+    return out
 
 
 def wheelhouse_hashes(wheelhouse: Path, wheelhouse_files: list[tuple[str, int]], *,
                       clock: Callable[[], float] = time.time) -> dict[str, str]:
     """sha256 of each wheelhouse file: the content digest and the wheels images' tags
-    (``wheels_image_digest``) both come from these. A file unchanged since an earlier build
-    (same device, inode, size, mtime and ctime) is not read again."""
-    cache_path = _hash_cache_path()
-    cache = _load_hash_cache(cache_path)
-    out: dict[str, str] = {}
-    changed = False
-    now = clock()
-    for rel, _size in wheelhouse_files:
-        path = wheelhouse / rel
-        st = path.stat()
-        stamp = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-        key = os.path.abspath(path)
-        hit = cache.get(key)
-        if isinstance(hit, list) and len(hit) == 2 and hit[0] == stamp and isinstance(hit[1], str):
-            out[rel] = hit[1]
-            continue
-        out[rel] = _file_sha256(path)
-        if now - max(st.st_mtime_ns, st.st_ctime_ns) / 1e9 > RACY_S:
-            cache[key] = [stamp, out[rel]]
-            changed = True
-    if changed:
-        _save_hash_cache(cache_path, cache)
-    return out
+    (``wheels_image_digest``) both come from these. A file unchanged since an earlier build is
+    not read again (``by_stamp``)."""
+    rels = [rel for rel, _size in wheelhouse_files]
+    hashes = by_stamp(HASH_CACHE_FILE, [wheelhouse / rel for rel in rels], lambda p: _file_sha256(p), clock)
+    return dict(zip(rels, hashes, strict=True))
 
 
 def wheels_image_digest(folder: str, hashes: dict[str, str]) -> str:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import BuildError
 from .context import REQUIREMENTS_DIR, WHEELHOUSE_DIR, WHEELHOUSE_TORCH_DIR
@@ -124,18 +126,25 @@ def _path_filter(value: str) -> str:
     return check_image_path(value, "path")
 
 
-def render_dockerfile(inputs: DockerfileInputs, template_text: str | None = None) -> str:
-    """The Dockerfile text. Raises BuildError (naming the field) for a value that cannot be baked in."""
+@functools.lru_cache(maxsize=4)
+def _compiled(template_text: str) -> Any:
+    """The Dockerfile template compiled once per process: a build renders it twice (the digest's
+    canonical text, then with the labels), and compiling was most of a plan's own time."""
     from jinja2 import StrictUndefined
     from jinja2.sandbox import SandboxedEnvironment
 
+    env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
+    env.filters.update(dq=dq, execform=execform, ident=_ident_filter, ref=_ref_filter, path=_path_filter)
+    return env.from_string(template_text)
+
+
+def render_dockerfile(inputs: DockerfileInputs, template_text: str | None = None) -> str:
+    """The Dockerfile text. Raises BuildError (naming the field) for a value that cannot be baked in."""
     _validate(inputs)
     if template_text is None:
         from ..resources import templates_dir
 
         template_text = (templates_dir() / "Dockerfile.j2").read_text(encoding="utf-8")
-    env = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
-    env.filters.update(dq=dq, execform=execform, ident=_ident_filter, ref=_ref_filter, path=_path_filter)
     # Online, the profile's torch index is an *extra* index: pip's configured one (PyPI, or a
     # mirror) keeps serving everything else, and for torch pip takes the best match across both,
     # which is the index's: its 2.13.0+cpu sorts after PyPI's 2.13.0 (PEP 440 local versions).
@@ -145,7 +154,7 @@ def render_dockerfile(inputs: DockerfileInputs, template_text: str | None = None
                   else index_args(inputs.torch_index_url))
     torch_step = bool(inputs.torch_packages)
     packages = list(inputs.optional_packages) + list(inputs.required_packages)
-    text = env.from_string(template_text).render(
+    text = _compiled(template_text).render(
         job_name=inputs.job_name, vendor=inputs.vendor, base=inputs.base, python=inputs.python,
         workdir=inputs.workdir.rstrip("/") or "/", wheel_name=inputs.wheel_name,
         wmctl_version=inputs.wmctl_version, offline=inputs.offline, requirements=inputs.requirements,

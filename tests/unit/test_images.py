@@ -466,3 +466,26 @@ def test_a_cache_folder_that_cannot_be_written_only_costs_the_hashing(tmp_path, 
     (wh / "six-1.0-py3-none-any.whl").write_bytes(b"a")
     got = digest.wheelhouse_hashes(wh, [("six-1.0-py3-none-any.whl", 1)], clock=lambda: time.time() + 100)
     assert list(got) == ["six-1.0-py3-none-any.whl"]
+
+
+def test_a_wheels_requirements_are_read_once_then_kept(tmp_path, monkeypatch):
+    from orchestrator.imagebuild import digest, wheelhouse
+
+    from .test_dockerfile import make_wheel
+
+    monkeypatch.setenv("WMCTL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(digest, "RACY_S", -1e9)     # as if the files had been written long ago
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    make_wheel(wh, "torch", requires=["filelock"])
+    make_wheel(wh, "filelock")
+    make_wheel(wh, "six")
+    files = sorted((p.name, p.stat().st_size) for p in wh.iterdir())
+    first = wheelhouse.torch_wheel_set(wh, files, ["torch"])
+    assert first == {"torch-1.0-py3-none-any.whl", "filelock-1.0-py3-none-any.whl"}
+
+    def no_read(path):
+        raise AssertionError(f"{path} was opened again")
+
+    monkeypatch.setattr(wheelhouse, "_wheel_requires", no_read)
+    assert wheelhouse.torch_wheel_set(wh, files, ["torch"]) == first
