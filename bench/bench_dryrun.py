@@ -7,8 +7,14 @@
    fresh interpreter: goal, the Kubernetes dry run at most 1.3x that.
 2. In-process render of the same spec at 1024 nodes (one Indexed Job: the manifest does not grow
    with nodes, the Docker plan does); target < 2 s.
+3. When TorchX is installed (``--torchx PATH``, ``$TORCHX``, ``torchx`` on PATH, or the separate
+   venv ``/tmp/tx`` made with ``python3 -m venv /tmp/tx && /tmp/tx/bin/pip install torchx==0.7.0 kubernetes``;
+   never a dependency of this project): the same kind of dry run there, ``torchx run --dryrun -s
+   kubernetes -cfg queue=default dist.ddp -j 2x8 --script train.py``, in a fresh interpreter each
+   time, and wmctl's Kubernetes dry run as a ratio of it. TorchX wants DOCKER_HOST set; the bench
+   sets a placeholder when it is not (a dry run contacts nothing).
 
-    python bench/bench_dryrun.py [--runs 10]
+    python bench/bench_dryrun.py [--runs 10] [--torchx PATH]
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,9 +67,32 @@ def one_import_floor() -> float:
     return time.perf_counter() - t0
 
 
+def find_torchx(given: str | None) -> str | None:
+    for candidate in (given, os.environ.get("TORCHX"), shutil.which("torchx"), "/tmp/tx/bin/torchx"):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def one_torchx(torchx: str, workdir: Path) -> float:
+    """Wall seconds of one TorchX 0.7 Kubernetes dry run of a 2 x 8 DDP job (fresh interpreter)."""
+    # --workspace "": no image build from the current folder (TorchX's default workspace would
+    # build and push one, which needs a registry); the job's own dry run, as wmctl's is.
+    argv = [torchx, "run", "--workspace", "", "--dryrun", "-s", "kubernetes", "-cfg", "queue=default", "dist.ddp",
+            "-j", "2x8", "--script", "train.py"]
+    env = {**ENV, "DOCKER_HOST": ENV.get("DOCKER_HOST") or "unix:///var/run/docker.sock"}
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    elapsed = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"torchx dry run failed: {proc.stderr.decode()[-2000:]}")
+    return elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--torchx", default=None, help="the torchx executable (default: see the module doc)")
     args = parser.parse_args()
 
     print(f"python {sys.version.split()[0]}, spec {SPEC.relative_to(REPO)} (2 nodes x 8 accelerators)")
@@ -83,6 +113,19 @@ def main() -> None:
           f"{medians['kubernetes'] / floor:.2f}x of it (goal <= 1.3x)")
     baseline = [one_process_python() for _ in range(5)]
     print(f"for scale: bare `python -c pass` {statistics.median(baseline):.3f} s")
+
+    torchx = find_torchx(args.torchx)
+    if torchx is None:
+        print("torchx: not installed (see the module doc); no comparison")
+    else:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="wmctl-bench-torchx-") as tmp:
+            (Path(tmp) / "train.py").write_text("print('train')\n")
+            one_torchx(torchx, Path(tmp))
+            tx = statistics.median([one_torchx(torchx, Path(tmp)) for _ in range(args.runs)])
+        print(f"torchx 0.7 `torchx run --dryrun -s kubernetes dist.ddp -j 2x8`: {tx:.3f} s ({tx / floor:.2f}x the "
+              f"floor); wmctl's kubernetes dry run {medians['kubernetes'] / tx:.2f}x of it")
 
     # Kubernetes only: a Docker host runs a handful of "nodes", and the plan refuses more nodes
     # than the host has CPUs for.

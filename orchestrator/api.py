@@ -11,12 +11,11 @@ attempt 0 exactly as ``schedule`` then submits it.
 from __future__ import annotations
 
 import os
-import secrets
 import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import backends
 from .backends.base import Backend, BackendOptions
@@ -29,9 +28,11 @@ from .runtime.protocol import ENV_RUN_STORE, ENV_WATCHER_OBJECT
 from .spec import JobSpec, from_dict, load_spec, profile_problems
 from .spec import warnings as spec_warnings
 from .state import RunRecord, RunStore, list_runs, open_store
-from .supervisor import Supervisor, SupervisorOptions
 from .vendors import VendorProfile, load_profile
 from .watchview import WatchView
+
+if TYPE_CHECKING:   # loaded by the functions that supervise: a dry run never needs it
+    from .supervisor import Supervisor  # noqa: F401
 
 Echo = Callable[[str], None]
 
@@ -46,6 +47,12 @@ class Job:
     spec_path: Path | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)   # what a user should know (the image pin)
+
+
+def _run_id() -> str:
+    import secrets
+
+    return secrets.token_hex(8)
 
 
 def load_job(spec_path: Path, overrides: dict[str, Any] | None = None) -> Job:
@@ -205,7 +212,7 @@ def schedule(request: SubmitRequest, *, watch: bool, view: WatchView, replace: b
                            overrides=overrides, spec_hash=spec.spec_hash(), auto_resume=request.auto_resume,
                            kube_context=request.options.context, kubeconfig=request.options.kubeconfig,
                            namespace=engine.namespace_of(spec),
-                           spec=spec.to_dict(), source_dir=str(spec.source_dir), run_id=secrets.token_hex(8),
+                           spec=spec.to_dict(), source_dir=str(spec.source_dir), run_id=_run_id(),
                            resume_from=request.plan.context.resume_from)
         store.save(record)
     except BaseException:
@@ -407,6 +414,8 @@ def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any
         if note:
             view.line(f"note: {note}")
         try:
+            from .supervisor import Supervisor, SupervisorOptions
+
             sup = Supervisor(job.spec, job.profile, engine, store, record, view,
                              SupervisorOptions(auto_resume=record.auto_resume), first_plan=first_plan)
             if not watch:

@@ -11,7 +11,6 @@ caller passes.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -105,6 +104,8 @@ def cancel(run: str, *, graceful: bool = False, by: str | None = None, wait_s: f
                                    "termination grace period")
         refs = engine.attempts(run)
         if record.status == "running":
+            import socket   # only a cancel names its host: a dry run never loads it
+
             intent = store.request_cancel(by=by or f"pid {os.getpid()}@{socket.gethostname()}", graceful=graceful)
             for ref in refs:
                 engine.note_cancel(ref, intent)

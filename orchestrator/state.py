@@ -15,7 +15,6 @@ import importlib
 import json
 import os
 import shutil
-import socket
 import time
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
@@ -26,6 +25,15 @@ from typing import IO, Any, Callable, Iterable, Iterator
 from . import layout
 from .errors import OptionError, RecordDamaged, RunExists, RunNotFound
 from .runtime.protocol import ENV_RUN_STORE
+
+
+def _hostname() -> str:
+    """This machine's name, as socket.gethostname() says it (loaded only when a lease is taken:
+    a dry run does not pay for the socket module)."""
+    import socket
+
+    return socket.gethostname()
+
 
 # The watcher lease: a live watcher beats every LEASE_BEAT_S; on this host its flock is the proof
 # of life, and a lease from another host (a shared run folder) is live while its beat is younger
@@ -121,7 +129,7 @@ class Lease:
     @classmethod
     def mine(cls, started: float | None = None) -> "Lease":
         now = time.time()
-        return cls(os.getpid(), socket.gethostname(), started or now, now)
+        return cls(os.getpid(), _hostname(), started or now, now)
 
 
 class RunStore(ABC):
@@ -288,7 +296,7 @@ class LocalRunStore(RunStore):
                                  "acting") from None
         note = None
         held = self._read_lease()
-        if held is not None and held.host != socket.gethostname():
+        if held is not None and held.host != _hostname():
             # The flock proves nothing across hosts (a run folder on shared storage): the beat does.
             if held.age() < LEASE_STALE_S:
                 fh.close()
@@ -363,12 +371,12 @@ class LocalRunStore(RunStore):
         if self._lease is not None:
             return self._lease
         held = self._read_lease()
-        if held is not None and held.host != socket.gethostname():
+        if held is not None and held.host != _hostname():
             return held if held.age() < LEASE_STALE_S else None
         if not self._flock_held():
             return None
         now = time.time()
-        return held or Lease(0, socket.gethostname(), now, now)   # locked, lease not written yet
+        return held or Lease(0, _hostname(), now, now)   # locked, lease not written yet
 
     def watcher_log(self) -> Path:
         return self.dir / layout.WATCHER_LOG

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,36 @@ def yaml_value(value: Any) -> str:
     return "".join(_safe_char(c) for c in text)
 
 
+# Compiled templates are kept between processes (as Python keeps .pyc files): compiling the
+# Kubernetes templates is most of a dry run's own work. Jinja checks each entry against the
+# template's source and its own version; the folder name covers this environment's settings
+# (finalize changes the generated code), so bump it when they change.
+BYTECODE_FOLDER = "jinja-yaml-v1"
+
+
+def _bytecode_cache():
+    """A best-effort FileSystemBytecodeCache under wmctl's cache folder (``WMCTL_CACHE_DIR``,
+    else ``$XDG_CACHE_HOME/wmctl`` or ``~/.cache/wmctl``), or None when that folder cannot be
+    made: a read-only home renders as before, only slower."""
+    from jinja2 import FileSystemBytecodeCache
+
+    class BestEffortCache(FileSystemBytecodeCache):
+        def dump_bytecode(self, bucket) -> None:
+            try:
+                super().dump_bytecode(bucket)
+            except OSError:     # a full disk or a folder that went read-only: skip the entry
+                pass
+
+    root = os.environ.get("WMCTL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "wmctl")
+    folder = os.path.join(root, BYTECODE_FOLDER)
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    except OSError:
+        return None
+    return BestEffortCache(folder)
+
+
 @functools.lru_cache(maxsize=4)
 def environment(directory: str | None = None):
     from jinja2 import FileSystemLoader, StrictUndefined
@@ -41,6 +72,7 @@ def environment(directory: str | None = None):
         autoescape=False,
         keep_trailing_newline=True,
         finalize=yaml_value,            # nothing reaches the output unquoted
+        bytecode_cache=_bytecode_cache(),
     )
 
 

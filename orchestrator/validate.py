@@ -9,7 +9,6 @@ dry-run budget is 250 ms for the whole process).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 import types
@@ -127,6 +126,8 @@ def format_quantity(n: int) -> str:
 
 
 def did_you_mean(key: str, choices: typing.Iterable[str]) -> str:
+    import difflib   # only a spec with a mistake asks; a dry run of a good one does not load it
+
     choices = list(choices)
     close = difflib.get_close_matches(key, choices, n=1, cutoff=0.6)
     if not close:  # shm_size -> shm, max_attempt -> max_attempts

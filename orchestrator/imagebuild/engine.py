@@ -17,6 +17,7 @@ from typing import IO, Any, Iterable
 from ..adaptors import docker as sdk
 from ..errors import BuildError, EngineUnavailable
 from .context import REQUIREMENTS_DIR, WHEELHOUSE_DIR, WHEELHOUSE_TORCH_DIR
+from .dockerfile import WHEELS_DOCKERFILE
 from .plan import BuildPlan, split_tag
 from .progress import ANSI_RE, MISSING_WHEEL_RE, NO_VERSION_RE, Reporter, STEP_RE, Step, TAIL_LINES, short
 
@@ -69,16 +70,27 @@ def write_context(plan: BuildPlan, wheel_path: Path, fileobj: IO[bytes]) -> int:
         for rel, path in plan.requirements_files:
             _add_file(tar, f"{REQUIREMENTS_DIR}/{rel}", path, 0o644)
             count += 1
-        if plan.wheelhouse is not None:
-            for rel, _size in plan.wheelhouse_files:
-                folder = WHEELHOUSE_TORCH_DIR if rel in plan.torch_wheels else WHEELHOUSE_DIR
-                _add_file(tar, f"{folder}/{rel}", plan.wheelhouse / rel, 0o644)
-                count += 1
+        # No wheelhouse here: the Dockerfile copies it from the wheels image (write_wheels_context).
         root = plan.context.root
         _add_bytes_dir(tar, "src")
         for entry in plan.context.entries:
             _add_file(tar, f"src/{entry.rel}", root / entry.rel)
             count += 1
+    return count
+
+
+def write_wheels_context(plan: BuildPlan, folder: str, fileobj: IO[bytes]) -> int:
+    """The build context of the wheels image ``plan.wheels_images[folder]``: its Dockerfile and
+    that group of the wheelhouse (the torch step's wheels, or the rest); return the number of wheels."""
+    if plan.wheelhouse is None:
+        raise BuildError("internal: a wheels image is built only for an offline build (image.wheelhouse)")
+    count = 0
+    with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        _add_bytes(tar, "Dockerfile", WHEELS_DOCKERFILE.encode("utf-8"))
+        for rel, _size in plan.wheelhouse_files:
+            if (WHEELHOUSE_TORCH_DIR if rel in plan.torch_wheels else WHEELHOUSE_DIR) == folder:
+                _add_file(tar, f"{folder}/{rel}", plan.wheelhouse / rel, 0o644)
+                count += 1
     return count
 
 
@@ -161,10 +173,8 @@ def build_image(plan: BuildPlan, wheel_path: Path, *, client=None, reporter: Rep
         reporter.close()
 
 
-def _build(plan: BuildPlan, wheel_path: Path, client, reporter: Reporter, no_cache: bool,  # noqa: C901 (one pass over the stream)
+def _build(plan: BuildPlan, wheel_path: Path, client, reporter: Reporter, no_cache: bool,
            network_mode: str | None, pull: bool) -> BuildResult:
-    docker_errors = sdk.errors()[0]
-
     t0 = time.monotonic()
     if not no_cache:
         existing = image_exists(client, plan.content_tag)
@@ -174,54 +184,15 @@ def _build(plan: BuildPlan, wheel_path: Path, client, reporter: Reporter, no_cac
             reporter.result(f"up to date: {plan.content_tag} ({existing[7:19]}); tagged {plan.tag}")
             return BuildResult(existing, plan.tags, True, [], time.monotonic() - t0)
 
-    steps: list[Step] = []
-    tail: deque[str] = deque(maxlen=TAIL_LINES)
-    image_id = None
-    pull_status: dict[str, str] = {}
+    for folder, ref in plan.wheels_images.items():
+        if no_cache or image_exists(client, ref) is None:
+            _build_wheels_image(plan, folder, ref, client, reporter, no_cache)
     with tempfile.TemporaryFile(prefix="wmctl-context-") as ctx:
         write_context(plan, wheel_path, ctx)
         ctx.seek(0)
         reporter.status(f"sending build context to {os.environ.get('DOCKER_HOST') or 'the local engine'}")
-        try:
-            stream = client.api.build(
-                fileobj=ctx, custom_context=True, dockerfile="Dockerfile", tag=plan.tag, rm=True,
-                forcerm=True, nocache=no_cache, pull=pull, buildargs=plan.build_args or None,
-                platform=plan.platform, network_mode=network_mode, decode=True,
-            )
-            for kind, item in _lines(stream):
-                if kind == "line":
-                    match = STEP_RE.match(item)
-                    if match:
-                        steps.append(Step(int(match.group(1)), int(match.group(2)), match.group(3)))
-                        tail.clear()
-                        reporter.step(steps[-1])
-                        continue
-                    if steps and "Using cache" in item:
-                        steps[-1].cached = True
-                    if steps:
-                        steps[-1].output.append(item)
-                    if item.strip() and not item.startswith((" ---> ", "Removing intermediate container")):
-                        tail.append(item)
-                    done = re.match(r"^Successfully built ([0-9a-f]+)", item)
-                    if done:
-                        image_id = image_id or done.group(1)
-                    reporter.line(item)
-                elif "error" in item:
-                    detail = item.get("errorDetail") or {}
-                    raise _failure(steps, detail.get("message") or item["error"], tail)
-                elif "aux" in item and isinstance(item["aux"], dict) and "ID" in item["aux"]:
-                    image_id = item["aux"]["ID"]
-                elif "status" in item:
-                    key = item.get("id", "")
-                    if pull_status.get(key) != item["status"]:
-                        pull_status[key] = item["status"]
-                        reporter.status(f"{key + ': ' if key else ''}{item['status']}")
-        except docker_errors.APIError as exc:
-            raise _failure(steps, exc.explanation or str(exc), tail) from None
-        except docker_errors.DockerException as exc:
-            raise EngineUnavailable(f"the Docker engine failed during the build: {exc}") from None
-    if image_id is None:
-        raise _failure(steps, "the engine ended the build without an image id", tail)
+        image_id, steps = _run_build(client, reporter, ctx, tag=plan.tag, no_cache=no_cache, pull=pull,
+                                     build_args=plan.build_args, platform=plan.platform, network_mode=network_mode)
     repo, tag = split_tag(plan.content_tag)
     client.api.tag(image_id, repo, tag)
     image_id = client.images.get(image_id).id
@@ -230,6 +201,69 @@ def _build(plan: BuildPlan, wheel_path: Path, client, reporter: Reporter, no_cac
     reporter.result(f"built {image_id[7:19]} in {seconds:.1f}s ({cached}/{len(steps)} steps cached): "
                     + ", ".join(plan.tags))
     return BuildResult(image_id, plan.tags, False, steps, seconds)
+
+
+def _build_wheels_image(plan: BuildPlan, folder: str, ref: str, client, reporter: Reporter, no_cache: bool) -> None:
+    """Send one group of the wheelhouse to the engine once, as ``ref`` (FROM scratch, no network)."""
+    with tempfile.TemporaryFile(prefix="wmctl-wheels-") as ctx:
+        count = write_wheels_context(plan, folder, ctx)
+        ctx.seek(0)
+        reporter.status(f"sending {count} wheels of the wheelhouse as {ref}, once per content")
+        _run_build(client, reporter, ctx, tag=ref, no_cache=no_cache, pull=False, build_args={},
+                   platform=plan.platform, network_mode="none")
+
+
+def _run_build(client, reporter: Reporter, ctx: IO[bytes], *, tag: str, no_cache: bool,  # noqa: C901 (one pass over the stream)
+               pull: bool, build_args: dict[str, str], platform: str | None,
+               network_mode: str | None) -> tuple[str, list[Step]]:
+    """One engine build of the context tar ``ctx``, its steps reported: (image id, steps)."""
+    docker_errors = sdk.errors()[0]
+
+    steps: list[Step] = []
+    tail: deque[str] = deque(maxlen=TAIL_LINES)
+    image_id = None
+    pull_status: dict[str, str] = {}
+    try:
+        stream = client.api.build(
+            fileobj=ctx, custom_context=True, dockerfile="Dockerfile", tag=tag, rm=True,
+            forcerm=True, nocache=no_cache, pull=pull, buildargs=build_args or None,
+            platform=platform, network_mode=network_mode, decode=True,
+        )
+        for kind, item in _lines(stream):
+            if kind == "line":
+                match = STEP_RE.match(item)
+                if match:
+                    steps.append(Step(int(match.group(1)), int(match.group(2)), match.group(3)))
+                    tail.clear()
+                    reporter.step(steps[-1])
+                    continue
+                if steps and "Using cache" in item:
+                    steps[-1].cached = True
+                if steps:
+                    steps[-1].output.append(item)
+                if item.strip() and not item.startswith((" ---> ", "Removing intermediate container")):
+                    tail.append(item)
+                done = re.match(r"^Successfully built ([0-9a-f]+)", item)
+                if done:
+                    image_id = image_id or done.group(1)
+                reporter.line(item)
+            elif "error" in item:
+                detail = item.get("errorDetail") or {}
+                raise _failure(steps, detail.get("message") or item["error"], tail)
+            elif "aux" in item and isinstance(item["aux"], dict) and "ID" in item["aux"]:
+                image_id = item["aux"]["ID"]
+            elif "status" in item:
+                key = item.get("id", "")
+                if pull_status.get(key) != item["status"]:
+                    pull_status[key] = item["status"]
+                    reporter.status(f"{key + ': ' if key else ''}{item['status']}")
+    except docker_errors.APIError as exc:
+        raise _failure(steps, exc.explanation or str(exc), tail) from None
+    except docker_errors.DockerException as exc:
+        raise EngineUnavailable(f"the Docker engine failed during the build: {exc}") from None
+    if image_id is None:
+        raise _failure(steps, "the engine ended the build without an image id", tail)
+    return image_id, steps
 
 
 # ---- push ------------------------------------------------------------------------------------------------

@@ -15,9 +15,14 @@ Build context layout (the tar sent to the engine)::
     wmctl/wheels/wmctl-<version>-py3-none-any.whl   the runtime, same version as this CLI
     wmctl/req/<path in image.context>               image.requirements and the files it names
                                                     with -r/-c, at their context-relative paths
-    wmctl/wheelhouse-torch/...                      offline builds: the wheels the torch step needs
-    wmctl/wheelhouse/...                            offline builds: the rest of image.wheelhouse
     src/...                                         image.context minus .dockerignore
+
+Offline builds read image.wheelhouse from wheels images, not from this context: each group of
+wheels goes to the engine once, as ``wmctl/wheelhouse:<group>-<digest of its wheels>`` (``FROM
+scratch``; the torch step's wheels under /wmctl/wheelhouse-torch/, the rest under
+/wmctl/wheelhouse/), and the Dockerfile copies them with ``COPY --from=`` that image. A code
+change then sends only the code: a torch wheelhouse (hundreds of MB to GBs) is not tarred, sent
+and unpacked again; a new requirement's wheel makes a new deps image and leaves the torch one.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from typing import Any
 
 from ..errors import BuildError
 from ..runtime.protocol import ENV_VENDOR_PROFILE
-from .context import ContextScan, REQUIREMENTS_DIR, created_timestamp, scan_context, source_metadata
-from .digest import content_digest
+from .context import (REQUIREMENTS_DIR, WHEELHOUSE_DIR, WHEELHOUSE_TORCH_DIR, ContextScan, created_timestamp,
+                      scan_context, source_metadata)
+from .digest import content_digest, wheelhouse_hashes, wheels_image_digest
 from .dockerfile import DockerfileInputs, render_dockerfile
 from .quoting import check_ident, check_ref, check_single_line
 from .requirements import inside, requirements_closure
@@ -57,10 +63,18 @@ class BuildPlan:
     torch_wheels: set[str] = field(default_factory=set)   # wheelhouse files copied before the torch step
     base: str = ""
     base_image_id: str | None = None   # the engine's id for base, part of the digest when known
+    # offline builds: context folder (WHEELHOUSE_TORCH_DIR, WHEELHOUSE_DIR) -> the wheels image of
+    # that group, which the Dockerfile copies from
+    wheels_images: dict[str, str] = field(default_factory=dict)
+
 
     @property
     def tags(self) -> list[str]:
         return [self.tag, self.content_tag]
+
+
+# Where the wheels images live: one tag per wheelhouse content, shared by every job that uses it.
+WHEELS_IMAGE_REPO = "wmctl/wheelhouse"
 
 
 def split_tag(ref: str) -> tuple[str, str]:
@@ -135,6 +149,12 @@ def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: s
     torch_packages = tuple(profile.torch_packages) if profile.pip_install_torch else ()
     torch_wheels = torch_wheel_set(wh, wh_files, torch_packages) if wh is not None and torch_packages else set()
     dep_wheels = {rel for rel, _ in wh_files} - torch_wheels
+    wheel_hashes = wheelhouse_hashes(wh, wh_files) if wh is not None else {}
+    wheels_images = {}
+    for folder, group, wanted in ((WHEELHOUSE_TORCH_DIR, "torch", torch_wheels), (WHEELHOUSE_DIR, "deps", dep_wheels)):
+        if wanted:
+            hashes = {rel: wheel_hashes[rel] for rel in wanted}
+            wheels_images[folder] = f"{WHEELS_IMAGE_REPO}:{group}-{wheels_image_digest(folder, hashes)}"
 
     meta = source if source is not None else source_metadata(root)
     volatile = {"org.opencontainers.image.created": created or created_timestamp(),
@@ -153,6 +173,8 @@ def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: s
         offline=wh is not None, requirements=requirements is not None,
         requirements_rel=requirements_files[0][0] if requirements_files else "requirements.txt",
         has_torch_wheels=bool(torch_wheels), has_dep_wheels=bool(dep_wheels),
+        torch_wheels_image=wheels_images.get(WHEELHOUSE_TORCH_DIR, ""),
+        dep_wheels_image=wheels_images.get(WHEELHOUSE_DIR, ""),
         torch_packages=torch_packages, torch_index_url=profile.torch_index_url,
         optional_packages=tuple(profile.system_packages), required_packages=tuple(image.system_packages),
         # The image knows its vendor as a job does: `python -m orchestrator.runtime.preflight` in it
@@ -162,7 +184,7 @@ def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: s
         labels=tuple(stable.items()),
     )
     canonical = render_dockerfile(inputs)
-    digest = content_digest(canonical, scan, requirements_files, wh, wh_files, wheel_fingerprint, args, platform,
+    digest = content_digest(canonical, scan, requirements_files, wheel_hashes, wheel_fingerprint, args, platform,
                             base_image_id)
     labels = {**stable, "io.wmctl.content-digest": digest[:12], **volatile}
     dockerfile = render_dockerfile(DockerfileInputs(**{**inputs.__dict__, "labels": tuple(labels.items())}))
@@ -171,7 +193,7 @@ def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: s
         wheelhouse_files=wh_files, wheel_name=wheel_name, wheel_fingerprint=wheel_fingerprint,
         build_args=args, platform=platform, tag=user_tag, content_tag=f"{repo}:wmctl-{digest[:12]}",
         digest=digest, labels=labels, requirements_files=requirements_files, torch_wheels=torch_wheels,
-        base=base, base_image_id=base_image_id,
+        base=base, base_image_id=base_image_id, wheels_images=wheels_images,
     )
 
 
@@ -203,6 +225,8 @@ def context_summary(plan: BuildPlan, max_excluded: int = 20) -> str:
         size = sum(s for _, s in plan.wheelhouse_files)
         lines.append(f"  wheelhouse (offline build, pip --no-index): {plan.wheelhouse} "
                      f"({len(plan.wheelhouse_files)} files, {_human(size)}; stays in the image's layers)")
+        for ref in plan.wheels_images.values():
+            lines.append(f"    sent once, as {ref} (built when the engine lacks it); the build copies from it")
         if plan.torch_wheels:
             torch_size = sum(s for rel, s in plan.wheelhouse_files if rel in plan.torch_wheels)
             lines.append(f"    for the torch step: {len(plan.torch_wheels)} files ({_human(torch_size)}); "

@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import BuildError
+from .digest import by_stamp
+
+REQUIRES_CACHE_FILE = "wheelhouse-requires.json"
 
 
 def _dist_name(text: str) -> str | None:
@@ -45,9 +48,13 @@ def torch_wheel_set(wheelhouse: Path, files: list[tuple[str, int]], torch_packag
     by_name: dict[str, list[str]] = {}
     unknown: set[str] = set()
     requires: dict[str, list[str]] = {}
+    wheels = [rel for rel, _size in files if rel.endswith(".whl")]
+    # A torch wheel's zip index has some 16,000 entries: read once, then kept (digest.by_stamp).
+    read = by_stamp(REQUIRES_CACHE_FILE, [wheelhouse / rel for rel in wheels], _wheel_requires)
+    found = dict(zip(wheels, read, strict=True))
     for rel, _size in files:
         base = rel.rsplit("/", 1)[-1]
-        deps = _wheel_requires(wheelhouse / rel) if base.endswith(".whl") else None
+        deps = found.get(rel)
         name = _dist_name(base.split("-", 1)[0]) if base.endswith(".whl") else None
         if deps is None or name is None:
             unknown.add(rel)

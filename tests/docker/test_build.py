@@ -233,3 +233,70 @@ def test_example_spec_builds_from_local_base(docker_client, base_image, tmp_path
     assert out.split()[0] == __version__
     assert "wmctl-bind" in out
     assert "train.py" in out.split()
+
+
+class ContextRecorder:
+    """The real engine's API, with every build context it is sent kept (tar member names, bytes)."""
+
+    def __init__(self, api):
+        self._api = api
+        self.sent: list[tuple[str, list[str], int]] = []   # (tag, member names, context bytes)
+
+    def build(self, *, fileobj, tag, **kwargs):
+        import io
+        import tarfile
+
+        data = fileobj.read()
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            self.sent.append((tag, tar.getnames(), len(data)))
+        return self._api.build(fileobj=io.BytesIO(data), tag=tag, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._api, name)
+
+
+def test_code_only_rebuild_does_not_send_the_wheelhouse_again(docker_client, base_image, tmp_path, tag):
+    from types import SimpleNamespace
+
+    from orchestrator.commands.build_image import prepare
+    from orchestrator.imagebuild import engine, progress, wheel
+
+    spec = write_job(tmp_path / "job", base_image, requirements="six\n")
+    wh = tmp_path / "wheelhouse"
+    filled = run_wmctl("wheelhouse", str(spec), "--dir", str(wh), "--no-torch", cwd=tmp_path)
+    assert filled.returncode == 0, filled.stderr
+    wheel_names = sorted(p.name for p in wh.iterdir())
+    assert wheel_names
+    recorder = ContextRecorder(docker_client.api)
+    client = SimpleNamespace(api=recorder, images=docker_client.images)
+    runtime = wheel.build_wheel()
+
+    def build():
+        _spec, plan = prepare(str(spec), tag=tag, wheelhouse=str(wh), client=docker_client)
+        result = engine.build_image(plan, runtime, client=client, reporter=progress.Reporter(quiet=True),
+                                    network_mode="none")
+        assert not result.up_to_date
+        return plan
+
+    first = build()
+    # The wheels went in a wheels image of their own (sent now, or by an earlier build of the same
+    # wheels: the tag is their content), never in the job's context.
+    wheels_tags = set(first.wheels_images.values())
+    assert wheels_tags and all(engine.image_exists(docker_client, ref) for ref in wheels_tags)
+    for sent_tag, names, _ in recorder.sent:
+        if sent_tag in wheels_tags:
+            assert sorted(n.rsplit("/", 1)[-1] for n in names if n.endswith(".whl")) == wheel_names
+    job_context = [names for t, names, _ in recorder.sent if t == tag]
+    assert len(job_context) == 1 and not [n for n in job_context[0] if "wheelhouse" in n]
+
+    recorder.sent.clear()
+    (spec.parent / "train.py").write_text("print('train v2')\n")
+    second = build()
+    assert second.wheels_images == first.wheels_images
+    # One context went to the engine: the job's, with the changed code and without a single wheel.
+    assert [t for t, _, _ in recorder.sent] == [tag]
+    names = recorder.sent[0][1]
+    assert "src/train.py" in names and not [n for n in names if "wheelhouse" in n]
+    assert [n for n in names if n.endswith(".whl")] == [f"wmctl/wheels/{wheel.wheel_name()}"]
+    assert run_in_image(docker_client, tag, "python train.py; python -c 'import six; print(six.__name__)'").split() \
+        == ["train", "v2", "six"]

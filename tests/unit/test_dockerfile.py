@@ -635,7 +635,7 @@ def test_offline_torch_wheels_are_copied_apart_from_the_requirements_wheels(tmp_
         return next(i for i, l in enumerate(lines) if pred(l))
     torch_copy = at(lambda l: l.startswith("COPY ") and "wmctl/wheelhouse-torch/" in l)
     torch_run = at(lambda l: l.startswith("RUN ") and "torch==2.13.0" in l)
-    dep_copy = at(lambda l: l.startswith('COPY ["wmctl/wheelhouse/"'))
+    dep_copy = at(lambda l: l.startswith(f'COPY --from={plan.wheels_images["wmctl/wheelhouse"]} ["/wmctl/wheelhouse/"'))
     req_run = at(lambda l: l.startswith("RUN ") and "/tmp/wmctl/req/requirements.txt" in l)
     assert torch_copy < torch_run < dep_copy < req_run
     # A new requirement's wheel changes only the later layer: the torch part renders the same.
@@ -654,5 +654,5 @@ def test_offline_without_a_torch_step_copies_the_wheelhouse_right_before_require
     plan = plan_for(write_spec(tmp_path / "job"), profile=profile, wheelhouse=wh)
     assert "wheelhouse-torch" not in plan.dockerfile and not plan.torch_wheels
     lines = [l for l in plan.dockerfile.splitlines() if l.startswith(("COPY ", "RUN "))]
-    dep_copy = lines.index('COPY ["wmctl/wheelhouse/", "/tmp/wmctl/wheelhouse/"]')
+    dep_copy = lines.index(f'COPY --from={plan.wheels_images["wmctl/wheelhouse"]} ["/wmctl/wheelhouse/", "/tmp/wmctl/wheelhouse/"]')
     assert lines[dep_copy - 1].startswith('COPY ["wmctl/req/"') and "-r" in lines[dep_copy + 1]

@@ -266,10 +266,26 @@ def test_context_carries_nested_requirements_and_both_wheel_groups(tmp_path):
     with tarfile.open(fileobj=buf) as tar:
         names = set(tar.getnames())
     assert {"wmctl/req/requirements.txt", "wmctl/req/reqs/base.txt", "wmctl/req/constraints.txt"} <= names
+    assert "wmctl/requirements.txt" not in names
+    # The wheels travel in the wheels image's own context (sent once per wheelhouse), never in the job's.
+    assert not [n for n in names if "wheelhouse" in n]
+    wheels = set()
+    for folder, count in (("wmctl/wheelhouse-torch", 2), ("wmctl/wheelhouse", 1)):
+        buf = io.BytesIO()
+        assert engine.write_wheels_context(plan, folder, buf) == count
+        buf.seek(0)
+        with tarfile.open(fileobj=buf) as tar:
+            wheels |= set(tar.getnames())
+            dockerfile = tar.extractfile("Dockerfile").read().decode()
+        assert dockerfile.splitlines()[1:] == ["FROM scratch", 'COPY ["wmctl/", "/wmctl/"]']
     assert {"wmctl/wheelhouse-torch/torch-1.0-py3-none-any.whl",
             "wmctl/wheelhouse-torch/filelock-1.0-py3-none-any.whl",
-            "wmctl/wheelhouse/six-1.0-py3-none-any.whl"} <= names
-    assert "wmctl/requirements.txt" not in names
+            "wmctl/wheelhouse/six-1.0-py3-none-any.whl"} <= wheels
+    # The job's Dockerfile copies each group from its image, by a tag named after the wheels' contents.
+    torch_image, deps_image = plan.wheels_images["wmctl/wheelhouse-torch"], plan.wheels_images["wmctl/wheelhouse"]
+    assert torch_image.startswith("wmctl/wheelhouse:torch-") and deps_image.startswith("wmctl/wheelhouse:deps-")
+    assert f'COPY --from={torch_image} ["/wmctl/wheelhouse-torch/", "/tmp/wmctl/wheelhouse/"]' in plan.dockerfile
+    assert f'COPY --from={deps_image} ["/wmctl/wheelhouse/", "/tmp/wmctl/wheelhouse/"]' in plan.dockerfile
 
 
 # ---- the reporter is closed on every way out -------------------------------------------------------------------
@@ -389,3 +405,87 @@ def test_rich_reporter_stops_its_spinner_once():
         reporter._status.stop = lambda: (stops.append(1), real_stop())
         reporter.close()   # build_image closes it, then the command's `with` does
     assert stops == [1]
+
+
+# ---- wheel hashes kept between builds ---------------------------------------------------------------------------
+
+def test_wheel_hashes_are_kept_between_builds_and_redone_when_a_wheel_changes(tmp_path, monkeypatch):
+    import hashlib
+    import os
+    import time
+
+    from orchestrator.imagebuild import digest
+
+    monkeypatch.setenv("WMCTL_CACHE_DIR", str(tmp_path / "cache"))
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    wheel_file = wh / "six-1.0-py3-none-any.whl"
+    wheel_file.write_bytes(b"a" * 100)
+    files = [(wheel_file.name, 100)]
+
+    def later() -> float:          # past the racy window: the file's stamps are settled
+        return time.time() + 10 * digest.RACY_S
+
+    first = digest.wheelhouse_hashes(wh, files, clock=later)
+    assert first == {wheel_file.name: hashlib.sha256(b"a" * 100).hexdigest()}
+    read = digest._file_sha256
+
+    def no_read(path):
+        raise AssertionError(f"{path} was read again")
+
+    monkeypatch.setattr(digest, "_file_sha256", no_read)
+    assert digest.wheelhouse_hashes(wh, files, clock=later) == first
+    # Rebuilt in place: same name, same size; its stamps changed, so it is read again.
+    wheel_file.write_bytes(b"b" * 100)
+    os.utime(wheel_file, ns=(10**9, 10**9))
+    monkeypatch.setattr(digest, "_file_sha256", read)
+    assert digest.wheelhouse_hashes(wh, files, clock=later) == {wheel_file.name: hashlib.sha256(b"b" * 100).hexdigest()}
+
+
+def test_a_wheel_written_just_now_is_hashed_but_not_kept(tmp_path, monkeypatch):
+    from orchestrator.imagebuild import digest
+
+    monkeypatch.setenv("WMCTL_CACHE_DIR", str(tmp_path / "cache"))
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    (wh / "six-1.0-py3-none-any.whl").write_bytes(b"a")
+    assert digest.wheelhouse_hashes(wh, [("six-1.0-py3-none-any.whl", 1)])   # the real clock: racy
+    assert not (tmp_path / "cache" / digest.HASH_CACHE_FILE).exists()
+
+
+def test_a_cache_folder_that_cannot_be_written_only_costs_the_hashing(tmp_path, monkeypatch):
+    import time
+
+    from orchestrator.imagebuild import digest
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("WMCTL_CACHE_DIR", str(blocker))
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    (wh / "six-1.0-py3-none-any.whl").write_bytes(b"a")
+    got = digest.wheelhouse_hashes(wh, [("six-1.0-py3-none-any.whl", 1)], clock=lambda: time.time() + 100)
+    assert list(got) == ["six-1.0-py3-none-any.whl"]
+
+
+def test_a_wheels_requirements_are_read_once_then_kept(tmp_path, monkeypatch):
+    from orchestrator.imagebuild import digest, wheelhouse
+
+    from .test_dockerfile import make_wheel
+
+    monkeypatch.setenv("WMCTL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(digest, "RACY_S", -1e9)     # as if the files had been written long ago
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    make_wheel(wh, "torch", requires=["filelock"])
+    make_wheel(wh, "filelock")
+    make_wheel(wh, "six")
+    files = sorted((p.name, p.stat().st_size) for p in wh.iterdir())
+    first = wheelhouse.torch_wheel_set(wh, files, ["torch"])
+    assert first == {"torch-1.0-py3-none-any.whl", "filelock-1.0-py3-none-any.whl"}
+
+    def no_read(path):
+        raise AssertionError(f"{path} was opened again")
+
+    monkeypatch.setattr(wheelhouse, "_wheel_requires", no_read)
+    assert wheelhouse.torch_wheel_set(wh, files, ["torch"]) == first

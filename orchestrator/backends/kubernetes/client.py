@@ -14,7 +14,6 @@ is only a request to the server to end it.
 
 from __future__ import annotations
 
-import email.utils
 import json
 import random
 import time
@@ -58,6 +57,8 @@ def retry_after_s(exc: BaseException) -> float | None:
     raw = str(raw).strip()
     if raw.isdigit():
         return float(raw)
+    import email.utils   # only a Retry-After date asks; a dry run does not load it
+
     try:
         when = email.utils.parsedate_to_datetime(raw)
     except (TypeError, ValueError):
