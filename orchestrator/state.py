@@ -344,7 +344,7 @@ class LocalRunStore(RunStore):
         held = self._read_lease()
         if held is None:
             return False
-        if held.host != socket.gethostname():
+        if held.host != _hostname():
             return held.age() < LEASE_STALE_S
         return held.pid > 0 and _alive(held.pid)
 
