@@ -77,6 +77,7 @@ try:
 except ImportError:  # not POSIX: no advisory locks
     fcntl = None  # type: ignore[assignment]
 
+from .loader import LoaderTracker
 from .checkpoint_sharded import (DCP_METADATA, LAYOUT, SHARDED_DIR, ShardedState, is_sharded_model, load_failures,
                                  local_state)
 from .protocol import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN, ENV_SPEC_HASH, ENV_TEST_SLEEP_BEFORE_COMMIT
@@ -790,9 +791,18 @@ class CheckpointManager:
         refusal = dist.broadcast_object(refusal)
         if refusal:
             raise CheckpointError(refusal)
+        # DataLoaders: registered ones resume mid-epoch exactly, others make a resume not exact (loader.py).
+        self._loaders = LoaderTracker(lambda: self._generators, self.rank)
+        self._loaders.on_late = self._not_exact_after_all
+        self._resumed_at: tuple[int, str] | None = None
 
     def register(self, model: Any = None, optimizer: Any = None, scheduler: Any = None,
-                 scaler: Any = None, sampler: Any = None, generators: dict[str, Any] | None = None) -> None:
+                 scaler: Any = None, sampler: Any = None, generators: dict[str, Any] | None = None,
+                 loader: Any = None, loaders: dict[str, Any] | None = None) -> None:
+        """``loader`` / ``loaders`` (by name): DataLoaders whose iterators the checkpoint keeps,
+        so that a resume continues their epoch exactly (loader.py)."""
+        for name, dl in ((("loader", loader),) if loader is not None else ()) + tuple((loaders or {}).items()):
+            self._loaders.register(name, dl)
         if model is not None and is_sharded_model(_unwrap(model)):
             # FSDP (1 or 2): no rank holds the whole model, so model and optimizer go through
             # torch.distributed.checkpoint, every rank writing its own shards (checkpoint_sharded).
@@ -984,11 +994,23 @@ class CheckpointManager:
         try:
             self.wait()
         finally:
+            self._loaders.close()
             if self._sharded is not None:
                 self._sharded.close()
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+
+    def _not_exact_after_all(self, reason: str) -> None:
+        """A DataLoader the manager does not know was iterated after the resume was reported
+        exact: say so (stderr, and the resume event again, now not exact)."""
+        if self._resumed_at is None or self.rank != 0:
+            return
+        step, path = self._resumed_at
+        print(f"wmctl: the resume from step {step} is not exact: {reason} (iterated after restore(); register "
+              "it with register(loader=...) before restore())", file=sys.stderr, flush=True)
+        if self.progress is not None and hasattr(self.progress, "resume"):
+            self.progress.resume(step=step, path=path, exact=False, reason=reason, amended=True)
 
     def _nonfinite_parameters(self) -> list[str]:
         model = self._objects.get("model")
@@ -1007,6 +1029,7 @@ class CheckpointManager:
             "sampler": sampler.state_dict() if sampler is not None else None,
             "generators": {name: g.get_state() for name, g in self._generators.items()},
             "rng": capture_rng(),
+            "loaders": self._loaders.state_dict(),
         }
 
     def _shared_payload(self) -> dict[str, Any]:
@@ -1172,6 +1195,12 @@ class CheckpointManager:
         else:
             if sampler is not None and rank_state["sampler"] is not None:
                 sampler.load_state_dict(rank_state["sampler"])
+            # Loader iterators are rebuilt before any RNG is put back: rebuilding draws from it.
+            why = self._loaders.restore(rank_state.get("loaders"), positioned=sampler)
+            if why:
+                exact, reason = False, "; ".join(why)
+                warnings.append(f"not exact: {reason} (register every DataLoader with register(loader=...) "
+                                "before restore(); see docs/recovery-exactness.md)")
             for name, gen in self._generators.items():
                 if name in rank_state["generators"]:
                     gen.set_state(rank_state["generators"][name])
@@ -1180,6 +1209,7 @@ class CheckpointManager:
             for w in warnings:
                 print(f"wmctl: checkpoint {ckpt}: {w}", file=sys.stderr, flush=True)
         self.last_saved_step = int(meta["step"])
+        self._resumed_at = (int(meta["step"]), str(ckpt))
         elsewhere = decision.get("resumed_from")
         return ResumeState(step=int(meta["step"]), epoch=int(meta.get("epoch", 0)),
                            samples=int(meta.get("samples", 0)), path=ckpt,

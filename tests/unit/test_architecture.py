@@ -78,6 +78,7 @@ LAYERS: list[tuple[str, int]] = [
     # inside the job: imports only itself, torch and the standard library
     ("orchestrator.runtime", 1),
     ("orchestrator.runtime.checkpoint_sharded", 1),   # FSDP model + optimizer through torch.distributed.checkpoint
+    ("orchestrator.runtime.loader", 1),   # registered DataLoaders' iterators, rebuilt exactly on resume
 ]
 
 
