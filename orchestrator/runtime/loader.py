@@ -198,7 +198,12 @@ class LoaderTracker:
         _install(self)
 
     def close(self) -> None:
+        """Stop watching; the manager is done (nothing it holds keeps a loader alive now)."""
         _uninstall(self)
+        self.on_late = None
+        self._loaders.clear()
+        self._records.clear()
+        self._pending.clear()
 
     def register(self, name: str, loader: Any) -> None:
         cls = _dataloader_class()
@@ -263,7 +268,14 @@ class LoaderTracker:
         if cls is None:
             return 0
         mine = {id(x) for x in self._loaders.values()}
-        return sum(1 for obj in gc.get_objects() if isinstance(obj, cls) and id(obj) not in mine)
+
+        def count() -> int:
+            return sum(1 for obj in gc.get_objects() if isinstance(obj, cls) and id(obj) not in mine)
+
+        if not count():
+            return 0
+        gc.collect()      # garbage not yet collected (in a cycle) is no loader of the job
+        return count()
 
     def restore(self, saved: dict[str, Any] | None, positioned: Any = None) -> list[str]:
         """Rebuild each registered loader's iterator as it was at the checkpoint, leaving the
