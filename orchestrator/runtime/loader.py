@@ -120,6 +120,19 @@ def _generators(loader: Any) -> dict[str, Any]:
     return out
 
 
+def _samplers(loader: Any) -> list[Any]:
+    return [getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)]
+
+
+def _sampler_position(loader: Any) -> int | None:
+    """The position of a sampler that keeps one (ResumableDistributedSampler), else None."""
+    for sampler in _samplers(loader):
+        position = getattr(sampler, "position", None)
+        if isinstance(position, int) and hasattr(sampler, "state_dict"):
+            return position
+    return None
+
+
 def snapshot(generators: dict[str, Any]) -> dict[str, Any]:
     """The global RNGs an iterator draws from (torch CPU, python, numpy if loaded) and ``generators``."""
     state: dict[str, Any] = {"torch": _torch().get_rng_state(), "python": random.getstate(),
@@ -145,13 +158,15 @@ class _Record:
     """One iterator's story: the RNG at its creation and before its first batch, and how many
     batches it handed to the loop."""
 
-    def __init__(self, created: dict[str, Any]) -> None:
+    def __init__(self, created: dict[str, Any], sampler_start: int | None) -> None:
         self.created = created
         self.first: dict[str, Any] | None = None
         self.position = 0
+        self.sampler_start = sampler_start     # a positioned sampler's position when the iterator began
 
     def state(self) -> dict[str, Any]:
-        return {"created": self.created, "first": self.first, "position": self.position}
+        return {"created": self.created, "first": self.first, "position": self.position,
+                "sampler_start": self.sampler_start}
 
 
 class TrackedIterator:
@@ -240,7 +255,7 @@ class LoaderTracker:
         if not self._restored:
             self._early.add(name)
         gens = self._all_generators(loader)
-        record = _Record(snapshot(gens))
+        record = _Record(snapshot(gens), _sampler_position(loader))
         assert _original_iter is not None
         inner = _original_iter(loader)
         self._records[name] = record
@@ -281,10 +296,11 @@ class LoaderTracker:
         """Rebuild each registered loader's iterator as it was at the checkpoint, leaving the
         global RNG wherever that took it: the caller restores the checkpoint's RNG *after* this.
         Returns the reasons the resume is not exact (empty when it is). ``positioned``: the
-        sampler the manager restores to its position itself (a loader over it is not
-        fast-forwarded)."""
+        sampler the manager restored to its position itself; a loader over it is rebuilt from
+        the position its iterator began at, then set back."""
         self._restored = True
         self.resumed = True
+        _install(self)    # observed from here on even if torch.utils.data loaded after the manager was made
         reasons: list[str] = []
         if self._early:
             reasons.append(EARLY_ITERATOR)
@@ -300,26 +316,21 @@ class LoaderTracker:
                 reasons.append(PERSISTENT)
                 continue
             gens = self._all_generators(loader)
-            apply(rec["created"], gens)
-            _building.on = True
+            start = rec.get("sampler_start")
+            held = positioned if positioned is not None and any(x is positioned for x in _samplers(loader)) else None
+            if held is not None and not isinstance(start, int):
+                reasons.append(OLD_CHECKPOINT)
+                continue
+            restored_at = held.position if held is not None else None
             try:
-                inner = iter(loader)
+                if held is not None:
+                    held.position = start      # where the epoch's iterator began, to read it again from there
+                inner = self._rebuild(name, loader, rec, gens)
             finally:
-                _building.on = False
-            record = _Record(rec["created"])
-            over = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
-            skip = 0 if positioned is not None and any(s is positioned for s in over) else int(rec["position"])
-            if rec["first"] is not None:
-                record.first = rec["first"]
-                if skip:
-                    apply(rec["first"], gens)
-            for done in range(skip):
-                try:
-                    next(inner)
-                except StopIteration:
-                    raise ValueError(f"DataLoader {name!r} has {done} batches now, but the checkpoint was taken "
-                                     f"after batch {skip} of its epoch: the dataset or batch size changed "
-                                     "since; resume with the data it was saved with") from None
+                if held is not None:
+                    held.position = restored_at
+            record = _Record(rec["created"], start)
+            record.first = rec["first"]
             own = _generators(loader)
             for k, state in (rec.get("now") or {}).items():
                 if k in own:
@@ -329,3 +340,24 @@ class LoaderTracker:
             self._pending[name] = TrackedIterator(inner, record, functools.partial(snapshot, gens))
         self._said.update(reasons)
         return reasons
+
+    @staticmethod
+    def _rebuild(name: str, loader: Any, rec: dict[str, Any], gens: dict[str, Any]) -> Any:
+        """The iterator ``rec`` describes, with the batches it had handed out read and dropped."""
+        apply(rec["created"], gens)
+        _building.on = True
+        try:
+            inner = iter(loader)
+        finally:
+            _building.on = False
+        skip = int(rec["position"])
+        if skip and rec["first"] is not None:
+            apply(rec["first"], gens)
+        for done in range(skip):
+            try:
+                next(inner)
+            except StopIteration:
+                raise ValueError(f"DataLoader {name!r} has {done} batches now, but the checkpoint was taken "
+                                 f"after batch {skip} of its epoch: the dataset or batch size changed "
+                                 "since; resume with the data it was saved with") from None
+        return inner

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from orchestrator.runtime.checkpoint import CheckpointManager
+from orchestrator.runtime import loader as loader_mod
 from orchestrator.runtime.loader import _dataloader_class
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,5 +92,7 @@ def test_register_refuses_what_is_not_a_dataloader_and_one_loader_under_two_name
             mgr.register(loaders={"train": loader})
     finally:
         mgr.close()
-    # Closed: DataLoader.__iter__ is torch's own again.
-    assert _dataloader_class().__iter__.__module__ == "torch.utils.data.dataloader"
+    # Closed: no longer watching; with no other manager open, DataLoader.__iter__ is torch's own again.
+    assert mgr._loaders not in list(loader_mod._trackers)
+    if not list(loader_mod._trackers):
+        assert _dataloader_class().__iter__.__module__ == "torch.utils.data.dataloader"
