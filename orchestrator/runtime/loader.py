@@ -285,7 +285,9 @@ class LoaderTracker:
         mine = {id(x) for x in self._loaders.values()}
 
         def count() -> int:
-            return sum(1 for obj in gc.get_objects() if isinstance(obj, cls) and id(obj) not in mine)
+            # type(), not isinstance(): an object's __class__ may be a property that warns (torch's
+            # deprecated distributed.reduce_op) or runs code.
+            return sum(1 for obj in gc.get_objects() if issubclass(type(obj), cls) and id(obj) not in mine)
 
         if not count():
             return 0
