@@ -167,7 +167,8 @@ def summary(record: RunRecord) -> str:
     for a in record.attempts:
         parts = [f"  attempt {a.attempt}: {a.outcome or 'running'}"]
         if a.resumed_from_step is not None:
-            parts.append(f"resumed from step {a.resumed_from_step}")
+            parts.append(f"resumed from step {a.resumed_from_step}"
+                         + (f" (not exact: {a.resume_not_exact})" if a.resume_not_exact else ""))
         if a.last_step is not None:
             parts.append(f"reached step {a.last_step}")
         if a.last_checkpoint_step is not None:

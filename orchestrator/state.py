@@ -59,6 +59,7 @@ class AttemptRecord:
     submitted_at: float
     excluded_nodes: list[str] = field(default_factory=list)
     resumed_from_step: int | None = None
+    resume_not_exact: str | None = None  # why its resume was not exact (the job's reason); None: exact, or none
     last_step: int | None = None
     last_checkpoint_step: int | None = None
     ended_at: float | None = None

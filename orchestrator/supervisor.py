@@ -64,6 +64,7 @@ class AttemptTracker:
     last_step: int | None = None
     last_checkpoint_step: int | None = None
     resumed_from_step: int | None = None
+    resume_not_exact: str | None = None     # the resume line's reason when it said "exact": false
     first_progress_at: float | None = None
     first_step_at: float | None = None
     preempted: bool = False
@@ -119,6 +120,8 @@ class AttemptTracker:
                 self.last_checkpoint_step = max(self.last_checkpoint_step or 0, p["step"])
             if p.get("event") == "resume" and isinstance(p.get("step"), int):
                 self.resumed_from_step = p["step"]
+                # A later line may say so after all (a resume amended to not exact).
+                self.resume_not_exact = not_exact_reason(p) or self.resume_not_exact
             if p.get("event") == "preempted":
                 self.preempted = True
             if p.get("event") == "exit" and p.get("status") == "completed":
@@ -350,6 +353,7 @@ class Supervisor:
             if events or tracker.nodes != before:
                 rec.last_step, rec.last_checkpoint_step = tracker.last_step, tracker.last_checkpoint_step
                 rec.resumed_from_step = tracker.resumed_from_step
+                rec.resume_not_exact = tracker.resume_not_exact
                 self._tell(rec, tracker, events)
             if tracker.first_step_at and "first_step_s" not in rec.timings:
                 rec.timings["first_step_s"] = round(tracker.first_step_at - rec.submitted_at, 3)
@@ -572,6 +576,7 @@ class Supervisor:
         rec.last_step = tracker.last_step
         rec.last_checkpoint_step = tracker.last_checkpoint_step
         rec.resumed_from_step = tracker.resumed_from_step
+        rec.resume_not_exact = tracker.resume_not_exact
         self.store.save(self.record)
 
     def _finish(self, rec: AttemptRecord, tracker: AttemptTracker, status: str, report: str, code: int) -> Outcome:
@@ -603,3 +608,6 @@ def metric_key(progress: dict[str, Any]) -> tuple[Any, ...]:
     return progress.get("event"), progress.get("step"), progress.get("time")
 
 
+def not_exact_reason(resume: dict[str, Any]) -> str | None:
+    """Why a resume line says it is not exact; None when it does not say so."""
+    return str(resume.get("reason") or "reason not given") if resume.get("exact") is False else None

@@ -25,6 +25,8 @@ def _progress_detail(e: dict[str, Any]) -> str:
         return f"job started (world size {e.get('world_size', '-')})"
     if kind == "resume":
         exact = {True: ", exact", False: ", not exact"}.get(e["exact"], "") if isinstance(e.get("exact"), bool) else ""
+        if e.get("exact") is False and e.get("reason"):
+            exact += f": {e['reason']}"
         where = ", ".join(x for x in (e.get("path") or "", exact.lstrip(", ")) if x)
         return f"resumed from step {e.get('step', '-')}" + (f" ({where})" if where else "")
     if kind == "checkpoint":

@@ -228,8 +228,10 @@ def main(argv: list[str] | None = None, preempt: PreemptionHandler | None = None
     if args.checkpoint_dir:
         ckpt = CheckpointManager(args.checkpoint_dir, keep=args.checkpoint_keep, every_steps=args.checkpoint_every,
                                  async_save=args.async_checkpoint, progress=progress)
+        # The loader too: the manager rebuilds its iterator (seeds, workers) before it restores
+        # the RNG; an unregistered DataLoader would make every resume "not exact".
         ckpt.register(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler, sampler=sampler,
-                      generators={"loader": loader_gen})
+                      generators={"loader": loader_gen}, loader=loader)
 
     progress.start(world_size=world, max_steps=args.max_steps, batch_size=args.batch_size,
                    gradient_accumulation_steps=args.gradient_accumulation_steps, num_workers=args.num_workers)

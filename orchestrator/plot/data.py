@@ -40,6 +40,14 @@ class Boundary:
     step: int
     resumed: bool
     exact: bool | None = None
+    reason: str = ""          # why not exact, as the job said
+
+
+def exactness(b: Boundary) -> str:
+    """' (exact)', ' (not exact: why)' or '' (the job did not say) for a resumed attempt."""
+    if b.exact is False:
+        return f" (not exact: {b.reason or 'reason not given'})"
+    return " (exact)" if b.exact else ""
 
 
 @dataclass(frozen=True)
@@ -195,9 +203,12 @@ def _reached(record: Mapping[str, Any] | None, steps: list[Mapping[str, Any]]) -
 
 
 def _boundary(attempt: int, record: Mapping[str, Any], events: list[Mapping[str, Any]]) -> Boundary:
-    resume = next((e for e in events if e.get("event") == "resume" and _int(e.get("step")) is not None), None)
+    resumes = [e for e in events if e.get("event") == "resume" and _int(e.get("step")) is not None]
+    # A resume said exact may be amended to not exact by a later line (an unregistered DataLoader).
+    resume = next((e for e in resumes if e.get("exact") is False), resumes[0] if resumes else None)
     exact = resume.get("exact") if resume is not None and isinstance(resume.get("exact"), bool) else None
+    reason = str(resume.get("reason") or "") if resume is not None and exact is False else ""
     step = _int(record.get("resumed_from_step"))
     if step is None and resume is not None:
         step = int(resume["step"])
-    return Boundary(attempt, step if step is not None else 0, step is not None, exact)
+    return Boundary(attempt, step if step is not None else 0, step is not None, exact, reason)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..adaptors import matplotlib as mpl
-from .data import PlotData, Series
+from .data import PlotData, Series, exactness
 
 FORMATS = ("png", "svg", "pdf")
 REDONE_COLOUR = "tab:orange"
@@ -49,7 +49,7 @@ def draw(data: PlotData) -> Any:
     for b in data.boundaries:
         for ax in (ax_loss, ax_rate):
             ax.axvline(b.step, color=colour(b.attempt), linestyle="--", linewidth=1.2)
-        how = f"resumes @ {b.step}" + (" (exact)" if b.exact else "") if b.resumed else "starts from 0"
+        how = f"resumes @ {b.step}" + exactness(b) if b.resumed else "starts from 0"
         ax_loss.annotate(f"attempt {b.attempt}\n{how}", (b.step, 1.0), xycoords=ax_loss.get_xaxis_transform(),
                          xytext=(4, -4), textcoords="offset points", va="top", fontsize=8, color=colour(b.attempt))
     for f in data.failures:

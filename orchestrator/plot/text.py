@@ -6,7 +6,7 @@ the steps redone after a resume. A legend under the chart says each in words."""
 
 from __future__ import annotations
 
-from .data import PlotData
+from .data import PlotData, exactness
 
 LABEL = 10                 # y-axis label column
 REDONE, BOUNDARY, FAILURE = ":", "|", "X"
@@ -79,7 +79,7 @@ def _legend(data: PlotData) -> list[str]:
     if data.empty:
         out.append("no step lines kept for this run (yet): only its attempts are drawn")
     for b in data.boundaries:
-        how = f"resumed from step {b.step}" + (" (exact)" if b.exact else "") if b.resumed else "started from step 0"
+        how = f"resumed from step {b.step}" + exactness(b) if b.resumed else "started from step 0"
         out.append(f"attempt {b.attempt}: {how}")
     for f in data.failures:
         at = f" at step {f.step}" if f.step is not None else ""

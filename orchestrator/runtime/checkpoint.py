@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .checkpoint_sharded import ShardedState, is_sharded_model, local_state
+from .loader import LoaderTracker
 from .ckpt_format import (ATTEMPT_FILE, COMMIT_MARKER, DCP_METADATA, DIGEST_NAME, DIGESTS, FORMAT_VERSION, LAYOUT,
                           LEFTOVER_RE, LOCK_FILE, META_FILE, MIN_KEEP, SHARDED_DIR, SHARED_FILE, STEP_DIR_RE,
                           TMP_INFIX, CheckpointError, CheckpointInfo, Stateful, checkpoint_files, file_digest,
@@ -195,16 +196,24 @@ class CheckpointManager(ReadSide):
         refusal = dist.broadcast_object(refusal)
         if refusal:
             raise CheckpointError(refusal)
+        # DataLoaders: registered ones resume mid-epoch exactly, others make a resume not exact (loader.py).
+        self._loaders = LoaderTracker(lambda: self._generators, self.rank)
+        self._loaders.on_late = self._not_exact_after_all
+        self._resumed_at: tuple[int, str] | None = None
 
     def register(self, model: Any = None, optimizer: Any = None, scheduler: Any = None,
                  scaler: Any = None, sampler: Any = None, generators: dict[str, Any] | None = None,
-                 states: Mapping[str, Stateful] | None = None) -> None:
+                 states: Mapping[str, Stateful] | None = None, loader: Any = None,
+                 loaders: dict[str, Any] | None = None) -> None:
         """The objects every save holds and restore() puts back. ``states``: any more, by name,
         each with ``state_dict()`` and ``load_state_dict()`` (torch's Stateful), as torchtitan
         checkpoints one dict of them; each rank saves its own (a resume on another world size
-        gives every rank rank 0's)."""
+        gives every rank rank 0's). ``loader`` / ``loaders`` (by name): DataLoaders whose
+        iterators the checkpoint keeps, so that a resume continues their epoch exactly (loader.py)."""
         named = self._check_registered(model=model, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                                        sampler=sampler, states=states)
+        for name, dl in ((("loader", loader),) if loader is not None else ()) + tuple((loaders or {}).items()):
+            self._loaders.register(name, dl)
         if model is not None and is_sharded_model(unwrap(model)):
             # FSDP (1 or 2): no rank holds the whole model, so model and optimizer go through
             # torch.distributed.checkpoint, every rank writing its own shards (checkpoint_sharded).
@@ -415,11 +424,23 @@ class CheckpointManager(ReadSide):
         try:
             self.wait()
         finally:
+            self._loaders.close()
             if self._sharded is not None:
                 self._sharded.close()
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+
+    def _not_exact_after_all(self, reason: str) -> None:
+        """A DataLoader the manager does not know was iterated after the resume was reported
+        exact: say so (stderr, and the resume event again, now not exact)."""
+        if self._resumed_at is None or self.rank != 0:
+            return
+        step, path = self._resumed_at
+        print(f"wmctl: the resume from step {step} is not exact: {reason} (iterated after restore(); register "
+              "it with register(loader=...) before restore())", file=sys.stderr, flush=True)
+        if self.progress is not None and hasattr(self.progress, "resume"):
+            self.progress.resume(step=step, path=path, exact=False, reason=reason, amended=True)
 
     def _nonfinite_parameters(self) -> list[str]:
         model = self._objects.get("model")
@@ -439,6 +460,7 @@ class CheckpointManager(ReadSide):
             "generators": {name: g.get_state() for name, g in self._generators.items()},
             "states": {name: obj.state_dict() for name, obj in self._states.items()},
             "rng": capture_rng(),
+            "loaders": self._loaders.state_dict(),
         }
 
     def _load_states(self, rank_state: dict[str, Any] | None) -> list[str]:
@@ -614,6 +636,12 @@ class CheckpointManager(ReadSide):
         else:
             if sampler is not None and rank_state["sampler"] is not None:
                 sampler.load_state_dict(rank_state["sampler"])
+            # Loader iterators are rebuilt before any RNG is put back: rebuilding draws from it.
+            why = self._loaders.restore(rank_state.get("loaders"), positioned=sampler)
+            if why:
+                exact, reason = False, "; ".join(why)
+                warnings.append(f"not exact: {reason} (register every DataLoader with register(loader=...) "
+                                "before restore(); see docs/recovery-exactness.md)")
             for name, gen in self._generators.items():
                 if name in rank_state["generators"]:
                     gen.set_state(rank_state["generators"][name])
@@ -623,6 +651,7 @@ class CheckpointManager(ReadSide):
             for w in warnings:
                 print(f"wmctl: checkpoint {ckpt}: {w}", file=sys.stderr, flush=True)
         self.last_saved_step = int(meta["step"])
+        self._resumed_at = (int(meta["step"]), str(ckpt))
         elsewhere = decision.get("resumed_from")
         return ResumeState(step=int(meta["step"]), epoch=int(meta.get("epoch", 0)),
                            samples=int(meta.get("samples", 0)), path=ckpt,

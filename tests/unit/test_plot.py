@@ -216,3 +216,13 @@ def test_two_failures_each_shade_what_they_lost():
     record = Rec(run="r", backend="local", spec_path="x", overrides={}, spec_hash="h", auto_resume=True,
                  attempts=[AttemptRecord(**a, submitted_at=0.0) for a in attempts])
     assert [r.count for r in d.redone] == steps_redone(record)
+
+
+def test_a_resume_amended_to_not_exact_is_drawn_not_exact_with_its_reason():
+    events = [e for e in EVENTS if e["event"] != "resume"] + [
+        {"attempt": 1, "event": "resume", "step": 10, "exact": True, "time": 200.5},
+        {"attempt": 1, "event": "resume", "step": 10, "exact": False, "reason": "unregistered DataLoader",
+         "amended": True, "time": 201.0}]
+    d = plotdata.build("r", events, ATTEMPTS)
+    assert d.boundaries == [plotdata.Boundary(1, 10, resumed=True, exact=False, reason="unregistered DataLoader")]
+    assert "attempt 1: resumed from step 10 (not exact: unregistered DataLoader)" in text.render(d)

@@ -663,3 +663,18 @@ def test_a_hang_names_the_hung_node_when_one_node_alone_is_in_an_unknown_state(h
     assert (a0.outcome, a0.failed_host, a0.decision) == ("hang", "host-1", "retry_elsewhere")
     assert "node 1 is unknown" in a0.evidence
     assert backend.submitted[1].excluded_nodes == ("host-1",)
+
+
+def test_a_resume_amended_to_not_exact_is_kept_in_the_record_and_the_status_summary(home):
+    # The job said exact, then (an unregistered DataLoader iterated after restore()) not exact.
+    amended = b.Event(b.PROGRESS, START, 0, "host-0", progress={"event": "resume", "step": 10, "exact": False,
+                                                               "reason": "unregistered DataLoader", "amended": True})
+    outcome, _, record, _, _ = supervise({
+        0: [([progress("checkpoint", 10)], running()),
+            ([progress("step", 12), b.Event(b.NODE_LOST, START + 1, 1, "host-1", reason="NodeNotReady")], running())],
+        1: [([progress("resume", 10), amended], running()), ([progress("step", 20)], done())],
+    })
+    assert outcome.exit_code == 0
+    a0, a1 = record.attempts
+    assert (a0.resume_not_exact, a1.resume_not_exact) == (None, "unregistered DataLoader")
+    assert "attempt 1: succeeded; resumed from step 10 (not exact: unregistered DataLoader)" in record.final_report
