@@ -198,11 +198,13 @@ def schedule(request: SubmitRequest, *, watch: bool, view: WatchView, replace: b
     store = open_store(job.spec.name)
     try:
         _clear_the_name(store, engine, view.line, replace=replace)
+        # Before anything of the run is written: a host it cannot run on (a missing image, a
+        # folder it cannot create) leaves no run behind that holds the name.
+        for note in engine.prepare_host(job.spec):     # missing writable host folders, created
+            view.line(f"note: {note}")
         # Leased before the record exists: `status` never takes a run being submitted for one
         # whose submitter died.
         store.acquire_watcher()
-        for note in engine.prepare_host(job.spec):     # missing writable host folders, created
-            view.line(f"note: {note}")
         spec = job.spec
         overrides = dict(job.overrides)
         if spec.image.tag and "@sha256:" in spec.image.tag:
@@ -376,6 +378,12 @@ def _clear_the_name(store: RunStore, engine: Backend[Any], echo: Echo, *, replac
         view = status(store.run)
         old = view.record
         assert old is not None
+        if never_submitted(old):
+            # A submission refused before anything ran (its attempt 0 not_submitted): nothing of
+            # it exists anywhere, so its record holds no name.
+            echo(f"note: run {store.run}'s earlier submission never started; its record is replaced")
+            remove(store, engine, old, echo)
+            return
         if old.status == "running":
             # a run another watcher holds cannot be watched from here: look at it instead
             look = (f"see it with `wmctl status {store.run}`" if view.lease
@@ -397,6 +405,11 @@ def _clear_the_name(store: RunStore, engine: Backend[Any], echo: Echo, *, replac
                         f"({', '.join(ref.attempt_name for ref in left)}) that no run record here knows",
                         hint="another machine or WMCTL_HOME may be watching it: rename this run (name: or "
                              "--set name=...), or remove those objects if they are stale")
+
+
+def never_submitted(record: RunRecord) -> bool:
+    """Did the run end without any attempt reaching its backend (every attempt ``not_submitted``)?"""
+    return record.status == "failed" and all(a.outcome == "not_submitted" for a in record.attempts)
 
 
 def _ago(then: float) -> str:

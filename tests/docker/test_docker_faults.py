@@ -249,6 +249,22 @@ def test_docker_app_error_is_reported_as_the_apps_and_not_retried(docker_client,
     assert "injected application error" in logs.stdout
 
 
+def test_docker_a_missing_image_is_refused_before_the_run_is_recorded(docker_client, home):
+    """Refused with "nothing was submitted": and nothing is recorded, so `list` has no such run and
+    the corrected spec is submitted under the same name (a kept failed record blocked it)."""
+    run = "dkf-noimage"
+    spec = write_spec(home, run, "wmctl-test/absent:never")
+    env = {"WMCTL_HOME": str(home)}
+    refused = run_wmctl("submit", str(spec), "--backend", "docker", cwd=home, env=env)
+    assert refused.returncode == 4, refused.stderr
+    assert "is not on this Docker host" in refused.stderr and "Traceback" not in refused.stderr
+    listed = run_wmctl("list", "-o", "json", cwd=home, env=env)
+    assert listed.returncode == 0 and run not in listed.stdout, listed.stdout + listed.stderr
+    again = run_wmctl("submit", str(spec), "--backend", "docker", "--dry-run", cwd=home, env=env)
+    assert again.returncode == 0, again.stderr
+    assert not (home / "runs" / run).exists()
+
+
 def test_docker_resubmitting_a_finished_run_runs_it_again(docker_client, image, home):
     """A finished run's name is refused without --replace; with it the new attempt 0 must run,
     not adopt the old one, and the old run's record is gone (no hidden archive)."""

@@ -147,6 +147,10 @@ class DockerBackend(b.Backend[DockerRequest]):
         return host_paths.missing_read_only(spec) if sdk.engine_is_local() else []
 
     def prepare_host(self, spec) -> list[str]:
+        if spec.image.tag:
+            # Refused before the run is recorded, so a missing image leaves no record behind
+            # that holds the name (submit checks again, for later attempts).
+            self._ensure_image(spec.image.tag)
         return host_paths.create_missing(spec) if sdk.engine_is_local() else []
 
     # ------------------------------------------------------------ submit
