@@ -162,6 +162,11 @@ def steps_redone(record: RunRecord) -> list[int]:
     return out
 
 
+def step_text(step: int | None) -> str:
+    """A step for a line a user reads: ``-`` for a job that reports none (no runtime, no progress)."""
+    return "-" if step is None else str(step)
+
+
 def summary(record: RunRecord) -> str:
     lines = [f"run {record.run} ({record.backend}): {record.status}, {len(record.attempts)} attempt(s)"]
     for a in record.attempts:

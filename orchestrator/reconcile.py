@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from . import failures as F
 from .backends import base as b
-from .display import summary
+from .display import step_text, summary
 from .errors import EngineUnavailable
 from .joberror import with_job_error
 from .spec import JobSpec
@@ -81,8 +81,8 @@ def reconcile(record: RunRecord, backend: b.Backend[Any], *, clock: Callable[[],
     if tracker.succeeded:
         last.outcome, last.ended_at = "succeeded", clock()
         record.status = "succeeded"
-        record.final_report = (f"run {record.run} succeeded on attempt {last.attempt} at step {last.last_step} "
-                               "(seen by `status`: no watcher ran)\n" + summary(record))
+        record.final_report = (f"run {record.run} succeeded on attempt {last.attempt} at step "
+                               f"{step_text(last.last_step)} (seen by `status`: no watcher ran)\n" + summary(record))
         return True
     if not tracker.nodes or b.Observation([], tracker.nodes).finished:
         return False

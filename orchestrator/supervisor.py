@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from . import failures as F
 from .backends import base as b
-from .display import step_line, summary
+from .display import step_line, step_text, summary
 from .errors import EngineUnavailable, RunCancelled, RunFailed, WmctlError
 from .joberror import node_tail, with_job_error
 from .layout import run_dir
@@ -147,7 +147,8 @@ class AttemptTracker:
             # torchrun's agent exits 1 whatever its workers' codes: the job's own `preempted`
             # line says the exit was the graceful, checkpointed stop.
             return F.Failure(F.PREEMPTED, found.node, found.host, found.time,
-                              f"checkpointed and stopped on SIGTERM at step {self.last_step} ({found.evidence})")
+                              f"checkpointed and stopped on SIGTERM at step {step_text(self.last_step)} "
+                              f"({found.evidence})")
         if found is not None:
             return found
         if self.succeeded or (self.all_started_at is None and self.first_progress_at is None):
@@ -207,7 +208,7 @@ class Supervisor:
             if failure is None:
                 self.backend.release(ref)
                 return self._finish(rec, tracker, "succeeded", f"run {self.spec.name} succeeded on attempt "
-                                    f"{rec.attempt} at step {tracker.last_step}", 0)
+                                    f"{rec.attempt} at step {step_text(tracker.last_step)}", 0)
             failure, error = with_job_error(self.backend, ref, failure,
                                             tracker.tails.get(failure.node) if failure.node is not None else None,
                                             self.profile)

@@ -214,6 +214,7 @@ def test_a_script_that_never_imports_the_runtime_is_not_killed_as_a_hang(home):
     rec = h.record(home, run)
     assert rec["status"] == "succeeded" and len(rec["attempts"]) == 1, w.output
     assert "| my own log: step" in w.output
+    assert "succeeded on attempt 0 at step -" in w.output and "step None" not in w.output, w.output
     node_log = (h.run_folder(home, run) / "attempt-0" / "node-0.log").read_text()
     assert "my own args: --n 200000" in node_log, node_log
 
