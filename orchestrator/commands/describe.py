@@ -21,6 +21,8 @@ def command(run, output):
     rows = [{**e, "time": iso(e["time"])} for e in runs.describe(run)]
     if output == "table":
         view = runs.status(run, reconcile=False)
-        click.echo(f"run {run}  backend {view.record.backend}  status {view.record.status}  "
+        record = view.record
+        assert record is not None   # status() raises RunNotFound for a run it cannot read
+        click.echo(f"run {run}  backend {record.backend}  status {record.status}  "
                    f"watcher {view.watcher}")
     emit(rows, output, columns=DESCRIBE_KEYS)

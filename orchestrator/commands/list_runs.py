@@ -36,12 +36,13 @@ def command(output):
         rows = [row(item) for item in items]
         click.echo(dump(rows, output, stream=False), nl=False)
         return
-    table = [COLUMNS]
+    table: list[tuple[str, ...]] = [tuple(COLUMNS)]
     for item in items:
-        r = row(item)
+        data = row(item)
         watcher = item.problem or "-" if item.record is None else item.watcher
         table.append(tuple("-" if v is None else str(v)
-                           for v in (r["run"], r["backend"], r["status"], r["attempts"], r["step"])) + (watcher,))
-    widths = [max(len(r[i]) for r in table) for i in range(len(COLUMNS) - 1)]
-    for r in table:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False)) + "  " + r[-1])
+                           for v in (data["run"], data["backend"], data["status"], data["attempts"], data["step"]))
+                     + (watcher,))
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS) - 1)]
+    for line in table:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=False)) + "  " + line[-1])

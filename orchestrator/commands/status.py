@@ -20,6 +20,7 @@ from ._params import run_argument
 def command(run, output):
     view = runs.status(run)
     record = view.record
+    assert record is not None       # status() raises RunNotFound for a run it cannot read
     if output == "table":
         click.echo(summary(record))
         click.echo(f"  watcher: {view.watcher}")
