@@ -10,6 +10,7 @@ them), and following into the next attempt while a watcher resubmits the run.
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from dataclasses import replace
@@ -37,11 +38,13 @@ def attempt_banner(run: str, attempt: int) -> str:
     return f"==> {attempt_name(run, attempt)} (attempt {attempt}) <=="
 
 
-def logs(run: str, *, node: int = 0, attempt: int | None = None, follow: bool = False, all_nodes: bool = False,
-         tail: int | None = None, since: float | None = None, timestamps: bool = False,
-         raw: bool = False) -> Iterator[str]:
+def logs(run: str, *, node: int | None = None, attempt: int | None = None, follow: bool = False,
+         all_nodes: bool = False, tail: int | None = None, since: float | None = None, timestamps: bool = False,
+         raw: bool = False, shown: Callable[[int, int, str], None] | None = None) -> Iterator[str]:
     """The lines ``wmctl logs`` prints. ``since``: a Unix time. With ``follow`` and no
-    ``attempt``, the newest attempt is followed and then each one a watcher starts after it."""
+    ``attempt``, the newest attempt is followed and then each one a watcher starts after it.
+    ``node`` None: the node that holds global rank 0 (what only rank 0 prints is there), else
+    node 0; ``shown(attempt, node, why)`` is told which node each attempt shows."""
     store = open_store(run)
     record = store.load()
     if not record.attempts:
@@ -53,9 +56,9 @@ def logs(run: str, *, node: int = 0, attempt: int | None = None, follow: bool = 
         raise RunNotFound(f"run {run} has no attempt {attempt}",
                           hint=f"its attempts are {', '.join(map(str, numbers))} (see `wmctl status {run}`)")
     count = _nodes(record)
-    if not all_nodes and count is not None and not 0 <= node < count:
-        shown = attempt_name(run, numbers[-1] if attempt is None else attempt)
-        raise RunNotFound(f"{shown} has no node {node}", hint=(f"its nodes are 0-{count - 1}" if count > 1 else
+    if not all_nodes and node is not None and count is not None and not 0 <= node < count:
+        named = attempt_name(run, numbers[-1] if attempt is None else attempt)
+        raise RunNotFound(f"{named} has no node {node}", hint=(f"its nodes are 0-{count - 1}" if count > 1 else
                                                              "its only node is 0") + "; --all-nodes shows them all")
     engine = engine_of(record)
     n = numbers[-1] if attempt is None else attempt
@@ -63,7 +66,15 @@ def logs(run: str, *, node: int = 0, attempt: int | None = None, follow: bool = 
     try:
         while True:
             stop = state.attempt_over(n) if follow else None
-            nodes = list(range(count or 1)) if all_nodes else [node]
+            if all_nodes:
+                nodes = list(range(count or 1))
+            elif node is None:
+                chosen, why = rank0_node(engine, ref_of(record, n), count or 1)
+                nodes = [chosen]
+                if shown is not None:
+                    shown(n, chosen, why)
+            else:
+                nodes = [node]
             lines = _attempt_lines(engine, record, n, nodes, follow=follow,
                                    query=LogQuery(tail, since, timestamps, stop=stop), prefixed=all_nodes, raw=raw)
             yield from lines
@@ -76,6 +87,32 @@ def logs(run: str, *, node: int = 0, attempt: int | None = None, follow: bool = 
             yield attempt_banner(run, n)
     finally:
         engine.close()
+
+
+RANK0_LINE = re.compile(r"^wmctl-bind: local_rank=\d+ .* rank=0$")
+RANK0_SCAN = 400          # lines read of each node's log at most: the launcher's line comes first
+
+
+def rank0_node(engine: Backend[Any], ref: Any, count: int) -> tuple[int, str]:
+    """Which node holds global rank 0 (the rendezvous decides, not the node index: on local it
+    was node 1 in about half the runs), from the launcher's line in each node's log; node 0 when
+    no node says (an attempt not started yet, a launcher older than the rank on its line)."""
+    for node in range(count):
+        lines: Iterator[str] | None = None
+        try:
+            lines = engine.logs(ref, node=node, follow=False, query=LogQuery())
+            for i, line in enumerate(lines):
+                if RANK0_LINE.match(line.rstrip()):
+                    return node, "global rank 0"
+                if i >= RANK0_SCAN:
+                    break
+        except (RunNotFound, BackendError):
+            continue
+        finally:
+            close = getattr(lines, "close", None)   # a stream left before its end is closed
+            if close is not None:
+                close()
+    return 0, "no node's log names global rank 0 yet"
 
 
 def watcher_log(run: str) -> Iterator[str]:

@@ -15,7 +15,8 @@ from ._params import Duration, run_argument
 @click.command("logs", help="Print (or follow) the output of a run's nodes, or of its detached watcher. "
                             "WMCTL-PROGRESS lines are hidden unless --raw.")
 @run_argument
-@click.option("--node", type=click.IntRange(min=0), default=0, show_default=True, help="Which node (0-based).")
+@click.option("--node", type=click.IntRange(min=0), default=None,
+              help="Which node (0-based). Default: the node holding global rank 0 (said on stderr).")
 @click.option("--all-nodes", is_flag=True, help="Every node, each line led by [node I].")
 @click.option("--attempt", type=click.IntRange(min=0), default=None,
               help="Default: the latest attempt (and, with -f, the ones after it).")
@@ -35,7 +36,11 @@ def command(run, node, all_nodes, attempt, follow, tail, since, timestamps, raw,
         for line in (lines if tail is None else collections.deque(lines, maxlen=tail)):
             click.echo(line)
         return
+    def shown(attempt: int, node: int, why: str) -> None:
+        click.echo(f"wmctl: attempt {attempt}: node {node} ({why}); --node I or --all-nodes for others", err=True)
+
     lines = logview.logs(run, node=node, attempt=attempt, follow=follow, all_nodes=all_nodes, tail=tail,
-                         since=None if since is None else time.time() - since, timestamps=timestamps, raw=raw)
+                         since=None if since is None else time.time() - since, timestamps=timestamps, raw=raw,
+                         shown=shown)
     for line in lines:
         click.echo(line)

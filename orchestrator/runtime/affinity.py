@@ -344,10 +344,10 @@ def _set_threads_env(env, n: int) -> None:
     env["MKL_NUM_THREADS"] = str(n)
 
 
-def _describe(plan: BindingPlan, rank: RankBinding) -> str:
+def _describe(plan: BindingPlan, rank: RankBinding, global_rank: str | None = None) -> str:
     node = "-" if rank.numa_node is None else str(rank.numa_node)
     line = (f"wmctl-bind: local_rank={rank.local_rank} cpus={format_cpulist(rank.cpus)} numa={node} mode={plan.mode}"
-            f" threads={rank.threads}")
+            f" threads={rank.threads}" + (f" rank={global_rank}" if global_rank is not None else ""))
     return line + "".join(f"\nwmctl-bind: note: {n}" for n in plan.notes if rank.local_rank == 0)
 
 
@@ -456,7 +456,9 @@ def launcher_main(argv: list[str] | None = None) -> None:
             sys.exit(2)
         env[ENV_BOUND] = format_cpulist(rank.cpus)
         _set_threads_env(env, rank.threads)
-    print(_describe(plan, rank), file=sys.stderr, flush=True)
+    # The global rank ends the line: `wmctl logs` finds the node holding rank 0 by it (the
+    # rendezvous, not the node index, decides where rank 0 runs).
+    print(_describe(plan, rank, env.get("RANK", "-")), file=sys.stderr, flush=True)
     _ensure_checkpoint_dir(env)
     try:
         os.execvp(args[0], args)

@@ -36,23 +36,23 @@ def test_docker_logs_flags_reach_the_engine(docker_client, image, home):
             return steps(found[0].logs().decode(errors="replace")) if found else []
         h.wait_until(lambda: len(node0_lines()) >= 6, 180, "six lines from node 0")
 
-        full = wmctl(home, "logs", run)
+        full = wmctl(home, "logs", run, "--node", "0")
         assert full.returncode == 0, full.stdout + full.stderr
         got = steps(full.stdout)
         assert got[:6] == [1, 2, 3, 4, 5, 6], full.stdout
 
-        tail = wmctl(home, "logs", run, "--tail", "2")
+        tail = wmctl(home, "logs", run, "--node", "0", "--tail", "2")
         last = steps(tail.stdout)
         assert tail.returncode == 0 and len(last) == 2 and last[1] == last[0] + 1 and last[0] >= 5, tail.stdout
 
-        stamped = wmctl(home, "logs", run, "--timestamps", "--tail", "1")
+        stamped = wmctl(home, "logs", run, "--node", "0", "--timestamps", "--tail", "1")
         m = STAMP.match(stamped.stdout.strip().splitlines()[-1])
         assert stamped.returncode == 0 and m and LINE.search(m.group(2)), stamped.stdout
         when = datetime.strptime(m.group(1)[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc)
         assert abs(time.time() - when.timestamp()) < 60, m.group(1)
 
         # --since: only what the engine logged in the last 3 s (a line a second), never the start
-        recent = wmctl(home, "logs", run, "--since", "3s")
+        recent = wmctl(home, "logs", run, "--node", "0", "--since", "3s")
         few = steps(recent.stdout)
         assert recent.returncode == 0 and 1 <= len(few) <= 5 and 1 not in few, recent.stdout
 

@@ -117,6 +117,18 @@ def test_progress_lines_hidden_unless_raw_and_tail_counts_the_lines_shown(home, 
     assert tail.returncode == 0 and tail.stdout.splitlines() == shown[-n:], tail.stdout
 
 
+def test_logs_shows_the_node_holding_global_rank_0_by_default_and_says_which(home, killed):
+    """The rendezvous, not the node index, puts global rank 0 somewhere (node 1 in about half the
+    local runs): what only rank 0 prints is on that node, so `wmctl logs RUN` shows it, and says
+    on stderr which node it shows."""
+    for attempt in (0, 1):
+        rank0 = next(n for n in (0, 1) if any("WMCTL-PROGRESS" in ln for ln in node_log(home, attempt, n)))
+        shown = wmctl(home, "logs", RUN, "--attempt", str(attempt), "--raw")
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.splitlines() == node_log(home, attempt, rank0), (attempt, rank0)
+        assert f"attempt {attempt}: node {rank0} (global rank 0)" in shown.stderr, shown.stderr
+
+
 def test_since_and_timestamps_are_refused_on_local_naming_the_flag(home, killed):
     for flag in (["--since", "10m"], ["--timestamps"]):
         r = wmctl(home, "logs", RUN, *flag)

@@ -145,3 +145,30 @@ def test_followed_nodes_asking_at_once_all_see_the_run():
     for t in threads:
         t.join(timeout=10)
     assert seen == [rec] * 4
+
+
+def test_the_node_holding_global_rank_0_is_found_from_the_launcher_line():
+    """`wmctl logs RUN` shows the node whose launcher line says rank=0 (the rendezvous placed
+    it), node 0 when none says; a node whose log cannot be read is passed over."""
+    from orchestrator.errors import RunNotFound
+    from orchestrator.logview import rank0_node
+
+    class Engine:
+        def __init__(self, logs):
+            self.logs_of = logs
+
+        def logs(self, ref, *, node, follow, query):
+            lines = self.logs_of[node]
+            if lines is None:
+                raise RunNotFound(f"no node {node} yet")
+            return iter(lines)
+
+    bind = "wmctl-bind: local_rank=0 cpus=0-1 numa=- mode=none threads=2 rank={}"
+    engine = Engine({0: ["hello", bind.format(1)], 1: [bind.format(0), "step 1"]})
+    assert rank0_node(engine, None, 2) == (1, "global rank 0")
+    engine = Engine({0: [bind.format(0)], 1: [bind.format(1)]})
+    assert rank0_node(engine, None, 2) == (0, "global rank 0")
+    engine = Engine({0: None, 1: ["no launcher line: rank=0"]})
+    assert rank0_node(engine, None, 2)[0] == 0 and "no node" in rank0_node(engine, None, 2)[1]
+    engine = Engine({0: [bind.format(10)], 1: [bind.format(0)]})      # rank=10 is not rank 0
+    assert rank0_node(engine, None, 2)[0] == 1
