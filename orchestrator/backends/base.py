@@ -19,6 +19,8 @@ from ..layout import attempt_name
 from ..runtime.protocol import run_checkpoint_dir
 from ..plan import AttemptContext, HostFacts, Plan, R
 from ..serialize import dump
+from ..spec import JobSpec
+from ..vendors import VendorProfile
 
 # Node phases as the supervisor sees them, whatever the backend.
 PENDING, RUNNING, SUCCEEDED, FAILED, LOST, PAUSED, UNKNOWN = (
@@ -213,20 +215,20 @@ class Backend(ABC, Generic[R]):
 
     # -- planning: pure renders of the spec, given the host's facts ----------------------------
     @classmethod
-    def check(cls, spec: Any) -> list[tuple[str, str]]:
+    def check(cls, spec: JobSpec) -> list[tuple[str, str]]:
         """Spec problems only this backend has (beyond what its capability flags imply)."""
         return []
 
     @classmethod
     @abstractmethod
-    def render(cls, spec: Any, profile: Any, ctx: AttemptContext, host: HostFacts) -> Plan[R]:
+    def render(cls, spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, host: HostFacts) -> Plan[R]:
         """Exactly what ``submit`` will create for this attempt. Pure: no host reads."""
 
-    def host_facts(self, spec: Any) -> HostFacts:
+    def host_facts(self, spec: JobSpec) -> HostFacts:
         """The facts of the machine that plans (and, for local, runs) the attempt."""
         return HostFacts.of_this_machine()
 
-    def plan(self, spec: Any, profile: Any, ctx: AttemptContext) -> Plan[R]:
+    def plan(self, spec: JobSpec, profile: VendorProfile, ctx: AttemptContext) -> Plan[R]:
         """The one planner: ``--dry-run`` prints it, ``submit`` hands it to ``submit``."""
         return self.render(spec, profile, ctx, self.host_facts(spec))
 
@@ -236,24 +238,24 @@ class Backend(ABC, Generic[R]):
         return dump(plan.to_dict(), output)
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def checkpoint_root(self, spec: Any) -> tuple[str, bool]:
+    def checkpoint_root(self, spec: JobSpec) -> tuple[str, bool]:
         """Where the run of ``spec`` keeps its checkpoints, as its job sees them, and whether that
         path is on this machine (so it can be checked here). Default: inside the nodes."""
         return run_checkpoint_dir(spec.checkpoint.dir or "", spec.name), False
 
     # -- the host: what this machine must hold before the first attempt ----------------------
-    def check_host(self, spec: Any) -> list[tuple[str, str]]:
+    def check_host(self, spec: JobSpec) -> list[tuple[str, str]]:
         """Problems this machine has with the spec (a read-only host folder that is missing),
         raised with the spec's own problems by the dry run, before anything is submitted.
         Default: none (the backend reads no folder of this machine)."""
         return []
 
-    def prepare_host(self, spec: Any) -> list[str]:
+    def prepare_host(self, spec: JobSpec) -> list[str]:
         """Make this machine ready for a new run (create its missing writable host folders) and
         say what was done, one note each. Called once when a run is scheduled, never by a dry run."""
         return []
 
-    def namespace_of(self, spec: Any) -> str | None:
+    def namespace_of(self, spec: JobSpec) -> str | None:
         """Where this backend keeps the run's objects (None on a backend without namespaces)."""
         return None
 
@@ -304,16 +306,16 @@ class Backend(ABC, Generic[R]):
         """Every attempt of ``run`` this backend still knows, oldest first."""
 
     @classmethod
-    def watcher_problems(cls, spec: Any) -> list[tuple[str, str]]:
+    def watcher_problems(cls, spec: JobSpec) -> list[tuple[str, str]]:
         """(field, why) for a spec whose watcher ``start_watcher`` could not start."""
         return []
 
-    def store_environment(self, spec: Any) -> dict[str, str]:
+    def store_environment(self, spec: JobSpec) -> dict[str, str]:
         """The environment (beyond WMCTL_RUN_STORE) under which this backend's ``run_store`` keeps
         a run where ``start_watcher``'s watcher reads it: the submitting machine must write there."""
         return {}
 
-    def start_watcher(self, run: str, spec: Any) -> str:
+    def start_watcher(self, run: str, spec: JobSpec) -> str:
         """Start ``run``'s watcher where the runs live (``cluster_watcher``); returns how to
         follow it. Its state must already be in the backend's ``run_store``."""
         raise NotImplementedError(f"{self.name} runs no watcher of its own (cluster_watcher is False)")

@@ -31,9 +31,11 @@ from ...errors import BackendError, RunNotFound, SpecError
 from ...launch import user_program
 from ...plan import AttemptContext, HostFacts, Plan
 from ...runtime.protocol import parse_progress
+from ...spec import JobSpec
 from .. import base as b
 from .. import host_paths
 from ...state import open_store
+from ...vendors import VendorProfile
 from ..logcursor import LogCursor, split_timestamp
 from .classify import TERMINAL, node_status, parse_docker_time, transition_events
 from .render import DockerRequest, render_docker
@@ -124,16 +126,17 @@ class DockerBackend(b.Backend[DockerRequest]):
     # ------------------------------------------------------------ planning
 
     @classmethod
-    def render(cls, spec, profile, ctx: AttemptContext, host: HostFacts) -> Plan[DockerRequest]:
+    def render(cls, spec: JobSpec, profile: VendorProfile, ctx: AttemptContext,
+               host: HostFacts) -> Plan[DockerRequest]:
         return render_docker(spec, profile, ctx, host)
 
     # ------------------------------------------------------------ the host
 
-    def check_host(self, spec) -> list[tuple[str, str]]:
+    def check_host(self, spec: JobSpec) -> list[tuple[str, str]]:
         # A remote engine's bind sources are its folders, not this machine's: not checked here.
         return host_paths.missing_read_only(spec) if sdk.engine_is_local() else []
 
-    def prepare_host(self, spec) -> list[str]:
+    def prepare_host(self, spec: JobSpec) -> list[str]:
         return host_paths.create_missing(spec) if sdk.engine_is_local() else []
 
     # ------------------------------------------------------------ submit

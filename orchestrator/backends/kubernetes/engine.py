@@ -23,11 +23,13 @@ from typing import Any, Iterator
 
 from ... import labels as L
 from ...adaptors import kubernetes as sdk
-from ...errors import BackendError, EngineUnavailable, RunNotFound
+from ...errors import BackendError, EngineUnavailable, RunNotFound, SpecError
 from ...plan import AttemptContext, HostFacts, Plan
 from ...runtime.protocol import parse_progress
 from ...serialize import dump
+from ...spec import JobSpec
 from ...state import open_store
+from ...vendors import VendorProfile
 from .. import base as b
 from ..base import (CANCELLED, LOST, NODE_EXITED, NODE_LOST, NODE_QUEUED, NODE_STARTED, NODE_WAITING, PROGRESS,
                     SUCCEEDED, AttemptRef, Event, NodeStatus, Observation)
@@ -152,11 +154,12 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         return cls(context=options.context, kubeconfig=options.kubeconfig, namespace=options.namespace or "default")
 
     @classmethod
-    def check(cls, spec) -> list[tuple[str, str]]:
+    def check(cls, spec: JobSpec) -> list[tuple[str, str]]:
         return volume_problems(spec) + pod_problems(spec)
 
     @classmethod
-    def render(cls, spec, profile, ctx: AttemptContext, host: HostFacts) -> Plan[KubernetesRequest]:
+    def render(cls, spec: JobSpec, profile: VendorProfile, ctx: AttemptContext,
+               host: HostFacts) -> Plan[KubernetesRequest]:
         return render_kubernetes(spec, profile, ctx, host)
 
     @classmethod
@@ -168,7 +171,7 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                          [f"wmctl plan: run {plan.run}, attempt {plan.attempt}, spec {plan.spec_hash}", *plan.notes])
         return header + dump(plan.resources, "yaml")
 
-    def namespace_of(self, spec) -> str | None:
+    def namespace_of(self, spec: JobSpec) -> str | None:
         return spec.kubernetes.namespace
 
     def __init__(self, api_client: Any = None, *, context: str | None = None,
@@ -1084,13 +1087,13 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
 
     # --- the run's own watcher in the cluster (incluster.py) ---------------------------------
     @classmethod
-    def watcher_problems(cls, spec) -> list[tuple[str, str]]:
+    def watcher_problems(cls, spec: JobSpec) -> list[tuple[str, str]]:
         if not spec.kubernetes.watcher_image:
             return [("kubernetes.watcher_image", "--in-cluster runs the watcher in a pod: name an image with wmctl "
                      "installed (pip install wmctl), e.g. registry.example.com/wmctl:0.9")]
         return []
 
-    def store_environment(self, spec) -> dict[str, str]:
+    def store_environment(self, spec: JobSpec) -> dict[str, str]:
         # The watcher pod reads its run in the job's namespace (incluster.watcher_manifest), on the
         # cluster the job runs on: not wherever this machine's current context points.
         from .runstore import ENV_CONTEXT, ENV_NAMESPACE
@@ -1100,10 +1103,12 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
             env[ENV_CONTEXT] = self._context
         return env
 
-    def start_watcher(self, run: str, spec) -> str:
+    def start_watcher(self, run: str, spec: JobSpec) -> str:
         from . import incluster
 
         k = spec.kubernetes
+        if not k.watcher_image:      # api.py asks watcher_problems first; a direct caller hears the same
+            raise SpecError(self.watcher_problems(spec))
         manifest = incluster.watcher_manifest(run, k.namespace, k.watcher_image, k.watcher_service_account,
                                               k.image_pull_secrets)
         incluster.start(self.api_client, manifest, run)
