@@ -16,10 +16,11 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Generic, Iterator
 
 from ..layout import attempt_name
-from ..runtime.protocol import run_checkpoint_dir
+from ..runtime.protocol import parse_progress, run_checkpoint_dir
 from ..plan import AttemptContext, HostFacts, Plan, R
 from ..serialize import dump
 from ..spec import JobSpec
+from ..state import open_store
 from ..vendors import VendorProfile
 
 # Node phases as the supervisor sees them, whatever the backend.
@@ -72,6 +73,24 @@ def output_event(last: dict[int, float], node: int, host: str | None, line: str,
         return None
     last[node] = now
     return Event(OUTPUT, now, node, host, message=text[-200:])
+
+
+def line_event(line: str, node: int, host: str | None, output_at: dict[int, float], *,
+               witness: bool = False, stamp: float | None = None) -> "Event | None":
+    """The event one line of a node's output makes, the same on every backend. A WMCTL-PROGRESS
+    line is a PROGRESS event at the line's own time (else ``stamp``, the engine's time of the line,
+    else now); any other line an OUTPUT heartbeat (``output_event``: at most one per node per
+    OUTPUT_EVERY_S, remembered in ``output_at``). From the witness's stream (``witness``) only its
+    reports about group rank 0 count (``witness_progress``): the rest is rank 0's to tell."""
+    payload = parse_progress(line)
+    if payload is None:
+        return None if witness else output_event(output_at, node, host, line)
+    if witness and not witness_progress(payload):
+        return None
+    own = payload.get("time")
+    at = (float(own) if isinstance(own, (int, float)) and not isinstance(own, bool)
+          else stamp if stamp is not None else time.time())
+    return Event(PROGRESS, at, node, host, progress=payload)
 
 
 @dataclass(frozen=True)
@@ -160,6 +179,14 @@ def kept_lines(lines: list[str], query: "LogQuery", *, what: str) -> list[str]:
         raise OptionError(f"{flag}: {what} was torn down and its kept log holds no times",
                           hint=f"drop {flag} (--tail N still works), or ask while the attempt runs")
     return lines if query.tail is None else lines[-query.tail:] if query.tail else []
+
+
+def kept_log(ref: "AttemptRef", node: int, query: "LogQuery") -> list[str] | None:
+    """The lines ``logs`` serves of a node whose attempt wmctl tore down (teardown kept its tail in
+    the run folder: the containers or pods, and their output, are gone or going), narrowed by
+    ``query`` (``kept_lines``); None while nothing was kept, so the engine reads the node itself."""
+    archived = open_store(ref.run).archived_log(ref.attempt, node)
+    return None if archived is None else kept_lines(archived, query, what=ref.attempt_name)
 
 
 @dataclass(frozen=True)

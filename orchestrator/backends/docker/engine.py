@@ -30,7 +30,6 @@ from ...adaptors import docker as sdk
 from ...errors import BackendError, RunNotFound, SpecError
 from ...launch import user_program
 from ...plan import AttemptContext, HostFacts, Plan
-from ...runtime.protocol import parse_progress
 from ...spec import JobSpec
 from .. import base as b
 from .. import host_paths
@@ -381,19 +380,9 @@ class DockerBackend(b.Backend[DockerRequest]):
         (base.WITNESS_NODE): its reports about node 0 only."""
         output_at: dict[int, float] = {}
         for ns, line in self._log_lines(name, follow=True, stop=st.stop, streams=st.streams):
-            payload = parse_progress(line)
-            if node != 0:
-                if payload is not None and b.witness_progress(payload):
-                    st.inbox.put(("progress", b.Event(b.PROGRESS, ns / 1e9, node, name, progress=payload)))
-                continue
-            if payload is not None:
-                stamp = payload.get("time")
-                t = float(stamp) if isinstance(stamp, (int, float)) else ns / 1e9
-                st.inbox.put(("progress", b.Event(b.PROGRESS, t, 0, name, progress=payload)))
-                continue
-            sign = b.output_event(output_at, 0, name, line)
-            if sign is not None:
-                st.inbox.put(("progress", sign))
+            ev = b.line_event(line, node, name, output_at, witness=node != 0, stamp=ns / 1e9 if ns else None)
+            if ev is not None:
+                st.inbox.put(("progress", ev))
 
     def _log_lines(self, name: str, *, follow: bool, stop: threading.Event | None = None,
                    streams: list[Any] | None = None, tail: int | None = None,
@@ -521,9 +510,9 @@ class DockerBackend(b.Backend[DockerRequest]):
     def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False,
              query: b.LogQuery | None = None) -> Iterator[str]:
         query = query or b.LogQuery()
-        archived = open_store(ref.run).archived_log(ref.attempt, node)
-        if archived is not None:   # the attempt was torn down: its containers are gone
-            yield from b.kept_lines(archived, query, what=ref.attempt_name)
+        kept = b.kept_log(ref, node, query)
+        if kept is not None:   # the attempt was torn down: its containers are gone
+            yield from kept
             return
         with sdk.engine(f"reading the log of node {node} of {ref.attempt_name}"):
             st = self._state_for(ref)

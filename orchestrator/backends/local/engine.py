@@ -22,7 +22,7 @@ from typing import Iterator
 from ... import layout
 from ...errors import BackendError, RunNotFound, SpecError, WmctlError
 from ...plan import AttemptContext, HostFacts, Plan
-from ...runtime.protocol import ENV_LOCAL_TAG, parse_progress, run_checkpoint_dir
+from ...runtime.protocol import ENV_LOCAL_TAG, run_checkpoint_dir
 from ...spec import JobSpec, context_problems
 from ...state import open_store
 from ...vendors import VendorProfile
@@ -244,15 +244,9 @@ class LocalBackend(b.Backend[LocalRequest]):
         w.partial = lines.pop()
         events = []
         for raw in lines:
-            line = raw.decode("utf-8", "replace")
-            progress = parse_progress(line)
-            if progress is not None:
-                events.append(b.Event(b.PROGRESS, time=progress.get("time", time.time()), node=w.node,
-                                      host=w.host, progress=progress))
-                continue
-            sign = b.output_event(w.output_at, w.node, w.host, line)
-            if sign is not None:
-                events.append(sign)
+            ev = b.line_event(raw.decode("utf-8", "replace"), w.node, w.host, w.output_at)
+            if ev is not None:
+                events.append(ev)
         return events
 
     # -- logs / cancel / attempts ------------------------------------------------------------
