@@ -168,6 +168,21 @@ def test_sim_an_adopted_attempt_listed_while_watched_still_follows_its_witness(f
         adopter.close()
 
 
+def test_a_watched_attempts_node_count_is_left_to_its_job_watch():
+    """The record behind the test above, without the race: a Job's shape read while the attempt
+    is watched leaves the node count to the Job watch (which starts the witness's follower when
+    it sets it); an attempt not watched yet takes it at once (its followers start with it)."""
+    from orchestrator.backends.kubernetes.record import Attempt
+
+    job = {"spec": {"completions": 2, "template": {"spec": {"containers": [{"name": "trainer"}]}}}}
+    watched = Attempt(base.AttemptRef("kubernetes", "r", 0, "default"), watching=True)
+    watched.learn(job)
+    assert (watched.completions, watched.container) == (0, "trainer")
+    fresh = Attempt(base.AttemptRef("kubernetes", "r", 0, "default"))
+    fresh.learn(job)
+    assert (fresh.completions, fresh.container) == (2, "trainer")
+
+
 @pytest.mark.parametrize("script,kind,code,reason", [
     ({"exit_code": 1}, base.NODE_EXITED, 1, "Error"),
     ({"exit_code": 137, "reason": "OOMKilled"}, base.OOM_KILLED, 137, "OOMKilled"),
