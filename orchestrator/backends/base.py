@@ -16,9 +16,12 @@ from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Generic, Iterator
 
 from ..layout import attempt_name
-from ..runtime.protocol import run_checkpoint_dir
+from ..runtime.protocol import parse_progress, run_checkpoint_dir
 from ..plan import AttemptContext, HostFacts, Plan, R
 from ..serialize import dump
+from ..spec import JobSpec
+from ..state import open_store
+from ..vendors import VendorProfile
 
 # Node phases as the supervisor sees them, whatever the backend.
 PENDING, RUNNING, SUCCEEDED, FAILED, LOST, PAUSED, UNKNOWN = (
@@ -70,6 +73,24 @@ def output_event(last: dict[int, float], node: int, host: str | None, line: str,
         return None
     last[node] = now
     return Event(OUTPUT, now, node, host, message=text[-200:])
+
+
+def line_event(line: str, node: int, host: str | None, output_at: dict[int, float], *,
+               witness: bool = False, stamp: float | None = None) -> "Event | None":
+    """The event one line of a node's output makes, the same on every backend. A WMCTL-PROGRESS
+    line is a PROGRESS event at the line's own time (else ``stamp``, the engine's time of the line,
+    else now); any other line an OUTPUT heartbeat (``output_event``: at most one per node per
+    OUTPUT_EVERY_S, remembered in ``output_at``). From the witness's stream (``witness``) only its
+    reports about group rank 0 count (``witness_progress``): the rest is rank 0's to tell."""
+    payload = parse_progress(line)
+    if payload is None:
+        return None if witness else output_event(output_at, node, host, line)
+    if witness and not witness_progress(payload):
+        return None
+    own = payload.get("time")
+    at = (float(own) if isinstance(own, (int, float)) and not isinstance(own, bool)
+          else stamp if stamp is not None else time.time())
+    return Event(PROGRESS, at, node, host, progress=payload)
 
 
 @dataclass(frozen=True)
@@ -163,6 +184,14 @@ def kept_lines(lines: list[str], query: "LogQuery", *, what: str) -> list[str]:
     return lines if query.tail is None else lines[-query.tail:] if query.tail else []
 
 
+def kept_log(ref: "AttemptRef", node: int, query: "LogQuery") -> list[str] | None:
+    """The lines ``logs`` serves of a node whose attempt wmctl tore down (teardown kept its tail in
+    the run folder: the containers or pods, and their output, are gone or going), narrowed by
+    ``query`` (``kept_lines``); None while nothing was kept, so the engine reads the node itself."""
+    archived = open_store(ref.run).archived_log(ref.attempt, node)
+    return None if archived is None else kept_lines(archived, query, what=ref.attempt_name)
+
+
 @dataclass(frozen=True)
 class BackendOptions:
     """How to reach a backend's engine: what a user gives on the command line or a record holds."""
@@ -219,20 +248,20 @@ class Backend(ABC, Generic[R]):
 
     # -- planning: pure renders of the spec, given the host's facts ----------------------------
     @classmethod
-    def check(cls, spec: Any) -> list[tuple[str, str]]:
+    def check(cls, spec: JobSpec) -> list[tuple[str, str]]:
         """Spec problems only this backend has (beyond what its capability flags imply)."""
         return []
 
     @classmethod
     @abstractmethod
-    def render(cls, spec: Any, profile: Any, ctx: AttemptContext, host: HostFacts) -> Plan[R]:
+    def render(cls, spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, host: HostFacts) -> Plan[R]:
         """Exactly what ``submit`` will create for this attempt. Pure: no host reads."""
 
-    def host_facts(self, spec: Any) -> HostFacts:
+    def host_facts(self, spec: JobSpec) -> HostFacts:
         """The facts of the machine that plans (and, for local, runs) the attempt."""
         return HostFacts.of_this_machine()
 
-    def plan(self, spec: Any, profile: Any, ctx: AttemptContext) -> Plan[R]:
+    def plan(self, spec: JobSpec, profile: VendorProfile, ctx: AttemptContext) -> Plan[R]:
         """The one planner: ``--dry-run`` prints it, ``submit`` hands it to ``submit``."""
         return self.render(spec, profile, ctx, self.host_facts(spec))
 
@@ -242,24 +271,24 @@ class Backend(ABC, Generic[R]):
         return dump(plan.to_dict(), output)
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def checkpoint_root(self, spec: Any) -> tuple[str, bool]:
+    def checkpoint_root(self, spec: JobSpec) -> tuple[str, bool]:
         """Where the run of ``spec`` keeps its checkpoints, as its job sees them, and whether that
         path is on this machine (so it can be checked here). Default: inside the nodes."""
         return run_checkpoint_dir(spec.checkpoint.dir or "", spec.name), False
 
     # -- the host: what this machine must hold before the first attempt ----------------------
-    def check_host(self, spec: Any) -> list[tuple[str, str]]:
+    def check_host(self, spec: JobSpec) -> list[tuple[str, str]]:
         """Problems this machine has with the spec (a read-only host folder that is missing),
         raised with the spec's own problems by the dry run, before anything is submitted.
         Default: none (the backend reads no folder of this machine)."""
         return []
 
-    def prepare_host(self, spec: Any) -> list[str]:
+    def prepare_host(self, spec: JobSpec) -> list[str]:
         """Make this machine ready for a new run (create its missing writable host folders) and
         say what was done, one note each. Called once when a run is scheduled, never by a dry run."""
         return []
 
-    def namespace_of(self, spec: Any) -> str | None:
+    def namespace_of(self, spec: JobSpec) -> str | None:
         """Where this backend keeps the run's objects (None on a backend without namespaces)."""
         return None
 
@@ -310,16 +339,16 @@ class Backend(ABC, Generic[R]):
         """Every attempt of ``run`` this backend still knows, oldest first."""
 
     @classmethod
-    def watcher_problems(cls, spec: Any) -> list[tuple[str, str]]:
+    def watcher_problems(cls, spec: JobSpec) -> list[tuple[str, str]]:
         """(field, why) for a spec whose watcher ``start_watcher`` could not start."""
         return []
 
-    def store_environment(self, spec: Any) -> dict[str, str]:
+    def store_environment(self, spec: JobSpec) -> dict[str, str]:
         """The environment (beyond WMCTL_RUN_STORE) under which this backend's ``run_store`` keeps
         a run where ``start_watcher``'s watcher reads it: the submitting machine must write there."""
         return {}
 
-    def start_watcher(self, run: str, spec: Any) -> str:
+    def start_watcher(self, run: str, spec: JobSpec) -> str:
         """Start ``run``'s watcher where the runs live (``cluster_watcher``); returns how to
         follow it. Its state must already be in the backend's ``run_store``."""
         raise NotImplementedError(f"{self.name} runs no watcher of its own (cluster_watcher is False)")

@@ -149,6 +149,40 @@ def test_sim_the_witness_log_gives_only_its_reports_about_group_rank_0(fake_api,
         adopter.close()
 
 
+def test_sim_an_adopted_attempt_listed_while_watched_still_follows_its_witness(fake_api, backend):
+    """Simulation: a watcher that did not submit starts watching an attempt (its shape unknown),
+    then lists the run's attempts (which read each Job's shape into the same record). The
+    listing leaves the node count to the Job watch, which starts the witness's follower."""
+    fake_api.cluster.script(job="sim-a0", index=0, run_seconds=None, logs=[(0.0, "rank 0")])
+    fake_api.cluster.script(job="sim-a0", index=1, run_seconds=None, logs=[(0.0, "rank 1")])
+    ref, _ = _submit(fake_api, backend)
+    adopter = KubernetesBackend(fake_api.client, watch_timeout=2)
+    try:
+        st = adopter._state(ref)
+        assert [r.attempt for r in adopter.attempts(ref.run)] == [0]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and len(st.log_threads) < 2:
+            time.sleep(0.02)
+        assert sorted(st.log_threads) == [0, 1] and st.completions == 2
+    finally:
+        adopter.close()
+
+
+def test_a_watched_attempts_node_count_is_left_to_its_job_watch():
+    """The record behind the test above, without the race: a Job's shape read while the attempt
+    is watched leaves the node count to the Job watch (which starts the witness's follower when
+    it sets it); an attempt not watched yet takes it at once (its followers start with it)."""
+    from orchestrator.backends.kubernetes.record import Attempt
+
+    job = {"spec": {"completions": 2, "template": {"spec": {"containers": [{"name": "trainer"}]}}}}
+    watched = Attempt(base.AttemptRef("kubernetes", "r", 0, "default"), watching=True)
+    watched.learn(job)
+    assert (watched.completions, watched.container) == (0, "trainer")
+    fresh = Attempt(base.AttemptRef("kubernetes", "r", 0, "default"))
+    fresh.learn(job)
+    assert (fresh.completions, fresh.container) == (2, "trainer")
+
+
 @pytest.mark.parametrize("script,kind,code,reason", [
     ({"exit_code": 1}, base.NODE_EXITED, 1, "Error"),
     ({"exit_code": 137, "reason": "OOMKilled"}, base.OOM_KILLED, 137, "OOMKilled"),
@@ -399,7 +433,7 @@ def test_sim_pod_deleted_while_the_pod_watch_is_down_is_still_the_root_cause(fak
                if p["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"] == "1")
     client.CoreV1Api(fake_api.client).delete_namespaced_pod(pod["metadata"]["name"], "default",
                                                             grace_period_seconds=0)
-    state = next(iter(backend._states.values()))    # peek: the Job watch has seen the failure
+    state = next(iter(backend._attempts.values()))    # peek: the Job watch has seen the failure
     assert c.run_until(lambda: any(cd.get("type") == "Failed" for cd in
                                    ((state.job or {}).get("status") or {}).get("conditions") or []))
     assert not col.kinds(base.NODE_LOST)
@@ -677,7 +711,7 @@ def test_sim_log_follower_stopped_while_its_request_was_on_its_way_pools_no_stre
     def close_races(self, *args, **kwargs):
         resp = original(self, *args, **kwargs)
         if kwargs.get("follow"):
-            for st in list(backend._states.values()):
+            for st in list(backend._attempts.values()):
                 st.stop.set()             # what close() does first
         return resp
     monkeypatch.setattr(core, "read_namespaced_pod_log", close_races)

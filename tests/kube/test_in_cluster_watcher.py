@@ -258,3 +258,18 @@ def test_in_cluster_watcher_deployment_in_the_way_is_a_clear_error(tls_api, tmp_
     assert "Traceback" not in sub.stderr, sub.stderr
     assert sub.returncode == 4, sub.stdout + sub.stderr
     assert "deployment/wmctl-watch-inc" in sub.stderr and "wmctl watch inc --auto-resume" in sub.stderr, sub.stderr
+
+
+def test_start_watcher_without_a_watcher_image_names_the_field(tmp_path):
+    """A caller that skips watcher_problems (the api asks it first) still hears which field is
+    missing, before anything is created in the cluster: no API client is ever needed."""
+    from orchestrator.backends.kubernetes.engine import KubernetesBackend
+    from orchestrator.errors import SpecError
+    from orchestrator.spec import load_spec
+
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({"name": "x", "image": {"vendor": "cpu", "tag": "r.example.com/wm:1"},
+                                    "command": ["python", "train.py"]}))
+    with pytest.raises(SpecError) as err:
+        KubernetesBackend(api_client=object()).start_watcher("x", load_spec(path))
+    assert "kubernetes.watcher_image" in str(err.value)

@@ -64,7 +64,7 @@ def test_sim_watcher_reads_only_its_attempts_nodes(fake_api, backend):
              if r["path"] == "/api/v1/nodes"} | {r["path"].rsplit("/", 1)[-1] for r in reqs
                                                  if r["path"] != "/api/v1/nodes"}
     assert named == hosts
-    st = next(iter(backend._states.values()))
+    st = next(iter(backend._attempts.values()))
     assert st.node_watch.cached() == 2 and not st.node_watch.wide
 
 
@@ -75,13 +75,13 @@ def test_sim_many_nodes_one_paged_watch_keeps_only_trimmed_nodes(fake_api, backe
     a node die; a teardown pages its Node list too."""
     monkeypatch.setattr(nodewatch, "PER_NAME_MAX", 1)
     monkeypatch.setattr(nodewatch, "PAGE_SIZE", 5)
-    import orchestrator.backends.kubernetes.engine as engine
-    monkeypatch.setattr(engine, "PER_NAME_MAX", 1)
-    monkeypatch.setattr(engine, "PAGE_SIZE", 5)
+    import orchestrator.backends.kubernetes.teardown as teardown
+    monkeypatch.setattr(teardown, "PER_NAME_MAX", 1)
+    monkeypatch.setattr(teardown, "PAGE_SIZE", 5)
     fake_api.store.update("nodes", None, CLUSTER[0], lambda n: n["status"].update(
         images=[{"names": ["registry.example.com/big:1"], "sizeBytes": 1}], nodeInfo={"kubeletVersion": "v1.34"}))
     ref, hosts = _run_and_lose_a_node(fake_api, backend)
-    st = next(iter(backend._states.values()))
+    st = next(iter(backend._attempts.values()))
     assert st.node_watch.wide
     lists = [r for r in _node_requests(fake_api) if r["path"] == "/api/v1/nodes" and r["query"].get("watch") != "true"
              and "fieldSelector" not in r["query"]]

@@ -49,7 +49,13 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends.local.engine", 4),
     ("orchestrator.backends.local.agent", 4),
     ("orchestrator.backends.docker.engine", 4),
-    ("orchestrator.backends.kubernetes.engine", 4),
+    ("orchestrator.backends.kubernetes.engine", 4),     # the Backend face; its rooms below
+    ("orchestrator.backends.kubernetes.cluster", 4),    # the client, namespaces, API errors in our words
+    ("orchestrator.backends.kubernetes.apply", 4),      # create/adopt/own/delete through the kinds table
+    ("orchestrator.backends.kubernetes.record", 4),     # the one per-attempt record
+    ("orchestrator.backends.kubernetes.observe", 4),    # watches and poll
+    ("orchestrator.backends.kubernetes.podlogs", 4),    # log followers, wmctl logs, kept tails
+    ("orchestrator.backends.kubernetes.teardown", 4),   # cancel, graceful stop, cut_grace
     ("orchestrator.backends.kubernetes.client", 4),
     ("orchestrator.backends.kubernetes.watch", 4),
     ("orchestrator.backends.kubernetes.nodewatch", 4),

@@ -32,10 +32,11 @@ from ...adaptors import docker as sdk
 from ...errors import BackendError, RunNotFound, SpecError
 from ...launch import user_program
 from ...plan import AttemptContext, HostFacts, Plan
-from ...runtime.protocol import parse_progress
+from ...spec import JobSpec
 from .. import base as b
 from .. import host_paths
 from ...state import open_store
+from ...vendors import VendorProfile
 from ..logcursor import LogCursor, split_timestamp
 from .classify import TERMINAL, node_status, parse_docker_time, transition_events
 from .render import DockerRequest, render_docker
@@ -127,12 +128,13 @@ class DockerBackend(b.Backend[DockerRequest]):
     # ------------------------------------------------------------ planning
 
     @classmethod
-    def render(cls, spec, profile, ctx: AttemptContext, host: HostFacts) -> Plan[DockerRequest]:
+    def render(cls, spec: JobSpec, profile: VendorProfile, ctx: AttemptContext,
+               host: HostFacts) -> Plan[DockerRequest]:
         return render_docker(spec, profile, ctx, host)
 
     # ------------------------------------------------------------ the host
 
-    def host_facts(self, spec) -> HostFacts:
+    def host_facts(self, spec: JobSpec) -> HostFacts:
         """This machine's facts, and the submitting user for ``docker.user: auto``: not for root,
         a remote engine (its uids are not ours) or an engine that remaps uids (rootless Docker
         already writes host files as its user; under userns-remap no container uid is ours)."""
@@ -142,11 +144,11 @@ class DockerBackend(b.Backend[DockerRequest]):
             return facts
         return dataclasses.replace(facts, user=(uid, os.getgid()))
 
-    def check_host(self, spec) -> list[tuple[str, str]]:
+    def check_host(self, spec: JobSpec) -> list[tuple[str, str]]:
         # A remote engine's bind sources are its folders, not this machine's: not checked here.
         return host_paths.missing_read_only(spec) if sdk.engine_is_local() else []
 
-    def prepare_host(self, spec) -> list[str]:
+    def prepare_host(self, spec: JobSpec) -> list[str]:
         if spec.image.tag:
             # Refused before the run is recorded, so a missing image leaves no record behind
             # that holds the name (submit checks again, for later attempts).
@@ -395,19 +397,9 @@ class DockerBackend(b.Backend[DockerRequest]):
         (base.WITNESS_NODE): its reports about node 0 only."""
         output_at: dict[int, float] = {}
         for ns, line in self._log_lines(name, follow=True, stop=st.stop, streams=st.streams):
-            payload = parse_progress(line)
-            if node != 0:
-                if payload is not None and b.witness_progress(payload):
-                    st.inbox.put(("progress", b.Event(b.PROGRESS, ns / 1e9, node, name, progress=payload)))
-                continue
-            if payload is not None:
-                stamp = payload.get("time")
-                t = float(stamp) if isinstance(stamp, (int, float)) else ns / 1e9
-                st.inbox.put(("progress", b.Event(b.PROGRESS, t, 0, name, progress=payload)))
-                continue
-            sign = b.output_event(output_at, 0, name, line)
-            if sign is not None:
-                st.inbox.put(("progress", sign))
+            ev = b.line_event(line, node, name, output_at, witness=node != 0, stamp=ns / 1e9 if ns else None)
+            if ev is not None:
+                st.inbox.put(("progress", ev))
 
     def _log_lines(self, name: str, *, follow: bool, stop: threading.Event | None = None,
                    streams: list[Any] | None = None, tail: int | None = None,
@@ -535,9 +527,9 @@ class DockerBackend(b.Backend[DockerRequest]):
     def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False,
              query: b.LogQuery | None = None) -> Iterator[str]:
         query = query or b.LogQuery()
-        archived = open_store(ref.run).archived_log(ref.attempt, node)
-        if archived is not None:   # the attempt was torn down: its containers are gone
-            yield from b.kept_lines(archived, query, what=ref.attempt_name)
+        kept = b.kept_log(ref, node, query)
+        if kept is not None:   # the attempt was torn down: its containers are gone
+            yield from kept
             return
         with sdk.engine(f"reading the log of node {node} of {ref.attempt_name}"):
             st = self._state_for(ref)

@@ -22,9 +22,10 @@ from typing import Any, Iterator
 from ... import layout
 from ...errors import BackendError, RunNotFound, SpecError, WmctlError
 from ...plan import AttemptContext, HostFacts, Plan
-from ...runtime.protocol import ENV_LOCAL_TAG, parse_progress, run_checkpoint_dir
-from ...spec import context_problems
+from ...runtime.protocol import ENV_LOCAL_TAG, run_checkpoint_dir
+from ...spec import JobSpec, context_problems
 from ...state import open_store
+from ...vendors import VendorProfile
 from .. import base as b
 from .classify import NodeView, node_events
 from .render import LocalRequest, local_checkpoint_dir, render_local
@@ -123,10 +124,11 @@ class LocalBackend(b.Backend[LocalRequest]):
 
     # -- planning ----------------------------------------------------------------------------
     @classmethod
-    def render(cls, spec, profile, ctx: AttemptContext, host: HostFacts) -> Plan[LocalRequest]:
+    def render(cls, spec: JobSpec, profile: VendorProfile, ctx: AttemptContext,
+               host: HostFacts) -> Plan[LocalRequest]:
         return render_local(spec, profile, ctx, host)
 
-    def host_facts(self, spec) -> HostFacts:
+    def host_facts(self, spec: JobSpec) -> HostFacts:
         """This machine, and a rendezvous port free on it now (the dry run and the submit
         choose it the same way): ``local.master_port`` when set and free, else one the OS picks.
         Never ``rendezvous.port`` (29500) by default: every run on this machine would then aim at
@@ -134,12 +136,12 @@ class LocalBackend(b.Backend[LocalRequest]):
         fails when that run ends."""
         return HostFacts.of_this_machine(port=free_port(spec.local.master_port or 0))
 
-    def check_host(self, spec) -> list[tuple[str, str]]:
+    def check_host(self, spec: JobSpec) -> list[tuple[str, str]]:
         """The job runs in image.context (its working directory): a folder that is not there
         fails every node at start, so it is refused before anything is submitted."""
         return context_problems(spec)
 
-    def prepare_host(self, spec) -> list[str]:
+    def prepare_host(self, spec: JobSpec) -> list[str]:
         """The checkpoint folder the spec names (checkpoint.dir, or its host_path volume) is made
         here, as submit always did, now with a note when it did not exist. Other volumes are not
         mounted on this backend (the job runs on this machine, with its folders as they are)."""
@@ -156,7 +158,7 @@ class LocalBackend(b.Backend[LocalRequest]):
                                                 "point it at a folder you can write")]) from None
         return [f"created the missing checkpoint folder {ckpt} (checkpoint.dir {spec.checkpoint.dir})"]
 
-    def checkpoint_root(self, spec) -> tuple[str, bool]:
+    def checkpoint_root(self, spec: JobSpec) -> tuple[str, bool]:
         return run_checkpoint_dir(str(local_checkpoint_dir(spec)), spec.name), True
 
     # -- submit --------------------------------------------------------------------------------
@@ -243,15 +245,9 @@ class LocalBackend(b.Backend[LocalRequest]):
         w.partial = lines.pop()
         events = []
         for raw in lines:
-            line = raw.decode("utf-8", "replace")
-            progress = parse_progress(line)
-            if progress is not None:
-                events.append(b.Event(b.PROGRESS, time=progress.get("time", time.time()), node=w.node,
-                                      host=w.host, progress=progress))
-                continue
-            sign = b.output_event(w.output_at, w.node, w.host, line)
-            if sign is not None:
-                events.append(sign)
+            ev = b.line_event(raw.decode("utf-8", "replace"), w.node, w.host, w.output_at)
+            if ev is not None:
+                events.append(ev)
         return events
 
     # -- logs / cancel / attempts ------------------------------------------------------------
