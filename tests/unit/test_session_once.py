@@ -1,0 +1,67 @@
+"""What the suite builds once per session (tests/session_once.py) is built once across processes,
+as pytest-xdist's workers are, and a failed build is built again by the next asker."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.session_once import build_once_in
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Each process asks for the same thing; the build appends its pid to a file, so the file says how
+# many builds ran. The first build waits until every process has started and asked (it polls for
+# their "asked" files), so the others really do ask while it is building.
+ASKER = r"""
+import os, sys
+from pathlib import Path
+from tests.session_once import build_once_in
+
+root, count = Path(sys.argv[1]), int(sys.argv[2])
+(root / f"asked-{os.getpid()}").touch()
+
+def build(folder):
+    while len(list(root.glob("asked-*"))) < count:
+        pass
+    with open(root / "builds", "a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    (folder / "thing").write_text("built")
+    return {"path": str(folder / "thing")}
+
+print(build_once_in(root / "shared", "thing", build)["path"])
+"""
+
+
+def test_concurrent_processes_build_once_and_share_the_result(tmp_path):
+    count = 3
+    procs = [subprocess.Popen([sys.executable, "-c", ASKER, str(tmp_path), str(count)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(count)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * count, [err for _, err in outs]
+    assert len((tmp_path / "builds").read_text().split()) == 1
+    paths = {out.strip() for out, _ in outs}
+    assert paths == {str(tmp_path / "shared" / "thing" / "thing")}
+    assert Path(paths.pop()).read_text() == "built"
+
+
+def test_a_build_that_raised_is_built_again_from_an_empty_folder(tmp_path):
+    def broken(folder: Path) -> dict[str, str]:
+        (folder / "half").write_text("half-written")
+        raise RuntimeError("no space left")
+
+    with pytest.raises(RuntimeError, match="no space left"):
+        build_once_in(tmp_path, "thing", broken)
+
+    seen: list[list[str]] = []
+
+    def good(folder: Path) -> dict[str, str]:
+        seen.append(sorted(p.name for p in folder.iterdir()))
+        return {"n": "1"}
+
+    assert build_once_in(tmp_path, "thing", good) == {"n": "1"}
+    assert build_once_in(tmp_path, "thing", good) == {"n": "1"}
+    assert seen == [[]]    # built once more, in an emptied folder, and then kept
