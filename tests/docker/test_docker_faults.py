@@ -11,6 +11,7 @@ of the same image, and each test prints how many steps were redone.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -24,7 +25,12 @@ from tests.integration import harness as h
 
 from .conftest import run_wmctl
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360)]
+# The modules that use _no_stale_runs (this one, lifecycle, logs, pasted run line): each sweeps
+# the others' runs at its start and end, so under pytest-xdist they share one worker, one module
+# after another (`--dist loadgroup`, as the README's test command says).
+SWEPT_RUNS = "docker-swept-runs"
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360), pytest.mark.xdist_group(SWEPT_RUNS)]
 
 TAG = "wmctl-test/faults:counter"
 
@@ -44,10 +50,16 @@ def image(docker_client, base_image, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _no_stale_runs(docker_client):
+def _no_stale_runs(docker_client, request):
     """Runs of an earlier, interrupted session on this engine would be refused as someone else's
     (an unwatched run that succeeded keeps its containers until a watcher or `wmctl delete`).
     Every Docker test module's runs: dkf- (faults, pasted line), dkl- (lifecycle)."""
+    dist = request.config.getoption("dist", "no")
+    if os.environ.get("PYTEST_XDIST_WORKER") and dist != "loadgroup":
+        pytest.fail(f"pytest-xdist with --dist {dist}: these modules sweep each other's Docker runs, so they "
+                    f"must share one worker; run with --dist loadgroup (they carry xdist_group({SWEPT_RUNS!r}))",
+                    pytrace=False)
+
     def ours(run: str) -> bool:
         return run.startswith(("dkf-", "dkl-"))
 
