@@ -28,3 +28,25 @@ def _wmctl_home(tmp_path_factory):
         os.environ.pop("WMCTL_HOME", None)
     else:
         os.environ["WMCTL_HOME"] = old
+
+
+def _xdist_rank(item: pytest.Item) -> int:
+    """0: real runs outside Docker (marked slow); 1: Docker; 2: the rest (fast, many)."""
+    if item.get_closest_marker("docker") is not None:
+        return 1
+    return 0 if item.get_closest_marker("slow") is not None else 2
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, hand out whole modules longest-first: the real torchrun runs, then the
+    Docker tests (by then .ci/run's background build of their base image has had the slow runs'
+    time to finish), then the many fast tests, which fill the workers' tails evenly. A module
+    stays in one piece (its module fixtures are set up once) and keeps its order; a run without
+    -n keeps the collection order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    rank: dict[str, int] = {}
+    for item in items:
+        rank[item.nodeid.split("::")[0]] = min(rank.get(item.nodeid.split("::")[0], 2), _xdist_rank(item))
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
