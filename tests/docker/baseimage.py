@@ -105,16 +105,42 @@ def host_wheelhouse() -> Path:
     return target
 
 
+def _mounts_under(root: Path) -> list[str]:
+    """Mount points at or below ``root`` (deepest first), from /proc/self/mounts."""
+    prefix = str(root).rstrip("/") + "/"
+    found = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        point = line.split()[1].replace("\\040", " ")
+        if point == str(root) or point.startswith(prefix):
+            found.append(point)
+    return sorted(found, key=len, reverse=True)
+
+
+def _debootstrap(root: Path, mirror: str) -> None:
+    """debootstrap mounts /proc (and more) inside the root while it installs; killed (a timeout,
+    Ctrl-C) it leaves them mounted, and removing the temp folder would then walk into the host's
+    /proc. Whatever is still mounted there is unmounted (lazily) however it ended."""
+    try:
+        subprocess.run(
+            ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), mirror],
+            check=True, timeout=1200, stdout=subprocess.DEVNULL,
+        )
+    finally:
+        unmount_under(root)
+
+
+def unmount_under(root: Path) -> None:
+    for point in _mounts_under(root):
+        subprocess.run(["umount", "-l", point], check=True, timeout=60)
+
+
 def _build_rootfs(client) -> None:
     mirror = apt_mirror()
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="wmctl-rootfs-") as tmp:
         root = Path(tmp) / "root"
         _log(f"debootstrap {SUITE} from {mirror}")
-        subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), mirror],
-            check=True, timeout=1200, stdout=subprocess.DEVNULL,
-        )
+        _debootstrap(root, mirror)
         # Package caches and lists are dead weight in an image.
         for sub in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for entry in (root / sub).glob("*"):

@@ -68,3 +68,20 @@ def test_the_builder_reports_its_failure_in_the_status_file(tmp_path):
         wait_for_background_build(status)
     assert f"the background build of {BASE_TAG} failed" in str(info.value)
     assert "Error while fetching server API version" in str(info.value)   # the reason, carried along
+
+
+def test_what_a_killed_debootstrap_left_mounted_is_unmounted_before_the_folder_goes(tmp_path):
+    """debootstrap mounts /proc inside its root; killed, it leaves it mounted, and removing the
+    temp folder then walks into the host's /proc (seen: "Cannot call rmtree on a symbolic link"
+    at root/proc/fs/xfs/stat). Mounts nested below the root go too, deepest first."""
+    from tests.docker.baseimage import _mounts_under, unmount_under
+
+    root = tmp_path / "with space" / "root"
+    (root / "proc").mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(root / "proc")], check=True)
+    (root / "proc" / "sys").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(root / "proc" / "sys")], check=True)
+    assert _mounts_under(root) == [str(root / "proc" / "sys"), str(root / "proc")]
+    assert _mounts_under(tmp_path / "with") == []                  # a sibling prefix is not below
+    unmount_under(root)
+    assert _mounts_under(root) == []
