@@ -19,7 +19,9 @@ from orchestrator.runtime.checkpoint import ATTEMPT_FILE, COMMIT_MARKER, META_FI
 
 from . import harness as h
 
-pytestmark = pytest.mark.slow
+# Under xdist the whole module runs on one worker (--dist loadgroup): its module fixtures run
+# real jobs, which every worker given one of its tests would otherwise run again.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("corruption-matrix")]
 RUN = "matrix"
 
 
