@@ -19,6 +19,18 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_configure(config):
+    """Under pytest-xdist only --dist loadgroup keeps a module that carries xdist_group on one
+    worker (modules whose fixtures run real jobs, share a Docker volume, or sweep each other's
+    containers): with another mode they would run on several workers at once."""
+    workers = config.getoption("numprocesses", None)
+    dist = config.getoption("dist", "no")
+    if workers and dist != "loadgroup" and not os.environ.get("PYTEST_XDIST_WORKER"):
+        raise pytest.UsageError(
+            f"-n {workers} with --dist {dist}: modules marked xdist_group must each stay on one worker; "
+            "add --dist loadgroup (the README's test command has it)")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _wmctl_home(tmp_path_factory):
     old = os.environ.get("WMCTL_HOME")

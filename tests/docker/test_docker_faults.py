@@ -11,7 +11,6 @@ of the same image, and each test prints how many steps were redone.
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -50,16 +49,12 @@ def image(docker_client, base_image, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _no_stale_runs(docker_client, request):
+def _no_stale_runs(docker_client):
     """Runs of an earlier, interrupted session on this engine would be refused as someone else's
     (an unwatched run that succeeded keeps its containers until a watcher or `wmctl delete`).
-    Every Docker test module's runs: dkf- (faults, pasted line), dkl- (lifecycle)."""
-    dist = request.config.getoption("dist", "no")
-    if os.environ.get("PYTEST_XDIST_WORKER") and dist != "loadgroup":
-        pytest.fail(f"pytest-xdist with --dist {dist}: these modules sweep each other's Docker runs, so they "
-                    f"must share one worker; run with --dist loadgroup (they carry xdist_group({SWEPT_RUNS!r}))",
-                    pytrace=False)
-
+    Every Docker test module's runs: dkf- (faults, pasted line), dkl- (lifecycle). Under xdist
+    the modules that use it share one worker (SWEPT_RUNS; tests/conftest.py insists on
+    --dist loadgroup)."""
     def ours(run: str) -> bool:
         return run.startswith(("dkf-", "dkl-"))
 

@@ -65,3 +65,13 @@ def test_a_build_that_raised_is_built_again_from_an_empty_folder(tmp_path):
     assert build_once_in(tmp_path, "thing", good) == {"n": "1"}
     assert build_once_in(tmp_path, "thing", good) == {"n": "1"}
     assert seen == [[]]    # built once more, in an emptied folder, and then kept
+
+
+def test_xdist_without_loadgroup_is_refused_naming_the_option(tmp_path):
+    """Modules marked xdist_group run on several workers at once under any other --dist: the
+    suite refuses to start, naming the fix, instead of failing later in a collision."""
+    result = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             "tests/unit/test_session_once.py"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "-n 2 with --dist load: modules marked xdist_group" in result.stderr
+    assert "add --dist loadgroup" in result.stderr
