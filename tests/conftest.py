@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-pytest_plugins = ["tests.ci_no_skip"]
+pytest_plugins = ["tests.ci_no_skip", "tests.xdist_groups"]
 
 # A suite started as a background job of a non-interactive shell (`bash .ci/run &`, nohup, a CI
 # runner's script) starts with SIGINT ignored (POSIX sh: an asynchronous list ignores SIGINT),

@@ -3,6 +3,8 @@ as pytest-xdist's workers are, and a failed build is built again by the next ask
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +77,21 @@ def test_xdist_without_loadgroup_is_refused_naming_the_option(tmp_path):
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert "-n 2 with --dist load: modules marked xdist_group" in result.stderr
     assert "add --dist loadgroup" in result.stderr
+
+
+def test_loadgroup_puts_a_group_on_one_worker(tmp_path):
+    """With pytest 9.2, xdist's own rename of a grouped test is lost (tests/xdist_groups.py): the
+    six tests of the grouped module must all report from one worker, the others from any."""
+    (tmp_path / "test_grouped.py").write_text(
+        "import pytest\npytestmark = pytest.mark.xdist_group('g')\n"
+        "@pytest.mark.parametrize('i', range(6))\ndef test_g(i):\n    pass\n")
+    (tmp_path / "test_free.py").write_text(
+        "import pytest\n@pytest.mark.parametrize('i', range(6))\ndef test_f(i):\n    pass\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-n", "3", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider",
+                             "-p", "tests.xdist_groups", "--rootdir", str(tmp_path), str(tmp_path)],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    grouped = re.findall(r"\[(gw\d)\].*PASSED .*test_grouped\.py::test_g\[\d\]@g", result.stdout)
+    assert len(grouped) == 6 and len(set(grouped)) == 1, result.stdout[-3000:]
+    assert len(re.findall(r"PASSED .*test_free\.py::test_f\[\d\]\s", result.stdout)) == 6, result.stdout[-3000:]
