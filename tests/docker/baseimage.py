@@ -105,16 +105,42 @@ def host_wheelhouse() -> Path:
     return target
 
 
+def _mounts_under(root: Path) -> list[str]:
+    """Mount points at or below ``root`` (deepest first), from /proc/self/mounts."""
+    prefix = str(root).rstrip("/") + "/"
+    found = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        point = line.split()[1].replace("\\040", " ")
+        if point == str(root) or point.startswith(prefix):
+            found.append(point)
+    return sorted(found, key=len, reverse=True)
+
+
+def _debootstrap(root: Path, mirror: str) -> None:
+    """debootstrap mounts /proc (and more) inside the root while it installs; killed (a timeout,
+    Ctrl-C) it leaves them mounted, and removing the temp folder would then walk into the host's
+    /proc. Whatever is still mounted there is unmounted (lazily) however it ended."""
+    try:
+        subprocess.run(
+            ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), mirror],
+            check=True, timeout=1200, stdout=subprocess.DEVNULL,
+        )
+    finally:
+        unmount_under(root)
+
+
+def unmount_under(root: Path) -> None:
+    for point in _mounts_under(root):
+        subprocess.run(["umount", "-l", point], check=True, timeout=60)
+
+
 def _build_rootfs(client) -> None:
     mirror = apt_mirror()
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="wmctl-rootfs-") as tmp:
         root = Path(tmp) / "root"
         _log(f"debootstrap {SUITE} from {mirror}")
-        subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(root), mirror],
-            check=True, timeout=1200, stdout=subprocess.DEVNULL,
-        )
+        _debootstrap(root, mirror)
         # Package caches and lists are dead weight in an image.
         for sub in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for entry in (root / sub).glob("*"):
@@ -176,7 +202,94 @@ def ensure_base_image(client) -> str:
     return BASE_TAG
 
 
-if __name__ == "__main__":  # build it by hand: python -m tests.docker.baseimage
-    import docker
+# Built in the background: .ci/run starts ``python -m tests.docker.baseimage --status FILE`` while
+# the gates and the first tests run, and exports WMCTL_BASE_IMAGE_STATUS=FILE to the tests. The
+# file says "building PID" (written by .ci/run before the start), then "ok TAG" or "failed" and
+# why, written whole by the builder when it ends.
+ENV_STATUS = "WMCTL_BASE_IMAGE_STATUS"
 
-    print(ensure_base_image(docker.from_env()))
+
+class BackgroundBuildFailed(RuntimeError):
+    """The background build of the base image failed or died: the tests that need it fail with
+    this, they do not build it again (the same failure, minutes later) nor skip."""
+
+
+def _write_status(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A finished child of ours that nobody reaped yet still answers kill(0): a zombie is dead.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for_background_build(status: Path, limit: float = 3600.0, poll: float = 1.0) -> None:
+    """Wait until the background build named by ``status`` has ended; raise
+    BackgroundBuildFailed when it failed, died without saying how it ended, or is still going
+    after ``limit`` seconds (its steps' own time limits add up to less: a hang guard)."""
+    log = status.with_name("base-image.log")
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            text = status.read_text()
+        except FileNotFoundError:
+            raise BackgroundBuildFailed(f"{ENV_STATUS}={status} names no file: .ci/run writes it before "
+                                        "it starts the build (unset it to build the image in the test)") from None
+        if text.startswith("ok"):
+            return
+        if text.startswith("failed"):
+            raise BackgroundBuildFailed(f"the background build of {BASE_TAG} failed ({status}, log {log}):\n"
+                                        f"{text[-3000:]}")
+        words = text.split()
+        if words[:1] != ["building"] or len(words) != 2 or not words[1].isdigit():
+            raise BackgroundBuildFailed(f"{status} holds {text[:200]!r}, not 'building PID', 'ok' or 'failed'")
+        if not _alive(int(words[1])):
+            text = status.read_text()  # it may have finished between the two reads
+            if text.startswith(("ok", "failed")):
+                continue
+            tail = log.read_text(errors="replace")[-3000:] if log.is_file() else "(no log)"
+            raise BackgroundBuildFailed(f"the background build of {BASE_TAG} (pid {words[1]}) died without "
+                                        f"a result; log {log}:\n{tail}")
+        if time.monotonic() > deadline:
+            raise BackgroundBuildFailed(f"the background build of {BASE_TAG} (pid {words[1]}) is still going "
+                                        f"after {limit:.0f}s; log {log}")
+        time.sleep(poll)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.docker.baseimage [--status FILE]``: build it (by hand, or .ci/run's
+    background build, which reports its end in FILE)."""
+    import argparse
+
+    import docker
+    import docker.errors
+
+    ap = argparse.ArgumentParser(prog="python -m tests.docker.baseimage", description=main.__doc__)
+    ap.add_argument("--status", type=Path, help="file to write 'ok TAG' or 'failed' and why into")
+    args = ap.parse_args(argv)
+    try:
+        tag = ensure_base_image(docker.from_env())
+    except (OSError, RuntimeError, subprocess.SubprocessError, docker.errors.DockerException) as exc:
+        if args.status:
+            _write_status(args.status, f"failed: {type(exc).__name__}: {exc}\n")
+        print(f"[base-image] failed: {exc}", file=sys.stderr)
+        return 1
+    if args.status:
+        _write_status(args.status, f"ok {tag}\n")
+    print(tag)
+    return 0
+
+
+if __name__ == "__main__":  # build it by hand: python -m tests.docker.baseimage
+    sys.exit(main(sys.argv[1:]))

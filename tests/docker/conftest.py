@@ -3,7 +3,9 @@
 - ``docker_client``: a client from the environment (DOCKER_HOST honoured). With
   WMCTL_REQUIRE_DOCKER=1 or CI=true (both set by .ci/run) a missing engine FAILS the test; otherwise it skips.
 - ``base_image``: the local base image (bookworm + python 3.11 + torch 2.13.0 CPU), built once
-  per engine without any registry; see tests/docker/baseimage.py (``ensure_base_image``).
+  per engine without any registry; see tests/docker/baseimage.py (``ensure_base_image``). When
+  .ci/run builds it in the background (WMCTL_BASE_IMAGE_STATUS), waits for that build and fails,
+  naming its log, when it failed.
 - ``registry``: Debian's ``docker-registry`` on 127.0.0.1:<free port> with storage in a temp
   folder, started and stopped by the fixture; yields "127.0.0.1:PORT" (dockerd treats
   127.0.0.0/8 as an insecure registry, so plain HTTP works without configuration).
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -25,7 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from .baseimage import ensure_base_image
+from tests.session_once import build_once
+
+from .baseimage import ENV_STATUS, BackgroundBuildFailed, ensure_base_image, wait_for_background_build
 
 REQUIRE_DOCKER = os.environ.get("WMCTL_REQUIRE_DOCKER") == "1" or os.environ.get("CI", "").lower() == "true"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +68,23 @@ def docker_client():
 
 @pytest.fixture(scope="session")
 def base_image(docker_client) -> str:
-    return ensure_base_image(docker_client)
+    # Building it (minutes) or waiting for it is the session's time, not that of the test that
+    # happens to ask first (under xdist any Docker test can be first on its worker, and its timeout
+    # may be 240 s): pytest-timeout's alarm is held meanwhile. Every step of the build has its own
+    # time limit, and so has the wait.
+    left, _ = signal.getitimer(signal.ITIMER_REAL)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    try:
+        status = os.environ.get(ENV_STATUS)
+        if status:  # .ci/run builds it in the background: wait for that build, never start a second
+            try:
+                wait_for_background_build(Path(status))
+            except BackgroundBuildFailed as exc:
+                pytest.fail(str(exc), pytrace=False)
+        return ensure_base_image(docker_client)
+    finally:
+        if left:
+            signal.setitimer(signal.ITIMER_REAL, left)
 
 
 def free_port() -> int:
@@ -152,12 +173,15 @@ def registry(tmp_path):
 
 @pytest.fixture(scope="session", autouse=True)
 def pinned_runtime_wheel(tmp_path_factory):
-    """Build the wmctl wheel once and pin it (WMCTL_RUNTIME_WHEEL) for every build in this run:
+    """Build the wmctl wheel once and pin it (WMCTL_RUNTIME_WHEEL) for every build in this run
+    (every xdist worker of it):
     the wheel then stays byte-identical even while the source tree is being edited, so cache and
     up-to-date assertions test wmctl, not the timing of someone's edit."""
     from orchestrator.imagebuild import wheel
 
-    path = wheel.build_wheel(tmp_path_factory.mktemp("runtime-wheel"))
+    # Once for the whole session: under xdist every worker pins the very same file.
+    path = Path(build_once(tmp_path_factory, "runtime-wheel",
+                           lambda folder: {"path": str(wheel.build_wheel(folder))})["path"])
     old = os.environ.get(wheel.ENV_WHEEL)
     os.environ[wheel.ENV_WHEEL] = str(path)
     yield path

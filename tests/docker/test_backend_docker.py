@@ -25,7 +25,9 @@ from orchestrator.backends.docker.engine import DockerBackend
 from orchestrator import api
 from orchestrator.errors import BackendError, EngineUnavailable, RunNotFound
 
-pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
+# Under xdist the whole module runs on one worker (--dist loadgroup): its runs share the named
+# volume VOLUME, which the module's teardown removes.
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(240), pytest.mark.xdist_group("docker-backend")]
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data" / "backend"

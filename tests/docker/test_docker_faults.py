@@ -24,7 +24,12 @@ from tests.integration import harness as h
 
 from .conftest import run_wmctl
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360)]
+# The modules that use _no_stale_runs (this one, lifecycle, logs, pasted run line): each sweeps
+# the others' runs at its start and end, so under pytest-xdist they share one worker, one module
+# after another (`--dist loadgroup`, as the README's test command says).
+SWEPT_RUNS = "docker-swept-runs"
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360), pytest.mark.xdist_group(SWEPT_RUNS)]
 
 TAG = "wmctl-test/faults:counter"
 
@@ -47,7 +52,9 @@ def image(docker_client, base_image, tmp_path_factory) -> str:
 def _no_stale_runs(docker_client):
     """Runs of an earlier, interrupted session on this engine would be refused as someone else's
     (an unwatched run that succeeded keeps its containers until a watcher or `wmctl delete`).
-    Every Docker test module's runs: dkf- (faults, pasted line), dkl- (lifecycle)."""
+    Every Docker test module's runs: dkf- (faults, pasted line), dkl- (lifecycle). Under xdist
+    the modules that use it share one worker (SWEPT_RUNS; tests/conftest.py insists on
+    --dist loadgroup)."""
     def ours(run: str) -> bool:
         return run.startswith(("dkf-", "dkl-"))
 
@@ -81,7 +88,10 @@ def write_spec(home: Path, name: str, image: str, *, steps: int = 40, every: int
         "command": ["python", "counter.py", "--steps", str(steps), "--every", str(every), "--sleep", str(sleep),
                     *(job_args or [])],
         "checkpoint": {"dir": "/workspace/ckpt", "every_steps": every},
-        "restart": {"max_attempts": 4, "backoff": "0s", "heartbeat_timeout": "30s", **(restart or {})},
+        # The heartbeat counts from a node's start (container, torch import): 30 s was lost on a
+        # loaded 2-core machine with xdist workers (seen: "hang: no progress line for 30 s" on both
+        # attempts of dkf-reference). The test of a hang sets its own.
+        "restart": {"max_attempts": 4, "backoff": "0s", "heartbeat_timeout": "120s", **(restart or {})},
         "rendezvous": {"join_timeout": "60s"},
     }
     path = home / f"{name}.yaml"
@@ -168,7 +178,7 @@ def test_docker_kill_of_a_node_resumes_and_matches_uninterrupted(docker_client, 
 
 def test_docker_pause_of_a_node_is_a_hang_torn_down_and_resumed(docker_client, image, home, reference):
     run = "dkf-pause"
-    w = watch(write_spec(home, run, image), home)
+    w = watch(write_spec(home, run, image, restart={"heartbeat_timeout": "30s"}), home)
     wait_progress(docker_client, run, 0, "checkpoint", 10)
     container(docker_client, run, 0, 1).pause()
     assert w.wait(300) == 0, w.output

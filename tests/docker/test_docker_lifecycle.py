@@ -20,9 +20,9 @@ from orchestrator import labels as L
 from tests.integration import harness as h
 
 from .conftest import run_wmctl
-from .test_docker_faults import _no_stale_runs, home, image, leftovers, wait_progress, write_spec  # noqa: F401
+from .test_docker_faults import SWEPT_RUNS, _no_stale_runs, home, image, leftovers, wait_progress, write_spec  # noqa: F401
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360)]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360), pytest.mark.xdist_group(SWEPT_RUNS)]
 
 
 def wmctl(home, *args, timeout=300):

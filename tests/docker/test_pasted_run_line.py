@@ -15,9 +15,9 @@ import yaml
 from orchestrator import labels as L
 
 from .conftest import run_wmctl
-from .test_docker_faults import _no_stale_runs, home, image  # noqa: F401
+from .test_docker_faults import SWEPT_RUNS, _no_stale_runs, home, image  # noqa: F401
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group(SWEPT_RUNS)]
 
 HOSTILE = ["two words", "quote ' and \"", "$(touch /tmp/pwned)", "`id`", "1e-4", "a;b"]
 

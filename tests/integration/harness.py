@@ -33,7 +33,11 @@ def write_spec(tmp: Path, name: str, *, nodes: int = 2, steps: int = 40, every: 
         "command": ["python", job, "--steps", str(steps), "--every", str(every), "--sleep", str(sleep),
                     *(job_args or [])],
         "checkpoint": {"dir": str(tmp / f"ckpt-{name}"), "every_steps": every},
-        "restart": {"max_attempts": 4, "backoff": "0s", "heartbeat_timeout": "25s", **(restart or {})},
+        # The heartbeat counts from a node's start, torch's import included: 25 s was a bet that a
+        # job starts that fast, lost on a loaded 2-core machine with xdist workers (seen: 18 s to the
+        # launcher, then "hang: no progress line for 25 s" twice). No test relies on this default
+        # to catch a hang: every hang test sets its own.
+        "restart": {"max_attempts": 4, "backoff": "0s", "heartbeat_timeout": "120s", **(restart or {})},
         "rendezvous": {"join_timeout": "60s"},
     }
     path = tmp / f"{name}.yaml"

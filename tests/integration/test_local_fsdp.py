@@ -27,7 +27,9 @@ from orchestrator.runtime.checkpoint import COMMIT_MARKER, latest_complete, list
 
 from . import harness as h
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# Under xdist the whole module runs on one worker (--dist loadgroup): its module fixtures run
+# real jobs, which every worker given one of its tests would otherwise run again.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group("local-fsdp")]
 
 STEPS, EVERY = 12, 4
 

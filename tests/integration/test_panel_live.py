@@ -45,7 +45,7 @@ def test_a_killed_node_shows_its_failure_the_backoff_countdown_and_the_resume(ho
     # shows step 10 before step 15 replaces it, and the kill lands between them even on a loaded
     # machine; where it lands is read back from the record, not assumed.
     spec = h.write_spec(home, run, nodes=1, steps=25, every=5, sleep=0.3, job="timed.py",
-                        restart={"backoff": "3s"})
+                        restart={"backoff": "3s", "heartbeat_timeout": "25s"})   # the panel shows it
     with wmctl_in_terminal(home, "submit", str(spec), "--auto-resume") as t:
         t.wait_for(lambda t: (row(t.screen.display, "checkpoint") or "").startswith("step 10"), 120,
                    "checkpoint 10 on the panel")

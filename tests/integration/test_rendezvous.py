@@ -46,6 +46,7 @@ def test_a_read_timeout_under_a_second_is_refused_naming_the_field():
     assert "rendezvous.read_timeout" in str(err.value)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is installed with torch")
 def test_a_node_whose_store_host_is_late_waits_read_timeout_and_its_failure_is_a_rendezvous_failure(tmp_path):
     """Real torchrun, as the non-host node of a 2-node c10d rendezvous whose host never comes:

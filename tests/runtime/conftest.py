@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from orchestrator.vendors import load_profile, register_runtime_profiles
+from tests.session_once import build_once, session_root
 
 # The runtime reads no YAML: in a job wmctl hands it the profile (WMCTL_VENDOR_PROFILE), and the
 # CLI registers every profile before calling into it. The tests play the CLI's part.
@@ -188,28 +189,28 @@ def assert_bit_identical(a: Path, b: Path) -> None:
 
 @pytest.fixture(scope="session")
 def shared_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("wmdata") / "clips"
+    """One dataset folder for the whole session, every xdist worker included: the training
+    script builds it race-free (ensure_dataset renames a finished folder into place)."""
+    return session_root(tmp_path_factory) / "wmdata" / "clips"
 
 
 @pytest.fixture(scope="session")
 def baseline(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Callable[..., dict[str, Any]]:
     """Uninterrupted run per num_workers value (and extra arguments: --fsdp), run once per
-    session and shared."""
-    cache: dict[tuple[int, tuple[str, ...]], dict[str, Any]] = {}
+    session and shared, across xdist workers too (tests/session_once.py)."""
 
     def get(num_workers: int, *extra: str) -> dict[str, Any]:
-        key = (num_workers, extra)
-        if key not in cache:
-            d = tmp_path_factory.mktemp(f"baseline-nw{num_workers}{''.join(extra).replace('-', '')}")
+        def run(d: Path) -> dict[str, str]:
             # No checkpointing at all in the reference run: saving must not perturb training.
             args = TINY + [*extra, "--data-dir", str(shared_data), "--num-workers", str(num_workers),
                            "--dump-final", str(d / "final.pt"),
                            "--record-samples", str(d / "samples")]
-            job = start_job(args, d / "log.txt")
-            job.completed()
-            cache[key] = {"final": d / "final.pt", "samples": effective_samples(d / "samples"),
-                          "dir": d, "job": job}
-        return cache[key]
+            start_job(args, d / "log.txt").completed()
+            return {"dir": str(d)}
+
+        d = Path(build_once(tmp_path_factory, f"baseline-nw{num_workers}{''.join(extra).replace('-', '')}",
+                            run)["dir"])
+        return {"final": d / "final.pt", "samples": effective_samples(d / "samples"), "dir": d}
 
     return get
 
