@@ -22,7 +22,6 @@ from .backends.base import Backend, BackendOptions
 from .imagebuild.record import RECORD_FILE, pinned_ref
 from .errors import OptionError, RunCancelled, RunExists, RunFailed, SpecError, WmctlError
 from .plan import AttemptContext, Plan
-from .reconcile import resumable_unwatched, take_up_unwatched
 from .runs import engine_of, remove, status
 from .runtime.protocol import ENV_RUN_STORE, ENV_WATCHER_OBJECT
 from .spec import JobSpec, from_dict, load_spec, profile_problems
@@ -457,6 +456,8 @@ def watch(run: str, *, auto_resume: bool | None, view: WatchView) -> int:
         record = store.load()
         if taken:
             view.line(f"note: {taken}")
+        from .reconcile import resumable_unwatched, take_up_unwatched   # not loaded by a dry run
+
         if auto_resume and resumable_unwatched(record):
             job, notes = job_of(record)
             take_up_unwatched(record, job.spec, backends.backend_class(record.backend).places_nodes)

@@ -15,10 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import backends, timeline
+from . import backends
 from .backends.base import AttemptRef, Backend, BackendOptions
 from .errors import OptionError, RunExists, RunNotFound
-from .reconcile import reconcile_stored
 from .state import Lease, RunRecord, RunStore, list_runs, open_store
 
 Echo = Callable[[str], None]
@@ -58,6 +57,8 @@ def status(run: str, *, reconcile: bool = True) -> RunView:
     lease = store.lease()
     note = None
     if reconcile and lease is None and record.status == "running":
+        from .reconcile import reconcile_stored   # the supervisor's tracker: not for a dry run
+
         record, note = reconcile_stored(store, record, engine_of)
         lease = store.lease()
     return RunView(run, record, lease, note=note)
@@ -86,6 +87,8 @@ def metrics(run: str, attempt: int | None = None) -> list[dict[str, Any]]:
 def describe(run: str) -> list[dict[str, Any]]:
     """The run's events and decisions, oldest first (``timeline.events``)."""
     store = open_store(run)
+    from . import timeline
+
     return timeline.events(store.load(), store)
 
 
