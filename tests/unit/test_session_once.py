@@ -69,11 +69,18 @@ def test_a_build_that_raised_is_built_again_from_an_empty_folder(tmp_path):
     assert seen == [[]]    # built once more, in an emptied folder, and then kept
 
 
+def outside_xdist() -> dict[str, str]:
+    """This environment less what an xdist worker sets (PYTEST_XDIST_WORKER, ...): a pytest
+    started from a test run under -n is a controller of its own, not one of our workers."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+
+
 def test_xdist_without_loadgroup_is_refused_naming_the_option(tmp_path):
     """Modules marked xdist_group run on several workers at once under any other --dist: the
     suite refuses to start, naming the fix, instead of failing later in a collision."""
     result = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--collect-only", "-q", "-p", "no:cacheprovider",
-                             "tests/unit/test_session_once.py"], cwd=REPO, capture_output=True, text=True, timeout=300)
+                             "tests/unit/test_session_once.py"], cwd=REPO, env=outside_xdist(), capture_output=True,
+                            text=True, timeout=300)
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert "-n 2 with --dist load: modules marked xdist_group" in result.stderr
     assert "add --dist loadgroup" in result.stderr
@@ -87,7 +94,7 @@ def test_loadgroup_puts_a_group_on_one_worker(tmp_path):
         "@pytest.mark.parametrize('i', range(6))\ndef test_g(i):\n    pass\n")
     (tmp_path / "test_free.py").write_text(
         "import pytest\n@pytest.mark.parametrize('i', range(6))\ndef test_f(i):\n    pass\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**outside_xdist(), "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, "-m", "pytest", "-n", "3", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider",
                              "-p", "tests.xdist_groups", "--rootdir", str(tmp_path), str(tmp_path)],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
