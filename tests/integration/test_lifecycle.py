@@ -455,9 +455,16 @@ def test_a_start_that_fails_ends_the_run_failed_with_its_reason(home):
     assert "missing-dir" in rec["attempts"][0]["evidence"]
     watch = wmctl(home, "watch", run, timeout=30)
     assert watch.returncode == 7, watch.stdout + watch.stderr
-    shutil.copytree(h.JOBS, context)          # fixed: the name is still the failed run's
+    # Fixed: nothing of the refused run ever ran, so its record does not hold the name (it did,
+    # and the corrected spec was refused as a name clash: issue 22 item 4).
+    shutil.copytree(h.JOBS, context)
     again = wmctl(home, "submit", str(spec))
-    assert again.returncode == 4 and "--replace" in again.stderr and "has not ended" not in again.stderr
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "earlier submission never started" in again.stdout + again.stderr, again.stdout + again.stderr
+    rec = h.record(home, run)
+    assert rec["attempts"][0]["outcome"] != "not_submitted", rec
+    cancel = wmctl(home, "cancel", run)
+    assert cancel.returncode == 0 and not h.leftover_processes(run), cancel.stdout + cancel.stderr
 
 
 @pytest.mark.parametrize("edit", ["renamed", "deleted"])
