@@ -22,7 +22,7 @@ from .backends.base import Backend, BackendOptions
 from .imagebuild.record import RECORD_FILE, pinned_ref
 from .errors import OptionError, RunCancelled, RunExists, RunFailed, SpecError, WmctlError
 from .plan import AttemptContext, Plan
-from .reconcile import resumable_unwatched, take_up_unwatched
+from .reconcile import resumable_unwatched, take_up_unstarted, take_up_unwatched, unstarted_unwatched
 from .runs import engine_of, remove, status
 from .runtime.protocol import ENV_RUN_STORE, ENV_WATCHER_OBJECT
 from .spec import JobSpec, from_dict, load_spec, profile_problems
@@ -457,7 +457,11 @@ def watch(run: str, *, auto_resume: bool | None, view: WatchView) -> int:
         record = store.load()
         if taken:
             view.line(f"note: {taken}")
-        if auto_resume and resumable_unwatched(record):
+        if unstarted_unwatched(record):
+            take_up_unstarted(record)
+            view.line(f"run {run}: attempt {record.attempts[-1].attempt} was recorded but never started; submitting it")
+            store.save(record)
+        elif auto_resume and resumable_unwatched(record):
             job, notes = job_of(record)
             take_up_unwatched(record, job.spec, backends.backend_class(record.backend).places_nodes)
             view.line(f"run {run} failed while nobody watched it ({record.attempts[-1].outcome}); resuming it")

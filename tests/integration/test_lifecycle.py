@@ -539,3 +539,26 @@ def test_ctrl_c_stops_the_watcher_not_the_run_and_says_how_to_reattach(home):
     again = wmctl(home, "watch", run, "--auto-resume", timeout=240)
     assert again.returncode == 0, again.stdout + again.stderr
     assert h.record(home, run)["status"] == "succeeded" and submitted_attempts(home, run) == [0]
+
+
+def test_a_watcher_killed_before_submitting_leaves_an_attempt_a_later_watcher_starts(home):
+    """Issue 22 item 10.1: a watcher killed between recording attempt 0 and submitting it. `status`
+    called that attempt node_lost ("removed outside wmctl?") and a later watcher spent a retry on
+    it. It was recorded but never started: `status` says so, and a watcher submits it as itself."""
+    run = "never-started"
+    w, marker = held_watch(home, run, "submitting", nodes=1, steps=10)
+    w.kill()
+    assert attempt_folders(home, run) == []
+    status = wmctl(home, "status", run)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "recorded but never started" in status.stdout, status.stdout
+    assert "node_lost" not in status.stdout and "removed outside" not in status.stdout
+    assert f"wmctl watch {run}" in status.stdout
+    again = h.Watch(h.write_spec(home, run, nodes=1, steps=10), home, run, "--auto-resume", command="watch")
+    assert again.wait(timeout=240) == 0, again.output
+    assert "attempt 0 was recorded but never started" in again.output
+    rec = h.record(home, run)
+    assert rec["status"] == "succeeded", again.output
+    assert submitted_attempts(home, run) == [0], "a retry was spent on an attempt that never ran"
+    assert attempt_folders(home, run) == ["attempt-0"]
+
