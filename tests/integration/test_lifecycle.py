@@ -562,3 +562,23 @@ def test_a_watcher_killed_before_submitting_leaves_an_attempt_a_later_watcher_st
     assert submitted_attempts(home, run) == [0], "a retry was spent on an attempt that never ran"
     assert attempt_folders(home, run) == ["attempt-0"]
 
+
+def test_ctrl_c_during_the_backoff_says_nothing_runs_and_what_watch_would_do(home):
+    """Issue 22 item 10.3: Ctrl-C while the watcher waited out its backoff said "the run goes on"
+    while nothing ran: the failed attempt was torn down and the next one not yet submitted."""
+    import signal
+
+    run = "ctrl-c-backoff"
+    spec = h.write_spec(home, run, nodes=2, steps=400, restart={"backoff": "300s"})
+    w = h.Watch(spec, home)
+    h.wait_checkpoint(home, run, 0, 5)
+    assert h.kill_node(run, 0, 1) > 0
+    h.wait_until(lambda: "backing off 300 s" in w.output, 60, "the backoff")
+    os.kill(w.proc.pid, signal.SIGINT)
+    assert w.wait(timeout=60) == 130, w.output
+    assert "the run goes on" not in w.output, w.output
+    assert "nothing of it runs now: attempt 0 ended (node_lost) and attempt 1 was not submitted" in w.output
+    assert f"wmctl watch {run} --auto-resume" in w.output and "submits the next attempt" in w.output
+    assert attempt_folders(home, run) == ["attempt-0"]
+    assert wmctl(home, "cancel", run).returncode == 0
+    h.wait_until(lambda: not h.leftover_processes(run), 60, "no processes left")
