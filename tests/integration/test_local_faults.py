@@ -230,3 +230,30 @@ def test_a_silent_script_is_a_hang(home):
     rec = h.record(home, run)
     assert [a["outcome"] for a in rec["attempts"]] == ["hang"], rec["final_report"]
     assert not h.leftover_processes(run)
+
+
+def test_a_missing_script_fails_in_python_s_own_words(home):
+    """Issue 22 item 10.2: `command: [python, nope.py]` reported only `exit 1` (the agent's code):
+    python's "can't open file" line was in the node's log but in no evidence, since the job's
+    words were looked for only in a traceback. Now the failure and `wmctl logs` both say it."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    run = "nope"
+    spec = h.write_spec(home, run, nodes=1)
+    data = yaml.safe_load(spec.read_text())
+    data["command"] = ["python", "nope.py"]
+    spec.write_text(yaml.safe_dump(data))
+    w = h.Watch(spec, home)
+    assert w.wait(timeout=120) == 7, w.output
+    attempt = h.record(home, run)["attempts"][0]
+    assert attempt["outcome"] == "app_error", attempt
+    assert "can't open file" in attempt["evidence"] and "nope.py" in attempt["evidence"], attempt
+    assert "(exit 2)" in attempt["evidence"], attempt
+    assert any("can't open file" in line for line in attempt["error"]), attempt
+    assert "can't open file" in w.output
+    logs = subprocess.run([sys.executable, "-m", "orchestrator.cli", "logs", run], capture_output=True, text=True,
+                          env={**os.environ, "WMCTL_HOME": str(home), "PYTHONPATH": str(h.REPO)}, timeout=60)
+    assert logs.returncode == 0 and "can't open file" in logs.stdout, logs.stdout + logs.stderr
