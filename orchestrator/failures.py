@@ -181,12 +181,17 @@ def decide(failure: Failure, *, retry_on_oom: bool = False, exclude_failed_nodes
 
 # ---- the failing rank's own words ------------------------------------------------------------
 
+# A rank killed by SIGKILL while its peers live is most often the kernel's OOM killer: where
+# nothing said so (no OOMKilled, no oom_kill in a cgroup v2 memory.events), say how to check.
+OOM_CHECK = ("a SIGKILL is what the kernel's OOM killer sends: check `dmesg -T | grep -i -E 'oom|killed process'` "
+             "(or `journalctl -k`) and the memory limit (the cgroup's memory.max, the container's limit)")
 # What an exit code means when the job said nothing (torchrun reports workers' codes; negative
 # ones are signals).
 EXIT_MEANINGS = {
     127: "command not found", 126: "command found but not executable",
-    137: "killed (SIGKILL) from outside the job, with no OOM evidence", -9: "killed (SIGKILL) from outside the job, "
-    "with no OOM evidence", 139: "segmentation fault", -11: "segmentation fault", 134: "aborted (SIGABRT)",
+    137: f"killed (SIGKILL) from outside the job, with no OOM evidence; {OOM_CHECK}",
+    -9: f"killed (SIGKILL) from outside the job, with no OOM evidence; {OOM_CHECK}",
+    139: "segmentation fault", -11: "segmentation fault", 134: "aborted (SIGABRT)",
     -6: "aborted (SIGABRT)", 135: "bus error (SIGBUS: often /dev/shm too small)", -7: "bus error (SIGBUS: often "
     "/dev/shm too small)",
 }
