@@ -456,9 +456,14 @@ def watch(run: str, *, auto_resume: bool | None, view: WatchView) -> int:
         record = store.load()
         if taken:
             view.line(f"note: {taken}")
-        from .reconcile import resumable_unwatched, take_up_unwatched   # not loaded by a dry run
+        from .reconcile import (resumable_unwatched, take_up_unstarted, take_up_unwatched,  # not for a dry run
+                                unstarted_unwatched)
 
-        if auto_resume and resumable_unwatched(record):
+        if unstarted_unwatched(record):
+            take_up_unstarted(record)
+            view.line(f"run {run}: attempt {record.attempts[-1].attempt} was recorded but never started; submitting it")
+            store.save(record)
+        elif auto_resume and resumable_unwatched(record):
             job, notes = job_of(record)
             take_up_unwatched(record, job.spec, backends.backend_class(record.backend).places_nodes)
             view.line(f"run {run} failed while nobody watched it ({record.attempts[-1].outcome}); resuming it")

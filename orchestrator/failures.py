@@ -181,12 +181,17 @@ def decide(failure: Failure, *, retry_on_oom: bool = False, exclude_failed_nodes
 
 # ---- the failing rank's own words ------------------------------------------------------------
 
+# A rank killed by SIGKILL while its peers live is most often the kernel's OOM killer: where
+# nothing said so (no OOMKilled, no oom_kill in a cgroup v2 memory.events), say how to check.
+OOM_CHECK = ("a SIGKILL is what the kernel's OOM killer sends: check `dmesg -T | grep -i -E 'oom|killed process'` "
+             "(or `journalctl -k`) and the memory limit (the cgroup's memory.max, the container's limit)")
 # What an exit code means when the job said nothing (torchrun reports workers' codes; negative
 # ones are signals).
 EXIT_MEANINGS = {
     127: "command not found", 126: "command found but not executable",
-    137: "killed (SIGKILL) from outside the job, with no OOM evidence", -9: "killed (SIGKILL) from outside the job, "
-    "with no OOM evidence", 139: "segmentation fault", -11: "segmentation fault", 134: "aborted (SIGABRT)",
+    137: f"killed (SIGKILL) from outside the job, with no OOM evidence; {OOM_CHECK}",
+    -9: f"killed (SIGKILL) from outside the job, with no OOM evidence; {OOM_CHECK}",
+    139: "segmentation fault", -11: "segmentation fault", 134: "aborted (SIGABRT)",
     -6: "aborted (SIGABRT)", 135: "bus error (SIGBUS: often /dev/shm too small)", -7: "bus error (SIGBUS: often "
     "/dev/shm too small)",
 }
@@ -248,7 +253,33 @@ def job_error(lines: list[str]) -> JobError | None:
     if root_exit is not None and root_exit in EXIT_MEANINGS:
         who = f"rank {root_rank} " if root_rank is not None else ""
         return JobError(f"{who}exit {root_exit}: {EXIT_MEANINGS[root_exit]}", (), root_rank, root_exit)
+    said = _last_words(lines)
+    if said:
+        # No traceback: a worker that said why and exited (python's "can't open file" for a
+        # missing script, exit 2; a job's own sys.exit("...")). Its words, not only a code.
+        who = f"rank {root_rank}: " if root_rank is not None else ""
+        code = f" (exit {root_exit})" if root_exit is not None else ""
+        return JobError(f"{who}{said[-1]}{code}", tuple(said), root_rank, root_exit)
     return None
+
+
+# torchrun's line for a failed worker (torch/distributed/elastic/multiprocessing/api.py):
+# "E1207 00:48:09.645000 16828 .../api.py:1002] failed (exitcode: 2) local_rank: 0 (pid: ...)"
+_WORKER_FAILED = re.compile(r"\] failed \(exitcode: -?\d+\) local_rank: \d+")
+_LOG_RECORD = re.compile(r"^[EWIDF]\d{4} \d\d:\d\d:\d\d")     # glog-style lines of torch's own logger
+LAST_WORDS = 3
+
+
+def _last_words(lines: list[str]) -> list[str]:
+    """What a worker printed last before torchrun reported it failed, without torchrun's, wmctl's
+    or the runtime's own lines; [] when torchrun reported no failed worker or nothing came before."""
+    end = next((i for i, line in enumerate(lines) if _WORKER_FAILED.search(line)), None)
+    if end is None:
+        return []
+    said = [text.rstrip() for text in map(_strip, lines[:end])
+            if text.strip() and not _LOG_RECORD.match(text) and not text.startswith(("wmctl-bind:", "*"))
+            and "WMCTL-PROGRESS " not in text]
+    return said[-LAST_WORDS:]
 
 
 def _strip(line: str) -> str:

@@ -237,8 +237,9 @@ def _node_lines(engine: Backend[Any], ref: Any, node: int, *, follow: bool, quer
             asked = query if raw or query.tail is None else replace(query, tail=_raw_tail(engine, ref, node, query))
             for line in engine.logs(ref, node=node, follow=follow, query=asked):
                 started = True
-                if raw or PROGRESS_PREFIX not in line:
-                    yield line
+                kept = line if raw else shown_part(line)
+                if kept is not None:
+                    yield kept
             return
         except (RunNotFound, BackendError):
             if started or not follow or query.stop is None:
@@ -248,6 +249,17 @@ def _node_lines(engine: Backend[Any], ref: Any, node: int, *, follow: bool, quer
         time.sleep(POLL_S)
 
 
+def shown_part(line: str) -> str | None:
+    """What of ``line`` a reader sees without ``--raw``: None for a progress line. A progress line
+    written after output that had no newline yet (a 5 MB line, a tqdm bar's ``\\r`` updates) ends
+    the same line in the log: the job's words before it are shown, only the progress part hidden."""
+    at = line.find(PROGRESS_PREFIX)
+    if at < 0:
+        return line
+    before = line[:at]
+    return before if before.strip() else None
+
+
 def _raw_tail(engine: Backend[Any], ref: Any, node: int, query: LogQuery) -> int:
     """How many of the node's last lines hold its last ``query.tail`` lines that are not progress
     lines: asked for 4x more each time until they are there or the log has no more."""
@@ -255,7 +267,7 @@ def _raw_tail(engine: Backend[Any], ref: Any, node: int, query: LogQuery) -> int
     k = max(want, 1)
     while True:
         lines = list(engine.logs(ref, node=node, follow=False, query=replace(query, tail=k, stop=None)))
-        shown = [i for i, line in enumerate(lines) if PROGRESS_PREFIX not in line]
+        shown = [i for i, line in enumerate(lines) if shown_part(line) is not None]
         if len(shown) >= want or len(lines) < k:
             return len(lines) - shown[-want] if want and len(shown) >= want else len(lines) if want else 0
         k *= 4

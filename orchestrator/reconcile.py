@@ -18,12 +18,13 @@ from .errors import EngineUnavailable
 from .joberror import with_job_error
 from .spec import JobSpec
 from .state import AttemptRecord, RunRecord, RunStore
-from .supervisor import AttemptTracker
+from .supervisor import AttemptTracker, never_started
 
 
 # How long `status` looks at a run nobody watches before it answers with what it saw.
 RECONCILE_WAIT_S = 3.0
 NO_WATCHER = "none: no watcher ran"
+NOT_STARTED = "not_started"     # an attempt recorded whose watcher stopped before submitting it
 
 
 def reconcile(record: RunRecord, backend: b.Backend[Any], *, clock: Callable[[], float] = time.time,
@@ -46,6 +47,16 @@ def reconcile(record: RunRecord, backend: b.Backend[Any], *, clock: Callable[[],
         return True
     if last.outcome is not None:
         return False
+    if never_started(last) and last.attempt not in {r.attempt for r in backend.attempts(record.run)}:
+        # Not a lost attempt: nothing of it ever ran, so no retry is spent on it.
+        last.outcome, last.ended_at, last.decision = NOT_STARTED, now, NO_WATCHER
+        last.evidence = (f"recorded but never started (its watcher stopped before submitting it); "
+                         f"`wmctl watch {record.run} --auto-resume` submits it, no retry spent")
+        record.status = "failed"
+        record.final_report = (f"run {record.run}: attempt {last.attempt} was recorded but never started (its "
+                               f"watcher stopped before submitting it); nothing runs. `wmctl watch {record.run} "
+                               f"--auto-resume` submits attempt {last.attempt} (no retry spent)\n" + summary(record))
+        return True
     if not backend.resolves_gone and last.attempt not in {r.attempt for r in backend.attempts(record.run)}:
         gone = F.Failure(F.NODE_LOST, None, None, now,
                          f"every object of attempt {last.attempt} is gone and no watcher saw it end "
@@ -94,6 +105,20 @@ def resumable_unwatched(record: RunRecord) -> bool:
     last = record.attempts[-1] if record.attempts else None
     return (record.status == "failed" and last is not None and last.decision == NO_WATCHER
             and last.outcome in F.DEFAULT_DECISIONS and F.DEFAULT_DECISIONS[last.outcome] != F.STOP)
+
+
+def unstarted_unwatched(record: RunRecord) -> bool:
+    """Did ``reconcile`` find the run's last attempt recorded but never started?"""
+    last = record.attempts[-1] if record.attempts else None
+    return record.status == "failed" and last is not None and last.outcome == NOT_STARTED
+
+
+def take_up_unstarted(record: RunRecord) -> None:
+    """Hand a run whose last attempt never started back to a watcher: the attempt is as it was
+    recorded, and the watcher submits it under its own number (``Supervisor.current_or_new_attempt``)."""
+    last = record.attempts[-1]
+    last.outcome = last.ended_at = last.evidence = last.decision = None
+    record.status, record.final_report = "running", None
 
 
 def take_up_unwatched(record: RunRecord, spec: JobSpec, places_nodes: bool) -> None:

@@ -53,6 +53,13 @@ def pause_point(run: str, phase: str, sleep: Callable[[float], None] = time.slee
         sleep(0.05)
 
 
+def never_started(rec: AttemptRecord) -> bool:
+    """Was attempt ``rec`` recorded (``Supervisor._submit`` saves it before submitting, so a
+    restarted watcher adopts rather than duplicates) but never handed to its backend? Its
+    ``submit_s`` is written only once the backend took it. (The caller also asks the backend.)"""
+    return rec.outcome is None and "submit_s" not in rec.timings
+
+
 @dataclass
 class AttemptTracker:
     """Folds an attempt's observations into what the supervisor decides on."""
@@ -510,6 +517,14 @@ class Supervisor:
             newer = sorted(a for a in known if a > last.attempt)
             if newer:   # a watcher died between submitting and saving: adopt what exists
                 return self._submit(newer[-1], parent=last)
+            if never_started(last) and last.attempt not in known:
+                # A watcher stopped between recording this attempt and submitting it: submitted
+                # now under its own number, so no retry is spent on what never ran.
+                self.echo(f"attempt {last.attempt} of {self.spec.name} was recorded but never started "
+                          "(its watcher stopped before submitting it): submitting it now")
+                last.submitted_at = self.clock()
+                parent = self.record.attempts[-2] if len(self.record.attempts) > 1 else None
+                return self._submit(last.attempt, parent=parent)
             if last.outcome is None:
                 self.echo(f"adopting attempt {last.attempt} of {self.spec.name}")
                 return last

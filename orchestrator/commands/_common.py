@@ -138,10 +138,34 @@ def interrupted_watch(run: str, *, submitted_here: bool = False, watching: bool 
                if submitted_here else f"stopped watching {run}")
         if not watching:
             who = f"interrupted after {run} was submitted; no watcher was started"
+        between = _between_attempts(run)
+        if between is not None:
+            click.echo(f"\n{who}; nothing of it runs now: {between}.\n"
+                       f"  go on:  wmctl watch {run} --auto-resume   (submits the next attempt, "
+                       "resuming from the newest checkpoint)\n"
+                       f"  end it: wmctl cancel {run}", err=True)
+            raise SystemExit(130) from None
         click.echo(f"\n{who}; the run goes on, and nothing will resume it if it fails.\n"
                    f"  re-attach: wmctl watch {run} --auto-resume\n"
                    f"  cancel:    wmctl cancel {run}", err=True)
         raise SystemExit(130) from None
+
+
+def _between_attempts(run: str) -> str | None:
+    """What a run stopped between attempts (its watcher in the backoff, or deciding) is waiting
+    for; None while an attempt runs (or the run ended, or its record cannot be read)."""
+    from ..errors import RecordDamaged, RunNotFound
+    from ..state import open_store
+
+    try:
+        record = open_store(run).load()
+    except (RunNotFound, RecordDamaged):
+        return None
+    last = record.attempts[-1] if record.attempts else None
+    if record.status != "running" or last is None or last.outcome is None:
+        return None
+    return (f"attempt {last.attempt} ended ({last.outcome}) and attempt {last.attempt + 1} was not submitted "
+            "(the watcher was waiting out its backoff)")
 
 
 @contextlib.contextmanager

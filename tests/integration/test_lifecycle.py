@@ -546,3 +546,46 @@ def test_ctrl_c_stops_the_watcher_not_the_run_and_says_how_to_reattach(home):
     again = wmctl(home, "watch", run, "--auto-resume", timeout=240)
     assert again.returncode == 0, again.stdout + again.stderr
     assert h.record(home, run)["status"] == "succeeded" and submitted_attempts(home, run) == [0]
+
+
+def test_a_watcher_killed_before_submitting_leaves_an_attempt_a_later_watcher_starts(home):
+    """Issue 22 item 10.1: a watcher killed between recording attempt 0 and submitting it. `status`
+    called that attempt node_lost ("removed outside wmctl?") and a later watcher spent a retry on
+    it. It was recorded but never started: `status` says so, and a watcher submits it as itself."""
+    run = "never-started"
+    w, marker = held_watch(home, run, "submitting", nodes=1, steps=10)
+    w.kill()
+    assert attempt_folders(home, run) == []
+    status = wmctl(home, "status", run)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "recorded but never started" in status.stdout, status.stdout
+    assert "node_lost" not in status.stdout and "removed outside" not in status.stdout
+    assert f"wmctl watch {run}" in status.stdout
+    again = h.Watch(h.write_spec(home, run, nodes=1, steps=10), home, run, "--auto-resume", command="watch")
+    assert again.wait(timeout=240) == 0, again.output
+    assert "attempt 0 was recorded but never started" in again.output
+    rec = h.record(home, run)
+    assert rec["status"] == "succeeded", again.output
+    assert submitted_attempts(home, run) == [0], "a retry was spent on an attempt that never ran"
+    assert attempt_folders(home, run) == ["attempt-0"]
+
+
+def test_ctrl_c_during_the_backoff_says_nothing_runs_and_what_watch_would_do(home):
+    """Issue 22 item 10.3: Ctrl-C while the watcher waited out its backoff said "the run goes on"
+    while nothing ran: the failed attempt was torn down and the next one not yet submitted."""
+    import signal
+
+    run = "ctrl-c-backoff"
+    spec = h.write_spec(home, run, nodes=2, steps=400, restart={"backoff": "300s"})
+    w = h.Watch(spec, home)
+    h.wait_checkpoint(home, run, 0, 5)
+    assert h.kill_node(run, 0, 1) > 0
+    h.wait_until(lambda: "backing off 300 s" in w.output, 60, "the backoff")
+    os.kill(w.proc.pid, signal.SIGINT)
+    assert w.wait(timeout=60) == 130, w.output
+    assert "the run goes on" not in w.output, w.output
+    assert "nothing of it runs now: attempt 0 ended (node_lost) and attempt 1 was not submitted" in w.output
+    assert f"wmctl watch {run} --auto-resume" in w.output and "submits the next attempt" in w.output
+    assert attempt_folders(home, run) == ["attempt-0"]
+    assert wmctl(home, "cancel", run).returncode == 0
+    h.wait_until(lambda: not h.leftover_processes(run), 60, "no processes left")

@@ -232,3 +232,56 @@ def test_a_silent_script_is_a_hang(home):
     rec = h.record(home, run)
     assert [a["outcome"] for a in rec["attempts"]] == ["hang"], rec["final_report"]
     assert not h.leftover_processes(run)
+
+
+def test_a_missing_script_fails_in_python_s_own_words(home):
+    """Issue 22 item 10.2: `command: [python, nope.py]` reported only `exit 1` (the agent's code):
+    python's "can't open file" line was in the node's log but in no evidence, since the job's
+    words were looked for only in a traceback. Now the failure and `wmctl logs` both say it."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    run = "nope"
+    spec = h.write_spec(home, run, nodes=1)
+    data = yaml.safe_load(spec.read_text())
+    data["command"] = ["python", "nope.py"]
+    spec.write_text(yaml.safe_dump(data))
+    w = h.Watch(spec, home)
+    assert w.wait(timeout=120) == 7, w.output
+    attempt = h.record(home, run)["attempts"][0]
+    assert attempt["outcome"] == "app_error", attempt
+    assert "can't open file" in attempt["evidence"] and "nope.py" in attempt["evidence"], attempt
+    assert "(exit 2)" in attempt["evidence"], attempt
+    assert any("can't open file" in line for line in attempt["error"]), attempt
+    assert "can't open file" in w.output
+    logs = subprocess.run([sys.executable, "-m", "orchestrator.cli", "logs", run], capture_output=True, text=True,
+                          env={**os.environ, "WMCTL_HOME": str(home), "PYTHONPATH": str(h.REPO)}, timeout=60)
+    assert logs.returncode == 0 and "can't open file" in logs.stdout, logs.stdout + logs.stderr
+
+
+def test_sigkill_of_one_rank_says_killed_and_how_to_check_for_the_oom_killer(home):
+    """Issue 22 item 10.5: what an OOM kill looks like on local: one worker SIGKILLed, its agent
+    and the other node alive. It stopped as app_error with no word of a kill or of memory. It
+    still stops (the OOM killer, its likeliest cause, would kill it again on a retry), but says
+    that a rank was killed by SIGKILL (exit -9, torchrun's words) and how to check."""
+    import re
+    import signal as sig
+
+    run = "rank-sigkill"
+    spec = h.write_spec(home, run, nodes=2, steps=400)
+    w = h.Watch(spec, home)
+    h.wait_step(home, run, 0, 2)
+    workers = [p for p in h.node_pids(run, 0, 1)
+               if "counter.py" in h.cmdline(p) and "torch.distributed.run" not in h.cmdline(p)]
+    assert len(workers) == 1, [h.cmdline(p) for p in h.node_pids(run, 0, 1)]
+    os.kill(workers[0], sig.SIGKILL)
+    assert w.wait(timeout=120) == 7, w.output
+    attempt = h.record(home, run)["attempts"][0]
+    assert attempt["failed_node"] == 1 and attempt["decision"] == "stop", attempt
+    evidence = attempt["evidence"]
+    assert re.search(r"rank [01] exit -9: killed \(SIGKILL\)", evidence), evidence   # the rendezvous ranks
+    assert "OOM killer" in evidence and "dmesg" in evidence and "memory.max" in evidence, evidence
+    assert "OOM killer" in w.output
+    assert not h.leftover_processes(run)

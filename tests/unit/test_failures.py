@@ -282,3 +282,46 @@ def test_a_node_found_gone_is_dated_from_its_last_sign_of_life_by_the_local_back
     assert gone.time > 42.0            # when it was seen
     found = F.root_cause([b.Event(b.NODE_EXITED, 50.0, 0, "localhost-0", exit_code=1), gone])
     assert found is not None and (found.kind, found.node, found.since) == (F.NODE_LOST, 1, 42.0)
+
+
+def _cgroup_root(tmp_path, oom_kill):
+    (tmp_path / "proc" / "self").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "proc" / "self" / "cgroup").write_text("0::/user.slice/job\n")
+    events = tmp_path / "sys" / "fs" / "cgroup" / "user.slice" / "job" / "memory.events"
+    events.parent.mkdir(parents=True, exist_ok=True)
+    events.write_text(f"low 0\nhigh 0\nmax 3\noom 1\noom_kill {oom_kill}\noom_group_kill 0\n")
+    return events
+
+
+def test_the_local_keeper_reads_its_cgroup_v2_oom_kill_count(tmp_path):
+    from orchestrator.backends.local.agent import oom_kills
+
+    events = _cgroup_root(tmp_path, 2)
+    assert oom_kills(str(tmp_path)) == (2, str(events))
+    (tmp_path / "proc" / "self" / "cgroup").write_text("4:memory:/x\n0::/\n")     # v1 memory, no v2 file
+    assert oom_kills(str(tmp_path)) is None
+    assert oom_kills(str(tmp_path / "nowhere")) is None
+
+
+def test_a_local_node_whose_cgroup_counted_an_oom_kill_is_oom_and_stops_by_default():
+    """Issue 22 item 10.5: a rank SIGKILLed by the OOM killer made torchrun exit 1: app_error, no
+    word of memory. The keeper's exit file says how many oom_kills its cgroup counted meanwhile."""
+    from orchestrator.backends.local.classify import NodeView, node_events
+
+    w = NodeView(1, "localhost-1")
+    [ev] = node_events(w, {"exit_code": 1, "signal": None, "time": 5.0, "oom_kills": 1,
+                           "oom_cgroup": "/sys/fs/cgroup/job/memory.events"}, None, None, None)
+    assert ev.kind == b.OOM_KILLED and ev.reason == "OOMKilled" and w.phase == b.FAILED
+    failure = F.classify_event(ev)
+    assert failure is not None and failure.kind == F.OOM and failure.node == 1
+    assert "OOM killer" in failure.evidence and "/sys/fs/cgroup/job/memory.events" in failure.evidence
+    assert F.decide(failure) == F.STOP and F.decide(failure, retry_on_oom=True) == F.RETRY
+    # no oom_kill counted: the exit is what it was
+    [plain] = node_events(NodeView(1, "h"), {"exit_code": 1, "signal": None, "time": 5.0}, None, None, None)
+    assert plain.kind == b.NODE_EXITED and F.classify_event(plain).kind == F.APP_ERROR
+
+
+def test_a_rank_killed_by_sigkill_says_how_to_check_for_the_oom_killer():
+    err = job_error(report(rank=1, code=-9))
+    assert err is not None and err.summary.startswith("rank 1 exit -9: killed (SIGKILL)")
+    assert "OOM killer" in err.summary and "dmesg" in err.summary and "memory.max" in err.summary

@@ -172,3 +172,27 @@ def test_the_node_holding_global_rank_0_is_found_from_the_launcher_line():
     assert rank0_node(engine, None, 2)[0] == 0 and "no node" in rank0_node(engine, None, 2)[1]
     engine = Engine({0: [bind.format(10)], 1: [bind.format(0)]})      # rank=10 is not rank 0
     assert rank0_node(engine, None, 2)[0] == 1
+
+
+def test_a_huge_line_ended_by_a_progress_line_is_shown_without_raw(tmp_path, monkeypatch):
+    """A job wrote 5 MB without a newline (a long line, a tqdm bar's \\r updates), then the runtime
+    its progress line: in the log they are one line. `wmctl logs` hid the whole of it as a progress
+    line (only --raw showed the job's 5 MB); the job's words are shown, the progress part hidden."""
+    from orchestrator import layout
+    from orchestrator.backends.local.engine import LocalBackend
+    from orchestrator.logview import _node_lines
+    from orchestrator.runtime.protocol import format_progress
+
+    monkeypatch.setenv("WMCTL_HOME", str(tmp_path))
+    big = "x" * (5 * 1024 * 1024)
+    log = layout.node_log("huge", 0, 0)
+    log.parent.mkdir(parents=True)
+    progress = format_progress("step", step=3)
+    log.write_text(f"before\n{big}{progress}\n{progress}\nafter\n")
+    ref = b.AttemptRef("local", "huge", 0)
+    shown = list(_node_lines(LocalBackend(), ref, 0, follow=False, query=b.LogQuery(), raw=False))
+    assert shown == ["before", big, "after"]
+    tailed = list(_node_lines(LocalBackend(), ref, 0, follow=False, query=b.LogQuery(tail=2), raw=False))
+    assert tailed == [big, "after"]
+    raw = list(_node_lines(LocalBackend(), ref, 0, follow=False, query=b.LogQuery(), raw=True))
+    assert raw == ["before", big + progress, progress, "after"]

@@ -31,6 +31,30 @@ def _become_subreaper() -> None:
         pass
 
 
+def oom_kills(root: str = "/") -> tuple[int, str] | None:
+    """How many processes the kernel's OOM killer has killed in this process's cgroup and below
+    (cgroup v2 ``memory.events``, ``oom_kill``), and that file; None without cgroup v2 or the
+    memory controller. The count before and after the node ran says whether it killed one of it."""
+    try:
+        with open(os.path.join(root, "proc/self/cgroup"), encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if not line.startswith("0::"):
+            continue
+        path = os.path.join(root, "sys/fs/cgroup", line[3:].strip().lstrip("/"), "memory.events")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                for row in fh.read().splitlines():
+                    key, _, value = row.partition(" ")
+                    if key == "oom_kill":
+                        return int(value), path
+        except (OSError, ValueError):
+            return None
+    return None
+
+
 def write_json_atomic(path: str, data: dict) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -52,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     _become_subreaper()
     if args.cpus:
         os.sched_setaffinity(0, parse_cpulist(args.cpus))   # inherited by torchrun and its workers
+    oom_before = oom_kills()
     with open(args.log, "ab", buffering=0) as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         write_json_atomic(args.pid_file, {"keeper": os.getpid(), "agent": proc.pid, "started": time.time()})
@@ -73,8 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     except ChildProcessError:
         pass
     exit_code = 128 - code if code < 0 else code   # -9 -> 137, as a container runtime reports it
-    write_json_atomic(args.exit_file, {"exit_code": exit_code, "signal": -code if code < 0 else None,
-                                       "time": time.time()})
+    ended: dict = {"exit_code": exit_code, "signal": -code if code < 0 else None, "time": time.time()}
+    oom_after = oom_kills()
+    if oom_before is not None and oom_after is not None and oom_after[0] > oom_before[0]:
+        ended["oom_kills"], ended["oom_cgroup"] = oom_after[0] - oom_before[0], oom_after[1]
+    write_json_atomic(args.exit_file, ended)
     return exit_code
 
 

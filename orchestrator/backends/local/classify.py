@@ -34,6 +34,16 @@ def node_events(w: NodeView, exit_data: dict[str, Any] | None, pids: dict[str, A
         w.reason = "SIGKILL" if exit_data.get("signal") == signal.SIGKILL else None
         w.phase = b.SUCCEEDED if w.exit_code == 0 else b.FAILED
         w.reported_end = True
+        killed = exit_data.get("oom_kills")
+        if killed and w.exit_code != 0:
+            # The keeper saw its cgroup's oom_kill count rise while the node ran (cgroup v2).
+            w.reason = "OOMKilled"
+            return [b.Event(b.OOM_KILLED, time=exit_data["time"], node=w.node, host=w.host,
+                            exit_code=w.exit_code, reason=w.reason,
+                            message=f"the kernel's OOM killer killed {killed} process(es) of node {w.node} "
+                                    f"({exit_data.get('oom_cgroup')} counts oom_kill) and its torchrun agent "
+                                    f"exited with {w.exit_code}: a rank needs more memory than it may use "
+                                    "(lower its batch or model size per rank, or raise the memory limit)")]
         return [b.Event(b.NODE_EXITED, time=exit_data["time"], node=w.node, host=w.host,
                         exit_code=w.exit_code, reason=w.reason,
                         message=f"torchrun agent exited with {w.exit_code}")]
