@@ -18,11 +18,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_a_finished_build_is_waited_for_until_it_says_ok(tmp_path):
     status = tmp_path / "base-image.status"
-    # A builder still running: it says "building PID" and writes "ok" once the test lets it go.
+    # A builder still running: it says "building PID" and writes "ok" once the test lets it go,
+    # replacing the file whole as the real one does (_write_status): a waiter never reads it half-written.
     builder = subprocess.Popen([sys.executable, "-c",
-                                "import sys, pathlib\n"
+                                "import os, sys, pathlib\n"
                                 "sys.stdin.readline()\n"
-                                "pathlib.Path(sys.argv[1]).write_text('ok wmctl-test/base:x\\n')\n", str(status)],
+                                "tmp = pathlib.Path(sys.argv[1] + '.tmp')\n"
+                                "tmp.write_text('ok wmctl-test/base:x\\n')\n"
+                                "os.replace(tmp, sys.argv[1])\n", str(status)],
                                stdin=subprocess.PIPE, text=True)
     status.write_text(f"building {builder.pid}\n")
     builder.stdin.write("go\n")
