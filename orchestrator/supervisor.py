@@ -86,8 +86,11 @@ class AttemptTracker:
         self.last_heartbeat = self.started_at
 
     def feed(self, obs: b.Observation, now: float) -> list[b.Event]:
-        # Output lines are only a heartbeat: kept out of the evidence a root cause is found in.
-        self.events += [ev for ev in obs.events if ev.kind != b.OUTPUT]
+        # Only evidence a root cause can be found in is kept (a failure: few, one per node at most
+        # before teardown). Output lines are only a heartbeat, and progress lines are folded into
+        # the fields below and streamed to the run store: keeping them would grow with the run
+        # (issue 22: 100k steps took the watcher from 26 to 143 MB).
+        self.events += [ev for ev in obs.events if F.classify_event(ev) is not None]
         self.nodes = obs.nodes
         if self.all_started_at is None and obs.nodes and all(n.phase != b.PENDING for n in obs.nodes):
             # The heartbeat clock starts when every node runs: time spent queued (Kueue, Volcano),
