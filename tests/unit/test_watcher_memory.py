@@ -24,3 +24,79 @@ def test_a_tracker_fed_many_progress_events_holds_a_bounded_number():
     assert len(t.events) == 1
     found = t.failure(20001.0, heartbeat_timeout=600.0)
     assert found is not None and found.kind == F.APP_ERROR and found.node == 1
+
+
+def test_carriage_returns_end_lines_so_a_progress_bar_is_a_sign_of_life_and_shown():
+    # tqdm-like: one redraw after another, no newline for as long as it runs
+    split = b.LineSplitter()
+    lines = []
+    for pct in range(100):
+        lines += split.feed(f"\r{pct:3d}%|{'#' * (pct // 10):10s}| {pct}/100".encode())
+    lines = [line for line in lines if line]      # the empty line before the first '\r'
+    assert len(lines) == 99 and lines[-1] == b" 98%|######### | 98/100"
+    assert len(split.pending) < 40          # only the redraw in progress is held
+    out: dict[int, float] = {}
+    ev = b.line_event(lines[-1].decode(), 0, "h", out, stamp=None)
+    assert ev is not None and ev.kind == b.OUTPUT and ev.message == " 98%|######### | 98/100"
+    # '\r\n' is one line end, a progress line after a redraw is still a progress line
+    got = split.feed(b"\r\nWMCTL-PROGRESS {\"event\": \"step\", \"step\": 7}\n")
+    assert [g for g in got if g] == [b" 99%|######### | 99/100", b'WMCTL-PROGRESS {"event": "step", "step": 7}']
+
+
+def test_a_redrawn_line_read_whole_shows_its_last_redraw():
+    # Docker and the kubelet stamp by newline: a redrawn bar arrives as one line
+    ev = b.output_event({}, 0, None, "\r 10%|#\r 20%|##\r 30%|###\r", now=5.0)
+    assert ev is not None and ev.message == " 30%|###"
+
+
+def test_a_huge_line_is_cut_with_a_marker_not_dropped():
+    split = b.LineSplitter(limit=1000)
+    got = split.feed(b"before\n" + b"x" * 5000)
+    assert got == [b"before", b"x" * 1000 + b.CUT_MARKER]
+    assert split.pending == b""            # the rest of the line is not held
+    got = split.feed(b"y" * 5000)
+    assert got == [] and split.pending == b""
+    got = split.feed(b"z" * 10 + b"\nafter\n")
+    assert got == [b"after"]               # the cut line's tail skipped; the next line whole
+    assert b.cut_line("a" * 70000).endswith(b.CUT_MARKER.decode())
+    assert len(b.cut_line("a" * 70000)) == b.MAX_LINE_BYTES + len(b.CUT_MARKER)
+    assert b.cut_line("short") == "short"
+
+
+def test_the_default_splitter_holds_at_most_max_line_bytes_of_an_endless_line():
+    split = b.LineSplitter()
+    got = []
+    for _ in range(100):
+        got += split.feed(b"." * 10000)
+        assert len(split.pending) <= b.MAX_LINE_BYTES
+    assert got == [b"." * b.MAX_LINE_BYTES + b.CUT_MARKER]
+
+
+def test_a_splitter_refuses_a_limit_below_one_byte():
+    import pytest
+    with pytest.raises(ValueError, match="limit"):
+        b.LineSplitter(limit=0)
+
+
+def test_the_local_engine_reads_a_progress_bar_without_newlines_as_liveness_and_shows_it(tmp_path, monkeypatch):
+    from orchestrator.backends.local.engine import LocalBackend, _NodeWatch
+
+    monkeypatch.setenv("WMCTL_HOME", str(tmp_path))
+    ref = b.AttemptRef("local", "bar", 0)
+    w = _NodeWatch(ref, 0)
+    w.log.parent.mkdir(parents=True)
+    with open(w.log, "wb") as fh:
+        fh.write(b"starting\n" + b"".join(f"\r{i}/500 it".encode() for i in range(500)))
+    events = LocalBackend._read_progress(LocalBackend.__new__(LocalBackend), w)
+    # the output heartbeat: at most one per node per OUTPUT_EVERY_S, from the first line on
+    assert [ev.kind for ev in events] == [b.OUTPUT] and events[0].message == "starting"
+    w.output_at.clear()                     # a second later: the newest redraw is the one shown
+    with open(w.log, "ab") as fh:
+        fh.write(b"\r500/500 it")
+    events = LocalBackend._read_progress(LocalBackend.__new__(LocalBackend), w)
+    assert [ev.message for ev in events] == ["499/500 it"]
+    assert len(w.lines.pending) < 20        # no redraw is held but the one in progress
+
+    t = AttemptTracker(started_at=0.0)
+    t.feed(b.Observation(events, [b.NodeStatus(0, b.RUNNING)]), 100.0)
+    assert t.last_heartbeat == 100.0        # a sign of life
