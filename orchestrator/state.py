@@ -218,23 +218,31 @@ class RunStore(ABC):
     def metrics(self) -> list[dict[str, Any]]:
         """Every kept event, oldest first; a line torn by a crash is skipped."""
 
+    def iter_metrics(self) -> Iterator[dict[str, Any]]:
+        """``metrics()`` one event at a time: a store that can read its events as a stream holds
+        one at a time, whatever the run's length (`wmctl metrics`, a watcher adopting a run)."""
+        yield from self.metrics()
+
     @abstractmethod
     def delete(self) -> None:
         """Remove the run's state (record, lease, logs, metrics): `wmctl delete`, `--replace`."""
 
 
-def parse_metrics(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The events of a metrics.jsonl, in order. A line that is not a JSON object (the torn end
-    of an append cut short) is skipped: the others still count."""
-    out = []
+def iter_metrics(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The events of a metrics.jsonl, in order, one at a time. A line that is not a JSON object
+    (the torn end of an append cut short) is skipped: the others still count."""
     for line in lines:
         try:
             item = json.loads(line)
         except ValueError:
             continue
         if isinstance(item, dict):
-            out.append(item)
-    return out
+            yield item
+
+
+def parse_metrics(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """``iter_metrics`` as a list."""
+    return list(iter_metrics(lines))
 
 
 def parse_record(read: Callable[[], str], run: str, where: str, *, hint: str) -> RunRecord:
@@ -446,11 +454,14 @@ class LocalRunStore(RunStore):
             fh.write(line)     # one write per line: a crash tears at most the last one
 
     def metrics(self) -> list[dict[str, Any]]:
+        return list(self.iter_metrics())
+
+    def iter_metrics(self) -> Iterator[dict[str, Any]]:
         path = self.dir / layout.METRICS_FILE
         if not path.exists():
-            return []
+            return
         with open(path, encoding="utf-8", errors="replace") as fh:
-            return parse_metrics(fh)
+            yield from iter_metrics(fh)
 
     def delete(self) -> None:
         # The record goes first: a folder without one is no run (list_runs), whatever is left.

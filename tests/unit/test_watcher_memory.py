@@ -100,3 +100,71 @@ def test_the_local_engine_reads_a_progress_bar_without_newlines_as_liveness_and_
     t = AttemptTracker(started_at=0.0)
     t.feed(b.Observation(events, [b.NodeStatus(0, b.RUNNING)]), 100.0)
     assert t.last_heartbeat == 100.0        # a sign of life
+
+
+def test_the_watcher_remembers_a_bounded_number_of_progress_lines():
+    from orchestrator.supervisor import RECENT_KEYS, KeptMetrics, metric_key
+
+    kept = KeptMetrics({("step", 1, 1.0)})
+    assert not kept.first(("step", 1, 1.0))       # an earlier watcher kept it: a replay, shown once
+    assert not kept.stored                          # ... and forgotten once seen again
+    for step in range(2, 50002):
+        assert kept.first(metric_key({"event": "step", "step": step, "time": float(step)}))
+    assert not kept.first(("step", 50001, 50001.0))  # delivered twice: kept once
+    assert len(kept.recent) == len(kept.order) == RECENT_KEYS
+
+
+def test_an_adopting_watcher_reads_the_store_as_a_stream_and_keeps_a_bounded_history():
+    from orchestrator.supervisor import HISTORY_STEPS, adopted_metrics
+
+    def stream():
+        yield {"event": "start", "attempt": 0, "max_steps": 30000, "time": 0.0}
+        for step in range(1, 30001):
+            yield {"event": "step", "attempt": 0, "step": step, "time": float(step)}
+            if step % 10000 == 0:
+                yield {"event": "checkpoint", "attempt": 0, "step": step, "time": float(step)}
+        yield {"event": "resume", "attempt": 1, "step": 30000, "time": 30001.0}
+        yield {"event": "step", "attempt": 1, "step": 30001, "time": 30002.0}
+
+    kept, history = adopted_metrics(stream(), 1, history=True)
+    assert len(history) == 1 + 3 + HISTORY_STEPS
+    assert history[0]["event"] == "start" and history[-1]["event"] == "checkpoint"
+    assert [h["step"] for h in history if h["event"] == "step"] == list(range(30001 - HISTORY_STEPS, 30001))
+    assert kept.stored == {("resume", 30000, 30001.0), ("step", 30001, 30002.0)}
+    assert adopted_metrics(stream(), 1, history=False)[1] == []
+
+
+def _write_metrics(path, n):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        for step in range(n):
+            fh.write(f'{{"attempt":0,"event":"step","loss":0.5,"samples":{step * 32},"seen":{step}.5,'
+                     f'"step":{step},"time":{step}.25,"timing":{{"step_s":0.1,"data_share":0.1}}}}\n')
+        fh.write('{"attempt":0,"event":"st')           # a torn last line: skipped
+
+
+def test_metrics_are_read_as_a_stream_in_bounded_memory(tmp_path, monkeypatch):
+    import tracemalloc
+
+    from orchestrator import layout, runs
+    from orchestrator.state import LocalRunStore, RunRecord
+
+    monkeypatch.setenv("WMCTL_HOME", str(tmp_path))
+    store = LocalRunStore("long")
+    store.save(RunRecord(run="long", backend="local", spec_path="x", overrides={}, spec_hash="h", auto_resume=True))
+    _write_metrics(layout.run_dir("long") / layout.METRICS_FILE, 50000)
+
+    tracemalloc.start()
+    try:
+        count = last = 0
+        for e in runs.iter_metrics("long", attempt=0):
+            count, last = count + 1, e["step"]
+        _, streamed_peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        whole = runs.metrics("long")
+        _, list_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert count == 50000 and last == 49999 and len(whole) == 50000
+    assert streamed_peak < 1_000_000            # one event at a time, whatever the file's length
+    assert list_peak > 20 * streamed_peak       # what holding them all costs, for scale
