@@ -168,3 +168,13 @@ def test_metrics_are_read_as_a_stream_in_bounded_memory(tmp_path, monkeypatch):
     assert count == 50000 and last == 49999 and len(whole) == 50000
     assert streamed_peak < 1_000_000            # one event at a time, whatever the file's length
     assert list_peak > 20 * streamed_peak       # what holding them all costs, for scale
+
+
+def test_metrics_json_printed_a_row_at_a_time_is_what_one_dump_of_all_prints(capsys):
+    import json
+
+    from orchestrator.commands.metrics import _echo_json
+
+    for rows in ([], [{"a": 1}], [{"a": 1, "b": {"c": [1, 2]}}, {"a": None}, {"a": "x"}]):
+        _echo_json(iter(rows))
+        assert capsys.readouterr().out == json.dumps(rows, indent=2) + "\n"
