@@ -272,6 +272,7 @@ class LocalRunStore(RunStore):
         self.path = self.dir / layout.RECORD_FILE
         self._lock_fh: IO[str] | None = None
         self._lease: Lease | None = None
+        self._metrics_fh: IO[str] | None = None     # kept open: a watcher appends up to 1,000 lines a second
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -448,10 +449,13 @@ class LocalRunStore(RunStore):
         return data if isinstance(data, dict) else {"time": time.time(), "by": "?", "graceful": False}
 
     def append_metric(self, event: dict[str, Any]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
         line = json.dumps(event, sort_keys=True, separators=(",", ":")) + "\n"
-        with open(self.dir / layout.METRICS_FILE, "a", encoding="utf-8") as fh:
-            fh.write(line)     # one write per line: a crash tears at most the last one
+        fh = self._metrics_fh
+        if fh is None or fh.closed:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fh = self._metrics_fh = open(self.dir / layout.METRICS_FILE, "a", encoding="utf-8")
+        fh.write(line)
+        fh.flush()             # one write per line: a crash tears at most the last one
 
     def metrics(self) -> list[dict[str, Any]]:
         return list(self.iter_metrics())
@@ -464,6 +468,8 @@ class LocalRunStore(RunStore):
             yield from iter_metrics(fh)
 
     def delete(self) -> None:
+        if self._metrics_fh is not None:
+            self._metrics_fh.close()
         # The record goes first: a folder without one is no run (list_runs), whatever is left.
         try:
             self.path.unlink()

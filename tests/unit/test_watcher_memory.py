@@ -178,3 +178,16 @@ def test_metrics_json_printed_a_row_at_a_time_is_what_one_dump_of_all_prints(cap
     for rows in ([], [{"a": 1}], [{"a": 1, "b": {"c": [1, 2]}}, {"a": None}, {"a": "x"}]):
         _echo_json(iter(rows))
         assert capsys.readouterr().out == json.dumps(rows, indent=2) + "\n"
+
+
+def test_metrics_appended_through_one_open_file_are_read_at_once_and_after_a_delete_anew(tmp_path):
+    from orchestrator.state import LocalRunStore
+
+    store = LocalRunStore("m", home=tmp_path)
+    store.append_metric({"event": "step", "step": 1})
+    assert LocalRunStore("m", home=tmp_path).metrics() == [{"event": "step", "step": 1}]   # flushed per line
+    store.append_metric({"event": "step", "step": 2})
+    assert [e["step"] for e in LocalRunStore("m", home=tmp_path).metrics()] == [1, 2]
+    store.delete()
+    store.append_metric({"event": "step", "step": 3})
+    assert LocalRunStore("m", home=tmp_path).metrics() == [{"event": "step", "step": 3}]
