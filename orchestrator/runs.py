@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import backends
 from .backends.base import AttemptRef, Backend, BackendOptions
@@ -78,10 +78,16 @@ def runs() -> list[RunView]:
 
 def metrics(run: str, attempt: int | None = None) -> list[dict[str, Any]]:
     """Every progress event a watcher kept for ``run`` (oldest first), or one attempt's."""
+    return list(iter_metrics(run, attempt))
+
+
+def iter_metrics(run: str, attempt: int | None = None) -> Iterator[dict[str, Any]]:
+    """``metrics`` one event at a time, read as a stream: memory stays flat however long the run
+    (`wmctl metrics`, `wmctl plot`). The run is looked up at once, not at the first event."""
     store = open_store(run)
     store.load()
-    events = store.metrics()
-    return events if attempt is None else [e for e in events if e.get("attempt") == attempt]
+    events = store.iter_metrics()
+    return events if attempt is None else (e for e in events if e.get("attempt") == attempt)
 
 
 def describe(run: str) -> list[dict[str, Any]]:

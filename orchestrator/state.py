@@ -218,23 +218,31 @@ class RunStore(ABC):
     def metrics(self) -> list[dict[str, Any]]:
         """Every kept event, oldest first; a line torn by a crash is skipped."""
 
+    def iter_metrics(self) -> Iterator[dict[str, Any]]:
+        """``metrics()`` one event at a time: a store that can read its events as a stream holds
+        one at a time, whatever the run's length (`wmctl metrics`, a watcher adopting a run)."""
+        yield from self.metrics()
+
     @abstractmethod
     def delete(self) -> None:
         """Remove the run's state (record, lease, logs, metrics): `wmctl delete`, `--replace`."""
 
 
-def parse_metrics(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The events of a metrics.jsonl, in order. A line that is not a JSON object (the torn end
-    of an append cut short) is skipped: the others still count."""
-    out = []
+def iter_metrics(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The events of a metrics.jsonl, in order, one at a time. A line that is not a JSON object
+    (the torn end of an append cut short) is skipped: the others still count."""
     for line in lines:
         try:
             item = json.loads(line)
         except ValueError:
             continue
         if isinstance(item, dict):
-            out.append(item)
-    return out
+            yield item
+
+
+def parse_metrics(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """``iter_metrics`` as a list."""
+    return list(iter_metrics(lines))
 
 
 def parse_record(read: Callable[[], str], run: str, where: str, *, hint: str) -> RunRecord:
@@ -264,6 +272,7 @@ class LocalRunStore(RunStore):
         self.path = self.dir / layout.RECORD_FILE
         self._lock_fh: IO[str] | None = None
         self._lease: Lease | None = None
+        self._metrics_fh: IO[str] | None = None     # kept open: a watcher appends up to 1,000 lines a second
 
     def exists(self) -> bool:
         return self.path.exists()
@@ -440,19 +449,27 @@ class LocalRunStore(RunStore):
         return data if isinstance(data, dict) else {"time": time.time(), "by": "?", "graceful": False}
 
     def append_metric(self, event: dict[str, Any]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
         line = json.dumps(event, sort_keys=True, separators=(",", ":")) + "\n"
-        with open(self.dir / layout.METRICS_FILE, "a", encoding="utf-8") as fh:
-            fh.write(line)     # one write per line: a crash tears at most the last one
+        fh = self._metrics_fh
+        if fh is None or fh.closed:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            fh = self._metrics_fh = open(self.dir / layout.METRICS_FILE, "a", encoding="utf-8")
+        fh.write(line)
+        fh.flush()             # one write per line: a crash tears at most the last one
 
     def metrics(self) -> list[dict[str, Any]]:
+        return list(self.iter_metrics())
+
+    def iter_metrics(self) -> Iterator[dict[str, Any]]:
         path = self.dir / layout.METRICS_FILE
         if not path.exists():
-            return []
+            return
         with open(path, encoding="utf-8", errors="replace") as fh:
-            return parse_metrics(fh)
+            yield from iter_metrics(fh)
 
     def delete(self) -> None:
+        if self._metrics_fh is not None:
+            self._metrics_fh.close()
         # The record goes first: a folder without one is no run (list_runs), whatever is left.
         try:
             self.path.unlink()

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from . import failures as F
 from .backends import base as b
@@ -93,8 +94,11 @@ class AttemptTracker:
         self.last_heartbeat = self.started_at
 
     def feed(self, obs: b.Observation, now: float) -> list[b.Event]:
-        # Output lines are only a heartbeat: kept out of the evidence a root cause is found in.
-        self.events += [ev for ev in obs.events if ev.kind != b.OUTPUT]
+        # Only evidence a root cause can be found in is kept (a failure: few, one per node at most
+        # before teardown). Output lines are only a heartbeat, and progress lines are folded into
+        # the fields below and streamed to the run store: keeping them would grow with the run
+        # (issue 22: 100k steps took the watcher from 26 to 143 MB).
+        self.events += [ev for ev in obs.events if F.classify_event(ev) is not None]
         self.nodes = obs.nodes
         if self.all_started_at is None and obs.nodes and all(n.phase != b.PENDING for n in obs.nodes):
             # The heartbeat clock starts when every node runs: time spent queued (Kueue, Volcano),
@@ -324,10 +328,7 @@ class Supervisor:
         timeout = self.spec.restart.heartbeat_timeout_s
         # A watcher adopting a running attempt reads its output from the start: the events an
         # earlier watcher kept are shown again (at their own times) but kept once.
-        metrics = self.store.metrics()
-        kept = {metric_key(m) for m in metrics if m.get("attempt") == rec.attempt}
-        history = [] if self._told_history else [m for m in metrics if isinstance(m.get("attempt"), int)
-                                                 and m["attempt"] < rec.attempt]
+        kept, history = adopted_metrics(self.store.iter_metrics(), rec.attempt, history=not self._told_history)
         self._told_history = True
         self._tell(rec, tracker, history=history)
         pause_point(self.spec.name, STARTING)
@@ -355,8 +356,7 @@ class Supervisor:
                 self.store.save(self.record)
             for ev in events:
                 self._show(rec, ev, tracker, now)
-                if ev.kind == b.PROGRESS and ev.progress and metric_key(ev.progress) not in kept:
-                    kept.add(metric_key(ev.progress))
+                if ev.kind == b.PROGRESS and ev.progress and kept.first(metric_key(ev.progress)):
                     self.store.append_metric({**ev.progress, "attempt": rec.attempt, "seen": round(now, 3)})
             if events or tracker.nodes != before:
                 rec.last_step, rec.last_checkpoint_step = tracker.last_step, tracker.last_checkpoint_step
@@ -617,6 +617,54 @@ class Supervisor:
     def _say(self, text: str, at: float | None) -> None:
         """A line about an event, stamped with the event's time when a view shows times."""
         self.view.line(text, at)
+
+
+# How many of the newest progress lines a watcher remembers to keep a line delivered twice once,
+# and how many of the earlier attempts' step events it shows an adopted run's panel (its loss trend
+# shows panel.SPARK_POINTS of them): what it holds stays flat, however long the run.
+RECENT_KEYS = 4096
+HISTORY_STEPS = 256
+
+
+class KeptMetrics:
+    """Which progress lines of an attempt the run store has: those an earlier watcher kept (a
+    watcher adopting a running attempt reads its output again from the start; each such line is
+    forgotten once seen again, since a replay shows it once) and the newest RECENT_KEYS seen."""
+
+    def __init__(self, stored: set[tuple[Any, ...]] | None = None):
+        self.stored = stored or set()
+        self.recent: set[tuple[Any, ...]] = set()
+        self.order: deque[tuple[Any, ...]] = deque()
+
+    def first(self, key: tuple[Any, ...]) -> bool:
+        """Is this line new to the store? Remembers it if so."""
+        if key in self.stored:
+            self.stored.discard(key)
+            return False
+        if key in self.recent:
+            return False
+        self.recent.add(key)
+        self.order.append(key)
+        if len(self.order) > RECENT_KEYS:
+            self.recent.discard(self.order.popleft())
+        return True
+
+
+def adopted_metrics(events: Iterable[dict[str, Any]], attempt: int, *,
+                    history: bool) -> tuple[KeptMetrics, list[dict[str, Any]]]:
+    """From the run store's events, read as a stream: which of ``attempt``'s it has, and (with
+    ``history``) what the panel shows of the earlier attempts: every event but steps, and the
+    newest HISTORY_STEPS steps, in order."""
+    stored: set[tuple[Any, ...]] = set()
+    others: list[tuple[int, dict[str, Any]]] = []
+    steps: deque[tuple[int, dict[str, Any]]] = deque(maxlen=HISTORY_STEPS)
+    for n, m in enumerate(events):
+        if m.get("attempt") == attempt:
+            stored.add(metric_key(m))
+        elif history and isinstance(m.get("attempt"), int) and m["attempt"] < attempt:
+            (steps if m.get("event") == "step" else others).append((n, m))
+    # back in the store's order: the panel folds them as they were kept
+    return KeptMetrics(stored), [m for _, m in sorted([*others, *steps], key=lambda t: t[0])]
 
 
 def metric_key(progress: dict[str, Any]) -> tuple[Any, ...]:

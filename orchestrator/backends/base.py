@@ -10,6 +10,7 @@ with push APIs (Docker events, Kubernetes watches) buffer into a queue that ``po
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from abc import ABC, abstractmethod
@@ -64,11 +65,65 @@ def witness_progress(payload: dict[str, Any]) -> bool:
     return payload.get("event") in WITNESS_EVENTS and isinstance(g, int) and not isinstance(g, bool) and g == 0
 
 
+# The longest line the watcher reads whole (bytes). A longer one (a job dumping a tensor, a
+# progress bar redrawn for hours without a newline) is cut here with CUT_MARKER, never dropped: the
+# watcher's memory stays bounded whatever a job prints. A progress line is a few hundred bytes.
+MAX_LINE_BYTES = 64 * 1024
+CUT_MARKER = f" [wmctl: line cut at {MAX_LINE_BYTES} bytes]".encode()
+# What ends a line: a newline, and a carriage return (tqdm and other progress bars redraw their
+# line with '\r' and print no newline for as long as they run).
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+# A log an engine stamps line by line (Docker's, the kubelet's): a newline ends a stamped line, and
+# a '\r' inside one is a redraw within it (output_event shows its last).
+NEWLINE = re.compile(rb"\n")
+
+
+class LineSplitter:
+    """Bytes of a node's output -> its lines, as they complete. '\r' ends a line like '\n' (a
+    progress bar's redraw is its sign of life); a line longer than ``limit`` comes out cut to
+    ``limit`` bytes plus CUT_MARKER as soon as it passes the limit, and the rest of it, up to its
+    end, is skipped. What is held between feeds is at most ``limit`` bytes."""
+
+    def __init__(self, limit: int = MAX_LINE_BYTES, ends: "re.Pattern[bytes]" = _LINE_END):
+        if limit < 1:
+            raise ValueError(f"LineSplitter limit must be at least 1 byte, got {limit}")
+        self.limit, self.ends = limit, ends
+        self.pending = b""
+        self.cutting = False        # inside a line already given out cut: skip to its end
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        parts = self.ends.split(self.pending + chunk)
+        self.pending = parts.pop()
+        out = []
+        for part in parts:
+            if self.cutting:
+                self.cutting = False        # the end of the line already given out
+                continue
+            out.append(part[:self.limit] + CUT_MARKER if len(part) > self.limit else part)
+        if len(self.pending) > self.limit:
+            if not self.cutting:
+                out.append(self.pending[:self.limit] + CUT_MARKER)
+            self.cutting, self.pending = True, b""
+        return out
+
+    def flush(self) -> list[bytes]:
+        """The unfinished last line (a stream's end), if any."""
+        rest, self.pending = self.pending, b""
+        return [] if self.cutting or not rest else [rest]
+
+
+def cut_line(text: str, limit: int = MAX_LINE_BYTES) -> str:
+    """``text`` cut to ``limit`` characters plus CUT_MARKER when longer (a line read whole by a
+    client library): the watcher keeps no longer line."""
+    return text if len(text) <= limit else text[:limit] + CUT_MARKER.decode()
+
+
 def output_event(last: dict[int, float], node: int, host: str | None, line: str,
                  now: float | None = None) -> "Event | None":
-    """An OUTPUT event for ``line`` unless ``node`` had one less than OUTPUT_EVERY_S ago."""
+    """An OUTPUT event for ``line`` unless ``node`` had one less than OUTPUT_EVERY_S ago. Of a
+    line a progress bar redrew with '\r', what a terminal shows: its last redraw."""
     now = time.time() if now is None else now
-    text = line.rstrip()
+    text = next((seg for seg in reversed(line.split("\r")) if seg.strip()), "").rstrip()
     if not text or now - last.get(node, float("-inf")) < OUTPUT_EVERY_S:
         return None
     last[node] = now

@@ -12,7 +12,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-from typing import Any
+import textwrap
+from typing import Any, Iterator
 
 import click
 
@@ -41,9 +42,11 @@ def flat(event: dict[str, Any]) -> dict[str, Any]:
 @click.option("--attempt", type=click.IntRange(min=0), default=None, help="Only this attempt's events.")
 @click.option("-o", "--output", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 def command(run, attempt, output):
-    rows = [flat(e) for e in runs.metrics(run, attempt)]
+    # The events are read as a stream and printed as they come: memory stays flat however long the
+    # run (a table reads them twice, its column widths first).
+    rows = (flat(e) for e in runs.iter_metrics(run, attempt))
     if output == "json":
-        click.echo(json.dumps(rows, indent=2))
+        _echo_json(rows)
         return
     if output == "csv":
         buf = io.StringIO()
@@ -51,13 +54,38 @@ def command(run, attempt, output):
         writer.writeheader()
         for row in rows:
             writer.writerow({k: "" if v is None else v for k, v in row.items()})
-        click.echo(buf.getvalue(), nl=False)
+            click.echo(buf.getvalue(), nl=False)
+            buf.seek(0)
+            buf.truncate()
+        click.echo(buf.getvalue(), nl=False)        # the header of a run without events
         return
     shown = ("attempt", "event", "step", "loss", "samples", "step_s", "seconds", "class")
-    table = [tuple(c.upper() for c in shown)]
+    header = tuple(c.upper() for c in shown)
+    widths = [len(c) for c in header]
+    for cells in _cells(rows, shown):
+        widths = [max(w, len(c)) for w, c in zip(widths, cells, strict=True)]
+    click.echo("  ".join(cell.ljust(w) for cell, w in zip(header, widths, strict=True)).rstrip())
+    for cells in _cells((flat(e) for e in runs.iter_metrics(run, attempt)), shown):
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)).rstrip())
+
+
+def _cells(rows: Iterator[dict[str, Any]], shown: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
+    """A table's cells of each row."""
     for row in rows:
-        table.append(tuple("-" if row[c] is None else (f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]))
-                           for c in shown))
-    widths = [max(len(r[i]) for r in table) for i in range(len(shown))]
-    for r in table:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+        yield tuple("-" if row[c] is None else (f"{row[c]:.4g}" if isinstance(row[c], float) else str(row[c]))
+                    for c in shown)
+
+
+def _echo_json(rows: Iterator[dict[str, Any]]) -> None:
+    """What ``json.dumps(list(rows), indent=2)`` prints, a row at a time."""
+    first = next(rows, None)
+    if first is None:
+        click.echo("[]")
+        return
+    click.echo("[")
+    prev = first
+    for row in rows:
+        click.echo(textwrap.indent(json.dumps(prev, indent=2), "  ") + ",")
+        prev = row
+    click.echo(textwrap.indent(json.dumps(prev, indent=2), "  "))
+    click.echo("]")

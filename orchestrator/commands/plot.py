@@ -27,7 +27,7 @@ def command(run, output, attempt, terminal):
     if output is not None:
         _check_output(output)
     record = runs.status(run, reconcile=False).record
-    events = runs.metrics(run)
+    events = runs.iter_metrics(run)      # read as a stream: only the plot's points are held
     attempts = [asdict(a) for a in record.attempts] if record is not None else []
     data = plotdata.build(run, events, attempts, only_attempt=attempt)
     if attempt is not None and not data.series:

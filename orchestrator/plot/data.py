@@ -155,7 +155,6 @@ def build(run: str, events: Iterable[Mapping[str, Any]], attempts: Iterable[Mapp
           only_attempt: int | None = None) -> PlotData:
     """The plot of ``run``; ``only_attempt`` keeps that attempt's curves and marks (its boundary,
     failure and redone steps still come from the whole run)."""
-    events = list(events)
     records = {a["attempt"]: a for a in attempts if _int(a.get("attempt")) is not None}
     by_attempt: dict[int, list[Mapping[str, Any]]] = {}
     for ev in events:

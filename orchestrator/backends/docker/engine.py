@@ -425,16 +425,15 @@ class DockerBackend(b.Backend[DockerRequest]):
                 continue
             if streams is not None:
                 streams.append(stream)
-            buf = b""
+            # A line longer than base.MAX_LINE_BYTES comes out cut: the reader holds no more.
+            splitter = b.LineSplitter(ends=b.NEWLINE)
             for chunk in stream:
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for raw in lines:
+                for raw in splitter.feed(chunk):
                     ns, line = split_timestamp(raw.decode("utf-8", "replace"))
                     if cursor.fresh(ns, line):
                         yield (ns or 0), line
-            if buf:
-                ns, line = split_timestamp(buf.decode("utf-8", "replace"))
+            for raw in splitter.flush():
+                ns, line = split_timestamp(raw.decode("utf-8", "replace"))
                 if cursor.fresh(ns, line):
                     yield (ns or 0), line
             if streams is not None and stream in streams:

@@ -124,7 +124,9 @@ class PodLogs:
         into PROGRESS (or, without progress lines, OUTPUT heartbeat) events; the witness's only
         into the PROGRESS events it exists for (base.witness_progress)."""
         for raw in lines:
-            stamp, line = split_timestamp(raw)
+            # The kubelet splits a line at 16 KiB already; a line is cut here too (the cursor keeps
+            # the lines of its window), so what the watcher holds stays bounded on any runtime.
+            stamp, line = split_timestamp(b.cut_line(raw))
             if not cursor.fresh(stamp, line):
                 continue            # read before a reconnect
             ev = b.line_event(line, index, host, output_at, witness=index != 0,

@@ -31,6 +31,7 @@ from .classify import NodeView, node_events
 from .render import LocalRequest, local_checkpoint_dir, render_local
 
 TAG_ENV = ENV_LOCAL_TAG
+READ_CHUNK_BYTES = 1 << 20     # how much of a node's log one read takes
 
 
 def free_port(preferred: int) -> int:
@@ -107,7 +108,7 @@ class _NodeWatch(NodeView):
         self.exit_file = layout.node_exit_file(ref.run, ref.attempt, node)
         self.pid_file = layout.node_pid_file(ref.run, ref.attempt, node)
         self.offset = 0
-        self.partial = b""
+        self.lines = b.LineSplitter()      # '\r' ends a line; a line past MAX_LINE_BYTES is cut
         self.output_at: dict[int, float] = {}
 
 
@@ -233,21 +234,20 @@ class LocalBackend(b.Backend[LocalRequest]):
         return node_events(w, None, pids, keeper_state, _proc_state(pids["agent"]), last_alive)
 
     def _read_progress(self, w: _NodeWatch) -> list[b.Event]:
+        """The events of what node ``w`` wrote since the last look, read READ_CHUNK_BYTES at a
+        time: a watcher that looks late holds no more of the log than that."""
+        events = []
         try:
             with open(w.log, "rb") as fh:
                 fh.seek(w.offset)
-                chunk = fh.read()
+                while chunk := fh.read(READ_CHUNK_BYTES):
+                    w.offset += len(chunk)
+                    for raw in w.lines.feed(chunk):
+                        ev = b.line_event(raw.decode("utf-8", "replace"), w.node, w.host, w.output_at)
+                        if ev is not None:
+                            events.append(ev)
         except FileNotFoundError:
             return []
-        w.offset += len(chunk)
-        data = w.partial + chunk
-        lines = data.split(b"\n")
-        w.partial = lines.pop()
-        events = []
-        for raw in lines:
-            ev = b.line_event(raw.decode("utf-8", "replace"), w.node, w.host, w.output_at)
-            if ev is not None:
-                events.append(ev)
         return events
 
     # -- logs / cancel / attempts ------------------------------------------------------------
