@@ -574,20 +574,21 @@ class Cluster:
                 (w["metadata"].get("labels") or {}).get("kueue.x-k8s.io/job-uid") == uid))
             if not found:
                 digest = hashlib.sha1("\n".join(("Job", "batch", meta["name"], uid)).encode()).hexdigest()
-                self._try(lambda: self.api.create(workloads, ns, {
+                body = {
                     "metadata": {"name": f"job-{meta['name']}"[:247] + f"-{digest[:5]}", "namespace": ns,
                                  "labels": {"kueue.x-k8s.io/job-uid": uid},
                                  "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
                                                       "uid": uid, "controller": True, "blockOwnerDeletion": True}]},
                     "spec": {"queueName": queue, "podSets": [{"name": "main",
-                                                              "count": int(job["spec"].get("parallelism") or 1)}]}}))
+                                                              "count": int(job["spec"].get("parallelism") or 1)}]}}
+                self._try(lambda ns=ns, body=body: self.api.create(workloads, ns, body))
                 continue
             wl = found[0]
             conds = {c["type"]: c for c in (wl.get("status") or {}).get("conditions") or []}
             if (conds.get("Admitted") or {}).get("status") == "True":
                 if job["spec"].get("suspend"):
-                    self._try(lambda: self.store.update("jobs", ns, meta["name"],
-                                                        lambda j: j["spec"].update(suspend=False)))
+                    self._try(lambda ns=ns, name=meta["name"]: self.store.update(
+                        "jobs", ns, name, lambda j: j["spec"].update(suspend=False)))
                     self.note("kueue_admitted", meta["name"])
                 continue
             try:
@@ -697,7 +698,7 @@ class Cluster:
                     self._try(lambda p=p: self.api.delete_pod(p["metadata"]["namespace"],
                                                                p["metadata"]["name"], None))
             if not deps:
-                self._try(lambda: self.store.remove("jobs", m["namespace"], m["name"]))
+                self._try(lambda m=m: self.store.remove("jobs", m["namespace"], m["name"]))
         # pkg/controller/garbagecollector/garbagecollector.go attemptToDeleteItem: an object whose
         # every owner (by uid) is gone is deleted (Background): the Service and PodGroup wmctl
         # makes the Job's dependents go with it, whoever deletes the Job (the TTL controller).
@@ -1001,7 +1002,7 @@ class Cluster:
                 continue
             name = n["metadata"]["name"]
             st = self.nodes.get(name)
-            pods, _ = self.store.list("pods", None, lambda p: p["spec"].get("nodeName") == name)
+            pods, _ = self.store.list("pods", None, lambda p, name=name: p["spec"].get("nodeName") == name)
             for p in pods:
                 if p["metadata"].get("deletionTimestamp"):
                     continue
@@ -1043,14 +1044,14 @@ class Cluster:
                 continue
             ns, pname = p["metadata"]["namespace"], p["metadata"]["name"]
 
-            def mark(o: Obj) -> None:
+            def mark(o: Obj, orphaned: bool = orphaned) -> None:
                 o["status"]["conditions"] = _set_condition(o["status"].get("conditions") or [], {
                     "type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC",
                     "message": "PodGC: node no longer exists" if orphaned else
                     "PodGC: node is out of service"})
                 if not _is_terminal(o):
                     o["status"]["phase"] = "Failed"
-            self._try(lambda: self.store.update("pods", ns, pname, mark))
-            self._try(lambda: self.store.remove("pods", ns, pname))
+            self._try(lambda ns=ns, pname=pname, mark=mark: self.store.update("pods", ns, pname, mark))
+            self._try(lambda ns=ns, pname=pname: self.store.remove("pods", ns, pname))
             self.pods.pop(p["metadata"]["uid"], None)
             self.note("podgc_deleted", pname)
