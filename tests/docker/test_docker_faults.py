@@ -11,6 +11,7 @@ of the same image, and each test prints how many steps were redone.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 
@@ -91,7 +92,7 @@ def leftovers(client, run: str) -> list[str]:
 def redone(home: Path, run: str) -> list[int]:
     rec = h.record(home, run)
     out = [(prev["last_step"] or 0) - (nxt["resumed_from_step"] or 0)
-           for prev, nxt in zip(rec["attempts"], rec["attempts"][1:])]
+           for prev, nxt in itertools.pairwise(rec["attempts"])]
     print(f"{run}: steps redone per failure {out}")
     return out
 

@@ -314,8 +314,9 @@ def test_sim_cancel_force_deletes_pod_stuck_terminating_and_next_attempt_runs(fa
     assert col.until(lambda col: [n.phase for n in col.last.nodes] == [base.RUNNING] * 2)
     host = col.last.nodes[1].host
     c.kill_node(host)
-    stuck = lambda: [p for p in fake_api.store.list("pods")[0]
-                     if p["spec"].get("nodeName") == host and p["metadata"].get("deletionTimestamp")]
+    def stuck() -> list:
+        return [p for p in fake_api.store.list("pods")[0]
+                if p["spec"].get("nodeName") == host and p["metadata"].get("deletionTimestamp")]
     assert c.run_until(lambda: stuck())
     for _ in range(10):
         c.tick()

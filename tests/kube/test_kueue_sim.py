@@ -27,7 +27,8 @@ from .manifests import watcher_rbac
 pytestmark = pytest.mark.timeout(90)
 
 KUEUE = ("workloads.kueue.x-k8s.io", "localqueues.kueue.x-k8s.io")
-FULL = "couldn't assign flavors to pod set main: insufficient unused quota for cpu in flavor default-flavor, 2 more needed"
+FULL = ("couldn't assign flavors to pod set main: "
+        "insufficient unused quota for cpu in flavor default-flavor, 2 more needed")
 LQ = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
       "metadata": {"name": "team-a"}, "spec": {"clusterQueue": "cluster-total"}}
 

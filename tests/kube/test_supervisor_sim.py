@@ -208,7 +208,8 @@ def test_sim_an_attempt_that_cannot_be_placed_says_why_and_ends_unschedulable(fa
     elif why == "service-account":
         data["kubernetes"]["service_account"] = "trainer"
     elif why == "quota":
-        core.create_namespaced_resource_quota("team", {"metadata": {"name": "compute"}, "spec": {"hard": {"pods": "1"}}})
+        core.create_namespaced_resource_quota(
+            "team", {"metadata": {"name": "compute"}, "spec": {"hard": {"pods": "1"}}})
     else:
         labels = {"pod-security.kubernetes.io/enforce": "baseline"}
         data["volumes"] = [{"name": "models", "mount": "/models", "host_path": "/mnt/models"}]
@@ -287,7 +288,8 @@ def test_sim_a_gpu_the_device_plugin_marks_unhealthy_is_a_device_fault_retried_e
         cluster.set_devices(n, "nvidia.com/gpu", 2)
     cluster.script(job="gpu-a0", run_seconds=None)
     cluster.script(job="gpu-a0", index=0, run_seconds=None, logs=[(0.0, progress("checkpoint", 10))])
-    cluster.script(job="gpu-a1", run_seconds=0.3, logs=[(0.0, progress("resume", 10)), (0.1, progress("checkpoint", 20))])
+    cluster.script(job="gpu-a1", run_seconds=0.3,
+                   logs=[(0.0, progress("resume", 10)), (0.1, progress("checkpoint", 20))])
     cluster.start()
     backend = KubernetesBackend(fake_api.client, watch_timeout=2)
     store = RunStore(spec.name)

@@ -74,8 +74,8 @@ class Handler(BaseHTTPRequestHandler):
             return None
         try:
             return json.loads(raw)
-        except ValueError:
-            raise ApiError(400, "BadRequest", "request body is not valid JSON")
+        except ValueError as err:
+            raise ApiError(400, "BadRequest", "request body is not valid JSON") from err
 
     def _send(self, code: int, payload: Any, content_type: str = "application/json",
               headers: dict[str, str] | None = None) -> None:
