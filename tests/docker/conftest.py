@@ -27,7 +27,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
+from orchestrator import labels as L
+from tests.integration import harness as h
 from tests.session_once import build_once
 
 from .baseimage import ENV_STATUS, BackgroundBuildFailed, ensure_base_image, wait_for_background_build
@@ -197,3 +200,54 @@ def run_wmctl(*args: str, cwd: Path, timeout: int = 900, env: dict | None = None
                 **(env or {})}
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout, env=full_env)
+
+
+# The modules that use _no_stale_runs (faults, lifecycle, logs, pasted run line; each names it in
+# its pytestmark's usefixtures) with the shared ``image`` and ``home`` below: each sweeps the
+# others' runs at its start and end, so under pytest-xdist they share one worker, one module after
+# another (`--dist loadgroup`, as the README's test command says).
+SWEPT_RUNS = "docker-swept-runs"
+
+FAULTS_TAG = "wmctl-test/faults:counter"
+
+
+@pytest.fixture(scope="module")
+def image(docker_client, base_image, tmp_path_factory) -> str:
+    """The counter job's image, built by `wmctl build-image` FROM the offline base image."""
+    ctx = tmp_path_factory.mktemp("faults-image")
+    for job in ("counter.py", "tiny.py", "plain.py"):     # tests/docker/test_docker_lifecycle.py runs all three
+        shutil.copy(h.JOBS / job, ctx / job)
+    spec = ctx / "job.yaml"
+    spec.write_text(yaml.safe_dump({"name": "faults",
+                                    "image": {"vendor": "cpu", "base": base_image, "tag": FAULTS_TAG},
+                                    "command": ["python", "counter.py"]}))
+    result = run_wmctl("build-image", str(spec), cwd=ctx)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return FAULTS_TAG
+
+
+@pytest.fixture(scope="module")
+def _no_stale_runs(docker_client):
+    """Runs of an earlier, interrupted session on this engine would be refused as someone else's
+    (an unwatched run that succeeded keeps its containers until a watcher or `wmctl delete`).
+    Every Docker test module's runs: dkf- (faults, pasted line), dkl- (lifecycle). Under xdist
+    the modules that use it share one worker (SWEPT_RUNS; tests/conftest.py insists on
+    --dist loadgroup)."""
+    def ours(run: str) -> bool:
+        return run.startswith(("dkf-", "dkl-"))
+
+    def sweep():
+        for c in docker_client.containers.list(all=True, filters={"label": [L.RUN]}):
+            if ours(c.labels.get(L.RUN, "")):
+                c.remove(force=True)
+        for net in docker_client.networks.list(filters={"label": [L.RUN]}):
+            if ours((net.attrs.get("Labels") or {}).get(L.RUN, "")):
+                net.remove()
+    sweep()
+    yield
+    sweep()
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("wmctl-home-docker")

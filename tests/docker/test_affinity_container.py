@@ -65,7 +65,7 @@ def docker_run(image: str, cpuset: str, env: dict, cmd: list[str], timeout: int 
 
 
 def reports(stdout: str) -> list[dict]:
-    return sorted((json.loads(l) for l in stdout.splitlines() if l.startswith("{")), key=lambda r: r["rank"])
+    return sorted((json.loads(ln) for ln in stdout.splitlines() if ln.startswith("{")), key=lambda r: r["rank"])
 
 
 @pytest.mark.timeout(300)

@@ -11,6 +11,7 @@ of the same image, and each test prints how many steps were redone.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 
@@ -22,57 +23,10 @@ from orchestrator import labels as L
 from orchestrator.runtime.protocol import parse_progress
 from tests.integration import harness as h
 
-from .conftest import run_wmctl
+from .conftest import SWEPT_RUNS, run_wmctl
 
-# The modules that use _no_stale_runs (this one, lifecycle, logs, pasted run line): each sweeps
-# the others' runs at its start and end, so under pytest-xdist they share one worker, one module
-# after another (`--dist loadgroup`, as the README's test command says).
-SWEPT_RUNS = "docker-swept-runs"
-
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360), pytest.mark.xdist_group(SWEPT_RUNS)]
-
-TAG = "wmctl-test/faults:counter"
-
-
-@pytest.fixture(scope="module")
-def image(docker_client, base_image, tmp_path_factory) -> str:
-    """The counter job's image, built by `wmctl build-image` FROM the offline base image."""
-    ctx = tmp_path_factory.mktemp("faults-image")
-    for job in ("counter.py", "tiny.py", "plain.py"):     # tests/docker/test_docker_lifecycle.py runs all three
-        shutil.copy(h.JOBS / job, ctx / job)
-    spec = ctx / "job.yaml"
-    spec.write_text(yaml.safe_dump({"name": "faults", "image": {"vendor": "cpu", "base": base_image, "tag": TAG},
-                                    "command": ["python", "counter.py"]}))
-    result = run_wmctl("build-image", str(spec), cwd=ctx)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return TAG
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _no_stale_runs(docker_client):
-    """Runs of an earlier, interrupted session on this engine would be refused as someone else's
-    (an unwatched run that succeeded keeps its containers until a watcher or `wmctl delete`).
-    Every Docker test module's runs: dkf- (faults, pasted line), dkl- (lifecycle). Under xdist
-    the modules that use it share one worker (SWEPT_RUNS; tests/conftest.py insists on
-    --dist loadgroup)."""
-    def ours(run: str) -> bool:
-        return run.startswith(("dkf-", "dkl-"))
-
-    def sweep():
-        for c in docker_client.containers.list(all=True, filters={"label": [L.RUN]}):
-            if ours(c.labels.get(L.RUN, "")):
-                c.remove(force=True)
-        for net in docker_client.networks.list(filters={"label": [L.RUN]}):
-            if ours((net.attrs.get("Labels") or {}).get(L.RUN, "")):
-                net.remove()
-    sweep()
-    yield
-    sweep()
-
-
-@pytest.fixture(scope="module")
-def home(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("wmctl-home-docker")
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360), pytest.mark.xdist_group(SWEPT_RUNS),
+              pytest.mark.usefixtures("_no_stale_runs")]
 
 
 def write_spec(home: Path, name: str, image: str, *, steps: int = 40, every: int = 5, sleep: float = 0.1,
@@ -138,7 +92,7 @@ def leftovers(client, run: str) -> list[str]:
 def redone(home: Path, run: str) -> list[int]:
     rec = h.record(home, run)
     out = [(prev["last_step"] or 0) - (nxt["resumed_from_step"] or 0)
-           for prev, nxt in zip(rec["attempts"], rec["attempts"][1:])]
+           for prev, nxt in itertools.pairwise(rec["attempts"])]
     print(f"{run}: steps redone per failure {out}")
     return out
 

@@ -19,10 +19,11 @@ import yaml
 from orchestrator import labels as L
 from tests.integration import harness as h
 
-from .conftest import run_wmctl
-from .test_docker_faults import SWEPT_RUNS, _no_stale_runs, home, image, leftovers, wait_progress, write_spec  # noqa: F401
+from .conftest import SWEPT_RUNS, run_wmctl
+from .test_docker_faults import leftovers, wait_progress, write_spec
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360), pytest.mark.xdist_group(SWEPT_RUNS)]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360), pytest.mark.xdist_group(SWEPT_RUNS),
+              pytest.mark.usefixtures("_no_stale_runs")]
 
 
 def wmctl(home, *args, timeout=300):

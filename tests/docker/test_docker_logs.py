@@ -13,10 +13,12 @@ import pytest
 
 from tests.integration import harness as h
 
-from .test_docker_faults import SWEPT_RUNS, _no_stale_runs, home, image, leftovers, write_spec  # noqa: F401
+from .conftest import SWEPT_RUNS
+from .test_docker_faults import leftovers
 from .test_docker_lifecycle import job_spec, wmctl
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group(SWEPT_RUNS)]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group(SWEPT_RUNS),
+              pytest.mark.usefixtures("_no_stale_runs")]
 LINE = re.compile(r"my own log: step (\d+) ")
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) (.*)$")
 

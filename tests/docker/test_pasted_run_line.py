@@ -14,10 +14,10 @@ import yaml
 
 from orchestrator import labels as L
 
-from .conftest import run_wmctl
-from .test_docker_faults import SWEPT_RUNS, _no_stale_runs, home, image  # noqa: F401
+from .conftest import SWEPT_RUNS, run_wmctl
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group(SWEPT_RUNS)]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group(SWEPT_RUNS),
+              pytest.mark.usefixtures("_no_stale_runs")]
 
 HOSTILE = ["two words", "quote ' and \"", "$(touch /tmp/pwned)", "`id`", "1e-4", "a;b"]
 

@@ -7,6 +7,7 @@ run; each test prints how many steps were redone.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 
@@ -35,7 +36,7 @@ def reference(home):
 def _redone(home, run):
     rec = h.record(home, run)
     out = []
-    for prev, nxt in zip(rec["attempts"], rec["attempts"][1:]):
+    for prev, nxt in itertools.pairwise(rec["attempts"]):
         out.append((prev["last_step"] or 0) - (nxt["resumed_from_step"] or 0))
     print(f"{run}: steps redone per failure {out}")
     return out

@@ -97,7 +97,8 @@ def manifest_plan(manifests: list[dict[str, Any]], namespace: str = "default"):
     from orchestrator.plan import Plan
 
     labels = manifests[-1]["metadata"]["labels"]
-    return Plan(backend="kubernetes", run=labels.get("wmctl.io/run", "?"), attempt=int(labels.get("wmctl.io/attempt", 0)),
+    return Plan(backend="kubernetes", run=labels.get("wmctl.io/run", "?"),
+                attempt=int(labels.get("wmctl.io/attempt", 0)),
                 spec_hash="hand", request=KubernetesRequest(namespace=namespace), resources=manifests)
 
 

@@ -1,11 +1,15 @@
-"""Helpers for backend simulations: poll a backend until a condition holds."""
+"""Helpers for backend simulations: poll a backend until a condition holds; run a Supervisor on
+a thread while the test drives the fake cluster."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from typing import Callable
 
 from orchestrator.backends.base import Event, Observation
+from orchestrator.supervisor import Supervisor
 
 
 class Collector:
@@ -33,3 +37,23 @@ class Collector:
 
     def kinds(self, kind: str) -> list[Event]:
         return [e for e in self.events if e.kind == kind]
+
+
+def run_supervisor(sup: Supervisor) -> tuple[threading.Thread, dict]:
+    """Start ``sup.run()`` on a daemon thread; return the thread and a dict that gets the run's
+    outcome under "outcome" when it returns. The test drives the cluster, joins the thread and
+    asserts it ended (``not thread.is_alive()``) before it reads the outcome."""
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.setdefault("outcome", sup.run()), daemon=True)
+    thread.start()
+    return thread, result
+
+
+def backdate_lease(fake_api, run: str, seconds: float, *, namespace: str) -> None:
+    """The holder's last beat on run's cluster store (in ``namespace``) was ``seconds`` ago (as if
+    it died then)."""
+    def age(cm):
+        lease = json.loads(cm["data"]["lease.json"])
+        lease["beat"] -= seconds
+        cm["data"]["lease.json"] = json.dumps(lease)
+    fake_api.store.update("configmaps", namespace, f"wmctl-run-{run}.lease", age)

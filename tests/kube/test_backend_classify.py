@@ -26,7 +26,8 @@ def node(ready="True", reason="KubeletReady"):
             "status": {"conditions": [{"type": "Ready", "status": ready, "reason": reason}]}}
 
 
-TERM = lambda code, reason: {"terminated": {"exitCode": code, "reason": reason}}
+def TERM(code, reason):
+    return {"terminated": {"exitCode": code, "reason": reason}}
 
 CASES = [
     # (pod, node, expected (kind, exit_code, reason) facts besides NODE_STARTED)

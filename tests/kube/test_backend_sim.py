@@ -4,7 +4,6 @@ cluster is involved; Kubernetes durations are scaled (40 s grace period -> 0.2 s
 
 from __future__ import annotations
 
-import threading
 import time
 
 
@@ -21,39 +20,6 @@ from .manifests import attempt_manifests, manifest_plan, rendered_plan
 from .simhelpers import Collector
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def backend(fake_api):
-    b = KubernetesBackend(fake_api.client, watch_timeout=2)
-    try:
-        yield b
-    finally:
-        b.close()
-    # close() leaves no watcher or log-follower thread behind
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _wmctl_threads():
-        time.sleep(0.05)
-    assert not _wmctl_threads(), _stacks()
-
-
-def _leftover() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("wmctl-") and t.is_alive()]
-
-
-def _wmctl_threads() -> list[str]:
-    return [t.name for t in _leftover()]
-
-
-def _stacks() -> str:
-    """Where each leftover thread is stuck: what a failure must show (CI saw a log follower
-    outlive close() once, 1 run in many, and its stack was not on record)."""
-    import sys
-    import traceback
-
-    frames = sys._current_frames()
-    return "\n".join(f"{t.name}:\n{''.join(traceback.format_stack(frames[t.ident]))}"
-                     for t in _leftover() if t.ident in frames)
 
 
 def _submit(fake_api, backend, run="sim", attempt=0, **kw):
@@ -314,8 +280,9 @@ def test_sim_cancel_force_deletes_pod_stuck_terminating_and_next_attempt_runs(fa
     assert col.until(lambda col: [n.phase for n in col.last.nodes] == [base.RUNNING] * 2)
     host = col.last.nodes[1].host
     c.kill_node(host)
-    stuck = lambda: [p for p in fake_api.store.list("pods")[0]
-                     if p["spec"].get("nodeName") == host and p["metadata"].get("deletionTimestamp")]
+    def stuck() -> list:
+        return [p for p in fake_api.store.list("pods")[0]
+                if p["spec"].get("nodeName") == host and p["metadata"].get("deletionTimestamp")]
     assert c.run_until(lambda: stuck())
     for _ in range(10):
         c.tick()

@@ -153,7 +153,8 @@ def test_sim_cancel_annotates_the_job_before_teardown_and_a_watcher_elsewhere_ob
         cfg = k8s.Configuration(host=fake_api.server.url)
         cfg.api_key = {"authorization": "Bearer sim-token"}
         k8s.BatchV1Api(k8s.ApiClient(cfg)).patch_namespaced_job(
-            "clicross-a0", "training", {"metadata": {"annotations": {"wmctl.io/cancel-requested": '{"by": "elsewhere"}'}}})
+            "clicross-a0", "training",
+            {"metadata": {"annotations": {"wmctl.io/cancel-requested": '{"by": "elsewhere"}'}}})
         out, _ = watcher.communicate(timeout=60)
     finally:
         if watcher.poll() is None:

@@ -109,13 +109,9 @@ def test_a_429_is_retried_after_its_retry_after_not_sooner(fake_api):
     assert len(fake_api.api.sent("POST", "/configmaps")) == 2
 
 
-def test_sim_submit_waits_out_a_429_for_its_retry_after(fake_api):
+def test_sim_submit_waits_out_a_429_for_its_retry_after(fake_api, backend):
     fake_api.faults.fail_next(1, code=429, verb="POST", path="/services", retry_after="1")
-    b = KubernetesBackend(fake_api.client, watch_timeout=2)
-    try:
-        b.submit(rendered_plan("sim", 0))
-    finally:
-        b.close()
+    backend.submit(rendered_plan("sim", 0))
     posts = fake_api.api.sent("POST", "/services")
     assert len(posts) == 2 and posts[1]["time"] - posts[0]["time"] >= 1.0
 

@@ -24,6 +24,9 @@ from orchestrator.backends.kubernetes.runstore import ClusterRunStore, list_clus
 from orchestrator.errors import RunExists, RunNotFound
 from orchestrator.state import LEASE_STALE_S, RunRecord
 
+from tests.procs import Lines
+
+from .simhelpers import backdate_lease
 from .test_cli_sim import progress, sim_env
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,15 +41,6 @@ def store(fake_api, run: str = "cs") -> ClusterRunStore:
 def record(run: str = "cs") -> RunRecord:
     return RunRecord(run=run, backend="kubernetes", spec_path="", overrides={}, spec_hash="h", auto_resume=True,
                      namespace=NS, spec={"name": run})
-
-
-def backdate_lease(fake_api, run: str, seconds: float) -> None:
-    """The holder's last beat was ``seconds`` ago (as if it died then)."""
-    def age(cm):
-        lease = json.loads(cm["data"]["lease.json"])
-        lease["beat"] -= seconds
-        cm["data"]["lease.json"] = json.dumps(lease)
-    fake_api.store.update("configmaps", NS, f"wmctl-run-{run}.lease", age)
 
 
 def test_the_record_round_trips_and_a_missing_run_names_the_namespace(fake_api):
@@ -73,7 +67,7 @@ def test_one_watcher_at_a_time_and_a_stale_lease_is_taken_over(fake_api):
     with pytest.raises(RunExists, match="already watched by"):
         b.acquire_watcher()
     assert b.lease() is not None and b.watched()
-    backdate_lease(fake_api, "cs", LEASE_STALE_S + 1)
+    backdate_lease(fake_api, "cs", LEASE_STALE_S + 1, namespace=NS)
     assert not b.watched()
     note = b.acquire_watcher()
     assert note and "took over the stale lease" in note
@@ -206,34 +200,6 @@ def test_delete_removes_every_object_of_the_run_and_no_other(fake_api):
 
 # --- through the command line, from several machines --------------------------------------------
 
-class Lines:
-    """A process's output, read as it comes (a thread), so a test waits for what a watcher says
-    instead of sleeping a guess of how long it takes to say it (the watcher needs
-    PYTHONUNBUFFERED=1, as the in-cluster watcher's Deployment sets)."""
-
-    def __init__(self, proc: subprocess.Popen):
-        self.proc, self.lines = proc, []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def text(self, join: bool = False) -> str:
-        if join:
-            self._reader.join(timeout=10)
-        return "".join(self.lines)
-
-    def wait_for(self, what: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while what not in self.text():
-            if time.monotonic() > deadline or (self.proc.poll() is not None and not self._reader.is_alive()):
-                pytest.fail(f"the process never said {what!r}:\n" + self.text()[-3000:])
-            time.sleep(0.1)
-
-
 def machine(fake_api, tmp_path: Path, name: str) -> dict[str, str]:
     (tmp_path / name).mkdir(exist_ok=True)
     env = sim_env(fake_api, tmp_path / name)
@@ -284,7 +250,7 @@ def test_sim_a_killed_watcher_is_replaced_elsewhere_without_a_second_submit(fake
     out = refused.communicate(timeout=60)[0]
     assert refused.returncode != 0 and "already watched by" in out, out
 
-    backdate_lease(fake_api, "icl", LEASE_STALE_S + 1)
+    backdate_lease(fake_api, "icl", LEASE_STALE_S + 1, namespace=NS)
     adopter = wmctl({**b, "PYTHONUNBUFFERED": "1"}, "watch", "icl", "--auto-resume")
     said = Lines(adopter)
     try:
@@ -414,7 +380,7 @@ def test_a_watcher_that_slept_past_its_lease_writes_nothing_over_its_successor(f
     a.save(record())
     a.append_metric({"event": "step", "step": 1})
     a._lease = dataclasses.replace(a._lease, beat=a._lease.beat - LEASE_STALE_S - 1)   # a slept
-    backdate_lease(fake_api, "cs", LEASE_STALE_S + 1)
+    backdate_lease(fake_api, "cs", LEASE_STALE_S + 1, namespace=NS)
     assert b.acquire_watcher()
     b.append_metric({"event": "step", "step": 2})
     with pytest.raises(RunExists, match="lost its watcher lease"):

@@ -24,13 +24,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.procs import Lines
+
 from .conftest import TEST_SCALE, FakeKube
 from .fakeapi.cluster import Cluster, Timings
 from .fakeapi.rbac import User
 from .fakeapi.server import FakeApiServer
 from .manifests import watcher_rbac
+from .simhelpers import backdate_lease
 from .test_cli_sim import progress
-from .test_cluster_runstore import Lines, backdate_lease
 
 pytestmark = pytest.mark.timeout(180)
 REPO = Path(__file__).resolve().parents[2]
@@ -159,7 +161,7 @@ def test_sim_the_in_cluster_watcher_survives_its_pod_and_retires_with_the_run(tl
     try:
         said.wait_for("waiting to take over", 60)      # it met the fresh lease (PYTHONUNBUFFERED: lines as they come)
         assert second.poll() is None, said.text()
-        backdate_lease(fake, "inc", 61)
+        backdate_lease(fake, "inc", 61, namespace=NS)
         said.wait_for("took over the stale lease", 60)
         assert second.poll() is None, said.text()
         env = {**alice, "WMCTL_RUN_STORE": "kubernetes"}

@@ -7,7 +7,6 @@ edit role) is told the wait without Kueue's reason."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -23,11 +22,13 @@ from orchestrator.watchview import EchoView
 from orchestrator.vendors import load_profile
 
 from .manifests import watcher_rbac
+from .simhelpers import run_supervisor
 
 pytestmark = pytest.mark.timeout(90)
 
 KUEUE = ("workloads.kueue.x-k8s.io", "localqueues.kueue.x-k8s.io")
-FULL = "couldn't assign flavors to pod set main: insufficient unused quota for cpu in flavor default-flavor, 2 more needed"
+FULL = ("couldn't assign flavors to pod set main: "
+        "insufficient unused quota for cpu in flavor default-flavor, 2 more needed")
 LQ = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
       "metadata": {"name": "team-a"}, "spec": {"clusterQueue": "cluster-total"}}
 
@@ -153,9 +154,7 @@ def test_a_full_queue_is_said_and_waited_out_past_pending_timeout(fake_api, tmp_
     client = None if who == "unrestricted" else fake_api.as_user(
         "sa-token", User.service_account("training", "wmctl-watcher"), manifests=watcher_rbac())
     sup, backend, store, lines = supervised(fake_api, tmp_path, monkeypatch, "team-a", client, pending="1s")
-    result: dict = {}
-    thread = threading.Thread(target=lambda: result.setdefault("outcome", sup.run()), daemon=True)
-    thread.start()
+    thread, result = run_supervisor(sup)
     try:
         assert fake_api.cluster.run_until(lambda: evidence(store).startswith("queued: "), 20), lines
         assert evidence(store) == f"queued: Kueue Pending: {FULL}"
@@ -203,8 +202,7 @@ def test_a_user_who_may_not_read_workloads_is_told_the_wait_without_kueue_s_reas
     fake_api.cluster.kueue_full["team-a"] = FULL
     alice = fake_api.as_user("alice-token", role="edit", namespace="training")
     sup, backend, store, lines = supervised(fake_api, tmp_path, monkeypatch, "team-a", alice)
-    thread = threading.Thread(target=sup.run, daemon=True)
-    thread.start()
+    thread, _ = run_supervisor(sup)
     try:
         assert fake_api.cluster.run_until(lambda: evidence(store).startswith("queued: "), 20), lines
         assert "may not read" in evidence(store) and "workloads.kueue.x-k8s.io" in evidence(store)

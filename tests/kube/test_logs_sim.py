@@ -17,7 +17,6 @@ import pytest
 import yaml
 
 from orchestrator.backends import base
-from orchestrator.backends.kubernetes.engine import KubernetesBackend
 from orchestrator.errors import OptionError
 
 from .fakeapi.server import rfc3339nano
@@ -27,15 +26,6 @@ from .test_cli_sim import progress, write_kubeconfig
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def backend(fake_api):
-    b = KubernetesBackend(fake_api.client, watch_timeout=2)
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def test_tail_since_and_timestamps_reach_pods_log(fake_api, backend, tmp_path, monkeypatch):

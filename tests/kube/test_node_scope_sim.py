@@ -10,7 +10,6 @@ import pytest
 
 from orchestrator.backends import base
 from orchestrator.backends.kubernetes import nodewatch
-from orchestrator.backends.kubernetes.engine import KubernetesBackend
 
 from .manifests import rendered_plan
 from .simhelpers import Collector
@@ -18,15 +17,6 @@ from .simhelpers import Collector
 pytestmark = pytest.mark.timeout(90)
 
 CLUSTER = [f"node-{i:02d}" for i in range(24)]
-
-
-@pytest.fixture
-def backend(fake_api):
-    b = KubernetesBackend(fake_api.client, watch_timeout=2)
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def _node_requests(fake_api) -> list[dict]:

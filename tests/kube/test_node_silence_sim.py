@@ -26,6 +26,8 @@ from orchestrator.supervisor import Supervisor, SupervisorOptions
 from orchestrator.watchview import EchoView
 from orchestrator.vendors import load_profile
 
+from .simhelpers import run_supervisor
+
 pytestmark = pytest.mark.timeout(90)
 
 
@@ -90,12 +92,10 @@ def silence_run(fake_api, tmp_path, monkeypatch) -> Iterator[SilenceRun]:
     record = RunRecord(run=spec.name, backend="kubernetes", spec_path="sil.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=True)
     lines: list[str] = []
-    result: dict = {}
     sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(lines.append),
                      SupervisorOptions(auto_resume=True, poll_interval=0.02))
-    run = SilenceRun(fake_api, store, threading.Thread(target=lambda: result.setdefault("outcome", sup.run()),
-                                                       daemon=True), lines, result)
-    run.thread.start()
+    thread, result = run_supervisor(sup)
+    run = SilenceRun(fake_api, store, thread, lines, result)
     try:
         assert cluster.run_until(lambda: len(run.pods("sil-a0")) == 2 and any("checkpoint" in ln for ln in run.lines))
         yield run

@@ -10,7 +10,6 @@ completes.
 
 from __future__ import annotations
 
-import threading
 
 import kubernetes_validate
 import pytest
@@ -24,6 +23,7 @@ from orchestrator.watchview import EchoView
 from orchestrator.vendors import load_profile
 
 from .manifests import watcher_rbac, without_nodes
+from .simhelpers import run_supervisor
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -75,9 +75,7 @@ def test_sim_supervisor_replaces_an_attempt_that_lost_a_node(fake_api, tmp_path,
     lines: list[str] = []
     sup = Supervisor(spec, profile, backend, store, record, EchoView(lines.append),
                      SupervisorOptions(auto_resume=True, poll_interval=0.02))
-    result: dict = {}
-    thread = threading.Thread(target=lambda: result.setdefault("outcome", sup.run()), daemon=True)
-    thread.start()
+    thread, result = run_supervisor(sup)
     try:
         def pods(job):
             return [p for p in fake_api.store.list("pods")[0]
@@ -151,9 +149,7 @@ def test_sim_the_next_attempt_is_created_only_once_the_last_ones_pods_are_gone(f
     lines: list[str] = []
     sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(lines.append),
                      SupervisorOptions(auto_resume=True, poll_interval=0.02))
-    result: dict = {}
-    thread = threading.Thread(target=lambda: result.setdefault("outcome", sup.run()), daemon=True)
-    thread.start()
+    thread, result = run_supervisor(sup)
     try:
         def running(job):
             return [p for p in fake_api.store.list("pods")[0]
@@ -208,7 +204,8 @@ def test_sim_an_attempt_that_cannot_be_placed_says_why_and_ends_unschedulable(fa
     elif why == "service-account":
         data["kubernetes"]["service_account"] = "trainer"
     elif why == "quota":
-        core.create_namespaced_resource_quota("team", {"metadata": {"name": "compute"}, "spec": {"hard": {"pods": "1"}}})
+        core.create_namespaced_resource_quota(
+            "team", {"metadata": {"name": "compute"}, "spec": {"hard": {"pods": "1"}}})
     else:
         labels = {"pod-security.kubernetes.io/enforce": "baseline"}
         data["volumes"] = [{"name": "models", "mount": "/models", "host_path": "/mnt/models"}]
@@ -287,7 +284,8 @@ def test_sim_a_gpu_the_device_plugin_marks_unhealthy_is_a_device_fault_retried_e
         cluster.set_devices(n, "nvidia.com/gpu", 2)
     cluster.script(job="gpu-a0", run_seconds=None)
     cluster.script(job="gpu-a0", index=0, run_seconds=None, logs=[(0.0, progress("checkpoint", 10))])
-    cluster.script(job="gpu-a1", run_seconds=0.3, logs=[(0.0, progress("resume", 10)), (0.1, progress("checkpoint", 20))])
+    cluster.script(job="gpu-a1", run_seconds=0.3,
+                   logs=[(0.0, progress("resume", 10)), (0.1, progress("checkpoint", 20))])
     cluster.start()
     backend = KubernetesBackend(fake_api.client, watch_timeout=2)
     store = RunStore(spec.name)
@@ -296,9 +294,7 @@ def test_sim_a_gpu_the_device_plugin_marks_unhealthy_is_a_device_fault_retried_e
     lines: list[str] = []
     sup = Supervisor(spec, load_profile("cuda"), backend, store, record, EchoView(lines.append),
                      SupervisorOptions(auto_resume=True, poll_interval=0.02))
-    result: dict = {}
-    thread = threading.Thread(target=lambda: result.setdefault("outcome", sup.run()), daemon=True)
-    thread.start()
+    thread, result = run_supervisor(sup)
     try:
         def running(job):
             return [p for p in fake_api.store.list("pods")[0]

@@ -147,7 +147,8 @@ def test_launcher_errors_are_clear_and_nonzero():
 @pytest.mark.timeout(60)
 def test_launcher_imports_no_torch():
     # The launcher runs before every worker: it must not pay torch's import time.
-    code = "import sys, orchestrator.runtime.affinity; print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'click', 'yaml')))"
+    code = ("import sys, orchestrator.runtime.affinity; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy', 'click', 'yaml')))")
     proc = run([sys.executable, "-c", code], base_env())
     assert proc.returncode == 0 and proc.stdout.strip() == "[]"
 

@@ -69,10 +69,13 @@ class Toy:
 
 
 def same(a: dict, b: dict) -> bool:
-    eq = lambda x, y: torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y  # noqa: E731
-    return (all(eq(x, y) for x, y in zip(a["params"], b["params"])) and len(a["opt"]) == len(b["opt"])
-            and all(eq(x, y) for x, y in zip(a["opt"], b["opt"])) and a["sched"] == b["sched"]
-            and a["sampler"] == b["sampler"] and all(eq(x, y) for x, y in zip(a["draws"], b["draws"])))
+    def eq(x, y) -> bool:
+        return torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+    # strict: a list cut short is a difference, not a shorter comparison.
+    return (all(eq(x, y) for x, y in zip(a["params"], b["params"], strict=True))
+            and len(a["opt"]) == len(b["opt"])
+            and all(eq(x, y) for x, y in zip(a["opt"], b["opt"], strict=True)) and a["sched"] == b["sched"]
+            and a["sampler"] == b["sampler"] and all(eq(x, y) for x, y in zip(a["draws"], b["draws"], strict=True)))
 
 
 def test_latest_complete_empty_and_missing(tmp_path: Path) -> None:
@@ -240,7 +243,7 @@ def test_async_save_snapshots_at_call_time(tmp_path: Path) -> None:
     assert (tmp_path / "step-00000001" / "rank-00000.done").exists()
     fresh = Toy(seed=5)
     fresh.manager(tmp_path).restore()
-    assert all(torch.equal(a, b) for a, b in zip(before, fresh.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh.model.parameters(), strict=True))
 
 
 def test_old_checkpoints_survive_a_failed_commit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

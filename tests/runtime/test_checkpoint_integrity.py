@@ -114,7 +114,8 @@ def test_one_flipped_bit_in_shared_falls_back_to_the_older_checkpoint(tmp_path: 
     assert same(toy.fingerprint(), at_two)
     damaged = [e for e in events if e["event"] == "checkpoint_damaged"]
     assert len(damaged) == 1 and damaged[0]["damaged_step"] == 4 and "step" not in damaged[0]
-    assert damaged[0]["path"] == str(tmp_path / step_dir_name(4)) and "shared.pt content changed" in damaged[0]["reason"]
+    assert damaged[0]["path"] == str(tmp_path / step_dir_name(4))
+    assert "shared.pt content changed" in damaged[0]["reason"]
     assert any("was damaged: fell back" in w for w in state.warnings)
     assert "is damaged (shared.pt content changed" in capsys.readouterr().err
 

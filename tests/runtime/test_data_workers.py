@@ -144,7 +144,7 @@ def _augmentations(num_workers: int, start: int, epoch: int = 1) -> dict[int, to
     loader = PreemptibleDataLoader(AugmentedItems(), batch_size=3, sampler=sampler, num_workers=num_workers)
     out = {}
     for idx, aug in loader:
-        for i, a in zip(idx.flatten().tolist(), aug):
+        for i, a in zip(idx.flatten().tolist(), aug, strict=True):
             out[int(i)] = a
     return out
 

@@ -128,7 +128,8 @@ def test_a_missing_tower_weight_is_fatal_not_random(wm, tmp_path):
     # A bare CLIP folder that lacks weights fails the same way.
     clip = tmp_path / "clip"
     clip.mkdir()
-    (clip / "config.json").write_text(json.dumps({"model_type": "clip_vision_model", "hidden_size": 8, "image_size": 4}))
+    (clip / "config.json").write_text(json.dumps({"model_type": "clip_vision_model", "hidden_size": 8,
+                                                  "image_size": 4}))
     torch.save({}, clip / "pytorch_model.bin")
     with pytest.raises(SystemExit, match="partly random"):
         wm.ClipVisionEncoder(str(clip))

@@ -73,7 +73,8 @@ def test_sigterm_saves_exits_83_and_resume_loses_no_step(tmp_path: Path, shared_
         codes = [int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", log)]
         assert codes and set(codes) == {PREEMPTED_EXIT_CODE}, f"{codes} {why}\n{log[-4000:]}"
 
-    job = start_job(base + ["--dump-final", str(tmp_path / "final.pt")], tmp_path / "a1.log", job_env(WMCTL_ATTEMPT="1"))
+    job = start_job(base + ["--dump-final", str(tmp_path / "final.pt")], tmp_path / "a1.log",
+                    job_env(WMCTL_ATTEMPT="1"))
     job.completed()
     assert [e["step"] for e in job.events("resume")] == [stop], why   # zero steps lost
     assert_bit_identical(ref["final"], tmp_path / "final.pt")

@@ -79,7 +79,8 @@ def test_a_callback_that_emits_does_not_hang_training():
             p.emit("note", text="uploaded")
 
     p.callback = noting
-    worker = threading.Thread(target=lambda: (p.checkpoint(step=1, path="/c/1", seconds=0.1), p.step(step=2, loss=1.0, samples=8)),
+    worker = threading.Thread(target=lambda: (p.checkpoint(step=1, path="/c/1", seconds=0.1),
+                                              p.step(step=2, loss=1.0, samples=8)),
                               daemon=True)
     worker.start()
     worker.join(timeout=10)

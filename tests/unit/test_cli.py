@@ -142,7 +142,8 @@ def _modules_after(args):
 def test_help_and_dry_run_import_no_heavy_sdk():
     for args in (["--help"], ["submit", FULL, "--dry-run", "-b", "kubernetes"],
                  ["submit", FULL, "--dry-run", "-b", "docker"], ["submit", FULL, "--dry-run", "-b", "local"],
-                 ["render", FULL, "-b", "kubernetes"], ["build-image", "--help"], ["build-image", EXAMPLE, "--dry-run"]):
+                 ["render", FULL, "-b", "kubernetes"], ["build-image", "--help"],
+                 ["build-image", EXAMPLE, "--dry-run"]):
         mods = _modules_after(args)
         loaded = sorted(m for m in mods if m.split(".")[0] in HEAVY)
         assert not loaded, f"{args} imported {loaded}"

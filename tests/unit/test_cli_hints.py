@@ -134,7 +134,8 @@ def test_printed_kubectl_lines_parse_as_kubectl(where, text):
     for line in kubectl_lines(text):
         argv = shlex.split(line)
         assert argv[0] == "kubectl"
-        words = [a for i, a in enumerate(argv[1:], 1) if not a.startswith("-") and not argv[i - 1] in ("-n", "--namespace")]
+        words = [a for i, a in enumerate(argv[1:], 1)
+                 if not a.startswith("-") and argv[i - 1] not in ("-n", "--namespace")]
         assert words and words[0] in KUBECTL_VERBS, f"{where}: {line!r}: not a kubectl verb"
         if words[0] == "config":
             assert words[1] in KUBECTL_CONFIG, f"{where}: {line!r}"

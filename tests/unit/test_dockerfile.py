@@ -119,36 +119,36 @@ def undq(word: str) -> str:
 
 def test_layer_order_dependencies_before_code(tmp_path):
     plan = plan_for(write_spec(tmp_path / "job"))
-    lines = [l for l in plan.dockerfile.splitlines() if l and not l.startswith((" ", "#"))]
+    lines = [ln for ln in plan.dockerfile.splitlines() if ln and not ln.startswith((" ", "#"))]
 
     def at(pred):
-        found = [i for i, l in enumerate(lines) if pred(l)]
+        found = [i for i, ln in enumerate(lines) if pred(ln)]
         assert found, plan.dockerfile
         return found[0]
-    frm = at(lambda l: l.startswith("FROM "))
-    torch = at(lambda l: l.startswith("RUN ") and "torch==2.13.0" in l)
-    req_copy = at(lambda l: l.startswith("COPY ") and "wmctl/req/" in l)
-    req_run = at(lambda l: l.startswith("RUN ") and "/tmp/wmctl/req/requirements.txt" in l)
-    wheel_copy = at(lambda l: l.startswith("COPY ") and "wmctl/wheels/" in l)
-    wheel_run = at(lambda l: l.startswith("RUN ") and "--no-deps" in l)
-    workdir = at(lambda l: l.startswith("WORKDIR "))
-    code = at(lambda l: l.startswith("COPY ") and '"src/"' in l)
-    label = at(lambda l: l.startswith("LABEL "))
+    frm = at(lambda ln: ln.startswith("FROM "))
+    torch = at(lambda ln: ln.startswith("RUN ") and "torch==2.13.0" in ln)
+    req_copy = at(lambda ln: ln.startswith("COPY ") and "wmctl/req/" in ln)
+    req_run = at(lambda ln: ln.startswith("RUN ") and "/tmp/wmctl/req/requirements.txt" in ln)
+    wheel_copy = at(lambda ln: ln.startswith("COPY ") and "wmctl/wheels/" in ln)
+    wheel_run = at(lambda ln: ln.startswith("RUN ") and "--no-deps" in ln)
+    workdir = at(lambda ln: ln.startswith("WORKDIR "))
+    code = at(lambda ln: ln.startswith("COPY ") and '"src/"' in ln)
+    label = at(lambda ln: ln.startswith("LABEL "))
     assert frm == 0
     assert frm < torch < req_copy < req_run < wheel_copy < wheel_run < workdir < code < label
     # Only the requirements file is copied before the dependency install, not the code.
-    assert sum(1 for l in lines if l.startswith("COPY ")) == 3
+    assert sum(1 for ln in lines if ln.startswith("COPY ")) == 3
     assert instructions(plan.dockerfile)[-1] == "LABEL"
 
 
 def test_runtime_wheel_installed_without_dependencies_and_checked(tmp_path):
     text = plan_for(write_spec(tmp_path / "job")).dockerfile
-    run = next(l for l in text.splitlines() if l.startswith("RUN ") and "wmctl-0.1.0-py3-none-any.whl" in l)
+    run = next(ln for ln in text.splitlines() if ln.startswith("RUN ") and "wmctl-0.1.0-py3-none-any.whl" in ln)
     argv = json.loads(run[4:])
     assert argv[:4] == ["python3", "-m", "pip", "install"]
     assert "--no-deps" in argv and "--no-index" in argv
     assert 'ENV PYTHONUNBUFFERED="1" PIP_NO_CACHE_DIR="1"' in text
-    assert any("wmctl-bind" in l for l in text.splitlines() if l.startswith("RUN "))
+    assert any("wmctl-bind" in ln for ln in text.splitlines() if ln.startswith("RUN "))
 
 
 def test_labels_oci_and_wmctl(tmp_path):
@@ -169,26 +169,26 @@ def test_offline_mode_every_pip_reads_only_the_wheelhouse(tmp_path):
     (wh / "six-1.17.0-py2.py3-none-any.whl").write_bytes(b"x")
     plan = plan_for(write_spec(tmp_path / "job"), wheelhouse=wh)
     lines = plan.dockerfile.splitlines()
-    pip_runs = [json.loads(l[4:]) for l in lines if l.startswith("RUN [") and '"pip"' in l]
+    pip_runs = [json.loads(ln[4:]) for ln in lines if ln.startswith("RUN [") and '"pip"' in ln]
     assert len(pip_runs) == 3
     for argv in pip_runs:
         assert "--no-index" in argv, argv
         if "--no-deps" not in argv:
             assert argv[argv.index("--find-links") + 1] == "/tmp/wmctl/wheelhouse/"
-    wh_copy = next(i for i, l in enumerate(lines) if l.startswith("COPY ") and "wheelhouse" in l)
-    first_pip = next(i for i, l in enumerate(lines) if l.startswith("RUN [") and '"pip"' in l)
+    wh_copy = next(i for i, ln in enumerate(lines) if ln.startswith("COPY ") and "wheelhouse" in ln)
+    first_pip = next(i for i, ln in enumerate(lines) if ln.startswith("RUN [") and '"pip"' in ln)
     assert wh_copy < first_pip
     assert plan.wheelhouse_files == [("six-1.17.0-py2.py3-none-any.whl", 1)]
 
 
 def test_online_mode_uses_the_index(tmp_path):
     text = plan_for(write_spec(tmp_path / "job")).dockerfile
-    req_run = next(l for l in text.splitlines() if l.startswith("RUN ") and "/tmp/wmctl/req/requirements.txt" in l)
+    req_run = next(ln for ln in text.splitlines() if ln.startswith("RUN ") and "/tmp/wmctl/req/requirements.txt" in ln)
     assert "--no-index" not in req_run and "wheelhouse" not in text
 
 
 def _pip_runs(text: str) -> list[list[str]]:
-    return [json.loads(l[4:]) for l in text.splitlines() if l.startswith("RUN [") and '"pip"' in l]
+    return [json.loads(ln[4:]) for ln in text.splitlines() if ln.startswith("RUN [") and '"pip"' in ln]
 
 
 def test_cpu_profile_pip_steps_add_its_torch_index_beside_pips_own(tmp_path):
@@ -242,7 +242,7 @@ def test_system_packages_passed_as_arguments_not_shell(tmp_path):
     spec = write_spec(tmp_path / "job", "  system_packages: [numactl, libgomp1=12.2.0-14]\n")
     profile = dataclasses.replace(load_profile("cpu"), system_packages=["procps"])
     text = plan_for(spec, profile=profile).dockerfile
-    run = next(l for l in text.splitlines() if "wmctl-apt" in l)
+    run = next(ln for ln in text.splitlines() if "wmctl-apt" in ln)
     argv = json.loads(run[4:])
     assert argv[0:2] == ["/bin/sh", "-c"]
     assert argv[3:] == ["wmctl-apt", "1", "0", "procps", "numactl", "libgomp1=12.2.0-14"]
@@ -262,8 +262,8 @@ def test_every_vendor_profile_renders(tmp_path, vendor):
     for key, value in profile.image_env.items():
         assert f"ENV {key}={dq(value)}" in plan.dockerfile
     if profile.pip_install_torch:
-        assert any(all(p in l for p in profile.torch_packages) for l in plan.dockerfile.splitlines()
-                   if l.startswith("RUN "))
+        assert any(all(p in ln for p in profile.torch_packages) for ln in plan.dockerfile.splitlines()
+                   if ln.startswith("RUN "))
 
 
 # ---- injection -------------------------------------------------------------------------------------------
@@ -285,9 +285,9 @@ def test_hostile_env_and_label_values_stay_values(value):
     ins = instructions(text)
     assert ins.count("ENV") == BASELINE.count("ENV") + 1
     assert [i for i in ins if i != "ENV"] == [i for i in BASELINE if i != "ENV"]
-    env_line = next(l for l in text.splitlines() if l.startswith("ENV WM_X="))
+    env_line = next(ln for ln in text.splitlines() if ln.startswith("ENV WM_X="))
     assert undq(env_line[len("ENV WM_X="):]) == value
-    label_line = next(l for l in text.splitlines() if l.startswith("LABEL "))
+    label_line = next(ln for ln in text.splitlines() if ln.startswith("LABEL "))
     assert undq(label_line.split("=", 1)[1]) == value
     assert "$(" not in text.replace("\\$(", "") and "${HOME}" not in text.replace("\\${HOME}", "")
 
@@ -309,7 +309,7 @@ def test_hostile_exec_form_values_stay_one_argument(value):
         return
     text = render_dockerfile(_inputs(torch_packages=(value,)))
     assert instructions(text) == BASELINE
-    run = next(l for l in text.splitlines() if l.startswith("RUN ") and "--no-cache-dir" in l)
+    run = next(ln for ln in text.splitlines() if ln.startswith("RUN ") and "--no-cache-dir" in ln)
     assert json.loads(run[4:])[-1] == value
     assert all(ord(c) < 128 for c in run)  # ASCII JSON: no raw separators, quotes escaped
 
@@ -344,11 +344,11 @@ def test_hostile_requirements_path_stays_one_exec_form_argument(tmp_path):
     assert plan.requirements.name == name
     assert instructions(plan.dockerfile).count("COPY") == 3
     # Only a RUN argument (exec form: no shell, no Docker variable expansion); COPY paths are fixed.
-    run = next(l for l in plan.dockerfile.splitlines() if l.startswith("RUN ") and '"-r"' in l)
+    run = next(ln for ln in plan.dockerfile.splitlines() if ln.startswith("RUN ") and '"-r"' in ln)
     assert json.loads(run[4:])[-1] == "/tmp/wmctl/req/" + name
     assert all(ord(c) < 128 for c in run)
-    copies = [l for l in plan.dockerfile.splitlines() if l.startswith("COPY ")]
-    assert not any("req;" in l for l in copies)
+    copies = [ln for ln in plan.dockerfile.splitlines() if ln.startswith("COPY ")]
+    assert not any("req;" in ln for ln in copies)
 
 
 def test_build_args_are_declared_and_validated(tmp_path):
@@ -566,7 +566,7 @@ def test_nested_requirement_and_constraint_files_travel_with_their_paths(tmp_pat
     plan = plan_for(spec)
     assert [rel for rel, _ in plan.requirements_files] == [
         "reqs/requirements.txt", "reqs/base.txt", "constraints/pins.txt", "reqs/extra.txt", "reqs/more.txt"]
-    run = next(l for l in plan.dockerfile.splitlines() if l.startswith("RUN ") and '"-r"' in l)
+    run = next(ln for ln in plan.dockerfile.splitlines() if ln.startswith("RUN ") and '"-r"' in ln)
     assert json.loads(run[4:])[-2:] == ["-r", "/tmp/wmctl/req/reqs/requirements.txt"]
     assert 'COPY ["wmctl/req/", "/tmp/wmctl/req/"]' in plan.dockerfile
     summary = context_summary(plan)
@@ -632,11 +632,12 @@ def test_offline_torch_wheels_are_copied_apart_from_the_requirements_wheels(tmp_
     lines = plan.dockerfile.splitlines()
 
     def at(pred):
-        return next(i for i, l in enumerate(lines) if pred(l))
-    torch_copy = at(lambda l: l.startswith("COPY ") and "wmctl/wheelhouse-torch/" in l)
-    torch_run = at(lambda l: l.startswith("RUN ") and "torch==2.13.0" in l)
-    dep_copy = at(lambda l: l.startswith(f'COPY --from={plan.wheels_images["wmctl/wheelhouse"]} ["/wmctl/wheelhouse/"'))
-    req_run = at(lambda l: l.startswith("RUN ") and "/tmp/wmctl/req/requirements.txt" in l)
+        return next(i for i, ln in enumerate(lines) if pred(ln))
+    torch_copy = at(lambda ln: ln.startswith("COPY ") and "wmctl/wheelhouse-torch/" in ln)
+    torch_run = at(lambda ln: ln.startswith("RUN ") and "torch==2.13.0" in ln)
+    dep_copy = at(lambda ln: ln.startswith(
+        f'COPY --from={plan.wheels_images["wmctl/wheelhouse"]} ["/wmctl/wheelhouse/"'))
+    req_run = at(lambda ln: ln.startswith("RUN ") and "/tmp/wmctl/req/requirements.txt" in ln)
     assert torch_copy < torch_run < dep_copy < req_run
     # A new requirement's wheel changes only the later layer: the torch part renders the same.
     make_wheel(wh, "idna")
@@ -653,6 +654,7 @@ def test_offline_without_a_torch_step_copies_the_wheelhouse_right_before_require
     profile = dataclasses.replace(load_profile("cpu"), base_has_torch=True)
     plan = plan_for(write_spec(tmp_path / "job"), profile=profile, wheelhouse=wh)
     assert "wheelhouse-torch" not in plan.dockerfile and not plan.torch_wheels
-    lines = [l for l in plan.dockerfile.splitlines() if l.startswith(("COPY ", "RUN "))]
-    dep_copy = lines.index(f'COPY --from={plan.wheels_images["wmctl/wheelhouse"]} ["/wmctl/wheelhouse/", "/tmp/wmctl/wheelhouse/"]')
+    lines = [ln for ln in plan.dockerfile.splitlines() if ln.startswith(("COPY ", "RUN "))]
+    dep_copy = lines.index(
+        f'COPY --from={plan.wheels_images["wmctl/wheelhouse"]} ["/wmctl/wheelhouse/", "/tmp/wmctl/wheelhouse/"]')
     assert lines[dep_copy - 1].startswith('COPY ["wmctl/req/"') and "-r" in lines[dep_copy + 1]

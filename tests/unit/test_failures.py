@@ -214,7 +214,8 @@ USER = ["[rank1]:Traceback (most recent call last):", '[rank1]:  File "/w/train.
 
 
 def test_an_agent_failing_only_on_its_way_out_is_shutdown_noise():
-    assert F.shutdown_noise(["done rank 1", *SHUTDOWN]) == "torch.distributed.DistNetworkError: failed to recv, got 0 bytes"
+    assert F.shutdown_noise(["done rank 1", *SHUTDOWN]) == (
+        "torch.distributed.DistNetworkError: failed to recv, got 0 bytes")
 
 
 @pytest.mark.parametrize("lines", [

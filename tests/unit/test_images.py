@@ -1,5 +1,5 @@
-"""orchestrator.imagebuild (engine, progress, record) without an engine: failure and push-error classification, the build
-record, the digest pin used by render/submit, the context tar, and the reporter's life cycle."""
+"""orchestrator.imagebuild (engine, progress, record) without an engine: failure and push-error classification, the
+build record, the digest pin used by render/submit, the context tar, and the reporter's life cycle."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ OTHER_DIGEST = "sha256:" + "b" * 64
 # ---- build failures --------------------------------------------------------------------------------------
 
 def test_missing_wheel_in_an_offline_step_points_at_the_wheelhouse():
-    steps = [Step(5, 9, 'RUN ["python3", "-m", "pip", "install", "--no-index", "--find-links", "/tmp/wmctl/wheelhouse/"]')]
+    steps = [Step(5, 9,
+                  'RUN ["python3", "-m", "pip", "install", "--no-index", "--find-links", "/tmp/wmctl/wheelhouse/"]')]
     err = engine._failure(steps, "The command returned a non-zero code: 1",
                           ["ERROR: No matching distribution found for idna"])
     assert "step 5/9" in err.message and "idna" in err.message
@@ -37,7 +38,8 @@ def test_missing_wheel_in_an_offline_step_points_at_the_wheelhouse():
 def test_missing_package_online_points_at_requirements_and_index():
     steps = [Step(4, 9, 'RUN ["python3", "-m", "pip", "install", "-r", "/tmp/wmctl/req/requirements.txt"]')]
     err = engine._failure(steps, "returned a non-zero code: 1",
-                          ["ERROR: Could not find a version that satisfies the requirement nopkg==9 (from versions: none)"])
+                          ["ERROR: Could not find a version that satisfies the requirement nopkg==9 "
+                           "(from versions: none)"])
     assert "image.requirements" in err.hint and "nopkg==9" in err.hint
 
 

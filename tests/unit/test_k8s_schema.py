@@ -100,7 +100,8 @@ def test_kueue_and_volcano():
     job = next(o for o in volcano if o["kind"] == "Job")
     group = next(o for o in volcano if o["kind"] == "PodGroup")
     assert job["spec"]["template"]["spec"]["schedulerName"] == "volcano"
-    assert job["spec"]["template"]["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == group["metadata"]["name"]
+    annotations = job["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["scheduling.k8s.io/group-name"] == group["metadata"]["name"]
     assert group["spec"]["queue"] == "research" and "suspend" not in job["spec"]
 
 

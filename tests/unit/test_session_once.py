@@ -78,9 +78,9 @@ def outside_xdist() -> dict[str, str]:
 def test_xdist_without_loadgroup_is_refused_naming_the_option(tmp_path):
     """Modules marked xdist_group run on several workers at once under any other --dist: the
     suite refuses to start, naming the fix, instead of failing later in a collision."""
-    result = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--collect-only", "-q", "-p", "no:cacheprovider",
-                             "tests/unit/test_session_once.py"], cwd=REPO, env=outside_xdist(), capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--collect-only", "-q",
+                             "-p", "no:cacheprovider", "tests/unit/test_session_once.py"],
+                            cwd=REPO, env=outside_xdist(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert "-n 2 with --dist load: modules marked xdist_group" in result.stderr
     assert "add --dist loadgroup" in result.stderr
@@ -95,8 +95,9 @@ def test_loadgroup_puts_a_group_on_one_worker(tmp_path):
     (tmp_path / "test_free.py").write_text(
         "import pytest\n@pytest.mark.parametrize('i', range(6))\ndef test_f(i):\n    pass\n")
     env = {**outside_xdist(), "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-n", "3", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider",
-                             "-p", "tests.xdist_groups", "--rootdir", str(tmp_path), str(tmp_path)],
+    result = subprocess.run([sys.executable, "-m", "pytest", "-n", "3", "--dist", "loadgroup", "-v",
+                             "-p", "no:cacheprovider", "-p", "tests.xdist_groups",
+                             "--rootdir", str(tmp_path), str(tmp_path)],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:]
     grouped = re.findall(r"\[(gw\d)\].*PASSED .*test_grouped\.py::test_g\[\d\]@g", result.stdout)

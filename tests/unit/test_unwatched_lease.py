@@ -129,7 +129,8 @@ def test_watch_started_while_a_reader_reconciles_takes_up_what_the_reader_record
     assert INSIDE.wait(30), "the reader never looked at the backend"
     lines: list[str] = []
     codes: list[int] = []
-    watching = threading.Thread(target=lambda: codes.append(api.watch("v", auto_resume=False, view=EchoView(lines.append))))
+    watching = threading.Thread(
+        target=lambda: codes.append(api.watch("v", auto_resume=False, view=EchoView(lines.append))))
     watching.start()
     wait_until(lambda: LocalRunStore("v").lease() is not None, "the watcher to take its lock")
     GATE.set()

@@ -58,7 +58,8 @@ def test_pip_accepts_a_manylinux2014_wheel_with_the_default_ladder(tmp_path):
     cmd += ["--no-index", "--find-links", str(found)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=110)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert [p.name for p in dest.iterdir()] == ["oldglibc-1.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"]
+    assert [p.name for p in dest.iterdir()] == [
+        "oldglibc-1.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"]
 
 
 @pytest.mark.parametrize("base,python,expected", [
@@ -221,7 +222,8 @@ def test_the_rendered_torch_step_installs_the_cpu_build_from_the_index(cpu_index
 
     pypi, cpu_index = cpu_indexes
     plan = plan_for(write_spec(tmp_path / "job"))
-    runs = [json.loads(line[4:]) for line in plan.dockerfile.splitlines() if line.startswith("RUN [") and "torch==2.13.0" in line]
+    runs = [json.loads(line[4:]) for line in plan.dockerfile.splitlines()
+            if line.startswith("RUN [") and "torch==2.13.0" in line]
     (argv,) = runs
     assert argv[:4] == ["python3", "-m", "pip", "install"] and cpu_index.url in argv
     report = tmp_path / "report.json"

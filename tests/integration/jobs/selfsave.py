@@ -61,8 +61,9 @@ while step < args.steps:
     say("step", step=step)
     if step % args.every == 0:
         name = f"ckpt-{step:06d}.pt"
-        atomic(os.path.join(ckpt_dir, name), lambda fh: torch.save({"step": step, "state": state}, fh))
-        atomic(latest, lambda fh: fh.write(name.encode()))
+        atomic(os.path.join(ckpt_dir, name),
+               lambda fh, step=step, state=state: torch.save({"step": step, "state": state}, fh))
+        atomic(latest, lambda fh, name=name: fh.write(name.encode()))
         say("checkpoint", step=step)
 
 with open(os.path.join(ckpt_dir, "final.txt"), "w") as fh:

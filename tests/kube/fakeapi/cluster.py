@@ -162,6 +162,26 @@ def _set_condition(conds: list[Obj], cond: Obj) -> list[Obj]:
     return out
 
 
+def _job_status(spec: Obj, status: Obj, active: list[Obj], succeeded_idx: list[int], n_failed: int,
+                new_conds: list[Obj]) -> Obj:
+    """The Job's status as the controller writes it from what _sync_job found."""
+    new_status: Obj = {
+        "active": len(active), "succeeded": len(succeeded_idx), "failed": n_failed,
+        "ready": sum(1 for p in active if (p.get("status") or {}).get("phase") == "Running"),
+        "startTime": status.get("startTime") or now_rfc3339(),
+    }
+    if spec.get("completionMode") == "Indexed" and succeeded_idx:
+        new_status["completedIndexes"] = _compress_indexes(succeeded_idx)
+    if new_conds:
+        new_status["conditions"] = new_conds
+    if any(c["type"] == "Complete" and c["status"] == "True" for c in new_conds):
+        new_status["completionTime"] = status.get("completionTime") or now_rfc3339()
+    for k, v in list(new_status.items()):
+        if v == 0 and k in ("active", "succeeded", "failed", "ready"):
+            new_status.pop(k)      # the real controller omits zero counters
+    return new_status
+
+
 def _compress_indexes(idx: list[int]) -> str:
     idx = sorted(set(idx))
     parts, i = [], 0
@@ -398,18 +418,7 @@ class Cluster:
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
         pods, _ = self.store.list("pods", ns, lambda p: any(
             r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or []))
-        seen = self._job_pods.setdefault(uid, {})
-        present = {p["metadata"]["uid"] for p in pods}
-        # a pod that vanished or is terminating before succeeding counts as failed
-        for puid in list(seen):
-            if puid not in present and not seen[puid]:
-                seen[puid] = True
-        for p in pods:
-            puid = p["metadata"]["uid"]
-            phase = (p.get("status") or {}).get("phase")
-            failed = phase == "Failed" or (bool(p["metadata"].get("deletionTimestamp"))
-                                           and phase != "Succeeded")
-            seen[puid] = seen.get(puid, False) or failed
+        seen = self._track_failed_pods(uid, pods)
         conds = status.get("conditions") or []
         finished = any(c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in conds)
         active = [p for p in pods if not _is_terminal(p) and not p["metadata"].get("deletionTimestamp")]
@@ -455,25 +464,7 @@ class Cluster:
                                                        "reason": "JobSuspended",
                                                        "message": "Job suspended"})
         else:
-            active_idx = {int((p["metadata"].get("annotations") or {}).get(INDEX_KEY, -1))
-                          for p in active}
-            for idx in range(completions):
-                if idx in succeeded_idx or idx in active_idx:
-                    continue
-                if len(active) >= int(spec.get("parallelism") or completions):
-                    break
-                try:
-                    created = self.api.create(POD, ns, self._pod_from_template(job, idx))
-                except ApiError as err:
-                    if err.code in (404, 409):
-                        raise
-                    # pkg/controller/controller_utils.go RealPodControl.CreatePodsWithGenerateName:
-                    # a refused create is a Warning Event "FailedCreate", "Error creating: <err>",
-                    # on the Job; the controller requeues the Job with backoff and tries again.
-                    self._record_event(job, "Warning", "FailedCreate", f"Error creating: {err.message}")
-                    break
-                seen[created["metadata"]["uid"]] = False
-                active.append(created)
+            self._start_missing_pods(job, active, succeeded_idx, seen)
             if len(succeeded_idx) >= completions:
                 for ctype in ("SuccessCriteriaMet", "Complete"):
                     new_conds = _set_condition(new_conds, {
@@ -482,22 +473,51 @@ class Cluster:
                         "lastProbeTime": now_rfc3339()})
                 self.note("job_complete", name)
                 self._record_job_finished(job, "Normal", "Completed", "Job completed")
-        new_status: Obj = {
-            "active": len(active), "succeeded": len(succeeded_idx), "failed": n_failed,
-            "ready": sum(1 for p in active if (p.get("status") or {}).get("phase") == "Running"),
-            "startTime": status.get("startTime") or now_rfc3339(),
-        }
-        if spec.get("completionMode") == "Indexed" and succeeded_idx:
-            new_status["completedIndexes"] = _compress_indexes(succeeded_idx)
-        if new_conds:
-            new_status["conditions"] = new_conds
-        if any(c["type"] == "Complete" and c["status"] == "True" for c in new_conds):
-            new_status["completionTime"] = status.get("completionTime") or now_rfc3339()
-        for k, v in list(new_status.items()):
-            if v == 0 and k in ("active", "succeeded", "failed", "ready"):
-                new_status.pop(k)      # the real controller omits zero counters
+        new_status = _job_status(spec, status, active, succeeded_idx, n_failed, new_conds)
         if new_status != {k: v for k, v in status.items()}:
             self.store.update("jobs", ns, name, lambda j: j.__setitem__("status", new_status))
+
+    def _track_failed_pods(self, uid: str, pods: list[Obj]) -> dict[str, bool]:
+        """The Job's pods ever seen, by uid, each marked True once it failed: a pod that vanished
+        or is terminating before succeeding counts as failed."""
+        seen = self._job_pods.setdefault(uid, {})
+        present = {p["metadata"]["uid"] for p in pods}
+        for puid in list(seen):
+            if puid not in present and not seen[puid]:
+                seen[puid] = True
+        for p in pods:
+            puid = p["metadata"]["uid"]
+            phase = (p.get("status") or {}).get("phase")
+            failed = phase == "Failed" or (bool(p["metadata"].get("deletionTimestamp"))
+                                           and phase != "Succeeded")
+            seen[puid] = seen.get(puid, False) or failed
+        return seen
+
+    def _start_missing_pods(self, job: Obj, active: list[Obj], succeeded_idx: list[int],
+                            seen: dict[str, bool]) -> None:
+        """Create a pod for each index neither succeeded nor running, up to the parallelism;
+        the new pods join ``active`` and ``seen``."""
+        ns, spec = job["metadata"]["namespace"], job["spec"]
+        completions = int(spec.get("completions") or 1)
+        active_idx = {int((p["metadata"].get("annotations") or {}).get(INDEX_KEY, -1))
+                      for p in active}
+        for idx in range(completions):
+            if idx in succeeded_idx or idx in active_idx:
+                continue
+            if len(active) >= int(spec.get("parallelism") or completions):
+                break
+            try:
+                created = self.api.create(POD, ns, self._pod_from_template(job, idx))
+            except ApiError as err:
+                if err.code in (404, 409):
+                    raise
+                # pkg/controller/controller_utils.go RealPodControl.CreatePodsWithGenerateName:
+                # a refused create is a Warning Event "FailedCreate", "Error creating: <err>",
+                # on the Job; the controller requeues the Job with backoff and tries again.
+                self._record_event(job, "Warning", "FailedCreate", f"Error creating: {err.message}")
+                break
+            seen[created["metadata"]["uid"]] = False
+            active.append(created)
 
     def _record_event(self, job: Obj, etype: str, reason: str, message: str, *, kind: str = "Job",
                       api_version: str = "batch/v1", component: str = "job-controller") -> None:
@@ -574,20 +594,21 @@ class Cluster:
                 (w["metadata"].get("labels") or {}).get("kueue.x-k8s.io/job-uid") == uid))
             if not found:
                 digest = hashlib.sha1("\n".join(("Job", "batch", meta["name"], uid)).encode()).hexdigest()
-                self._try(lambda: self.api.create(workloads, ns, {
+                body = {
                     "metadata": {"name": f"job-{meta['name']}"[:247] + f"-{digest[:5]}", "namespace": ns,
                                  "labels": {"kueue.x-k8s.io/job-uid": uid},
                                  "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
                                                       "uid": uid, "controller": True, "blockOwnerDeletion": True}]},
                     "spec": {"queueName": queue, "podSets": [{"name": "main",
-                                                              "count": int(job["spec"].get("parallelism") or 1)}]}}))
+                                                              "count": int(job["spec"].get("parallelism") or 1)}]}}
+                self._try(lambda ns=ns, body=body: self.api.create(workloads, ns, body))
                 continue
             wl = found[0]
             conds = {c["type"]: c for c in (wl.get("status") or {}).get("conditions") or []}
             if (conds.get("Admitted") or {}).get("status") == "True":
                 if job["spec"].get("suspend"):
-                    self._try(lambda: self.store.update("jobs", ns, meta["name"],
-                                                        lambda j: j["spec"].update(suspend=False)))
+                    self._try(lambda ns=ns, name=meta["name"]: self.store.update(
+                        "jobs", ns, name, lambda j: j["spec"].update(suspend=False)))
                     self.note("kueue_admitted", meta["name"])
                 continue
             try:
@@ -697,7 +718,7 @@ class Cluster:
                     self._try(lambda p=p: self.api.delete_pod(p["metadata"]["namespace"],
                                                                p["metadata"]["name"], None))
             if not deps:
-                self._try(lambda: self.store.remove("jobs", m["namespace"], m["name"]))
+                self._try(lambda m=m: self.store.remove("jobs", m["namespace"], m["name"]))
         # pkg/controller/garbagecollector/garbagecollector.go attemptToDeleteItem: an object whose
         # every owner (by uid) is gone is deleted (Background): the Service and PodGroup wmctl
         # makes the Job's dependents go with it, whoever deletes the Job (the TTL controller).
@@ -814,28 +835,33 @@ class Cluster:
                  "ready": ready, "restartCount": 0, "started": "running" in state,
                  "state": state} for c in p["spec"]["containers"]]
 
+    def _stop_deleted_pod(self, p: Obj, rt: PodRuntime, now: float) -> None:
+        """Graceful deletion: stop containers, report a terminal phase, confirm removal."""
+        ns, name = p["metadata"]["namespace"], p["metadata"]["name"]
+        status = p.get("status") or {}
+        if not _is_terminal(p):
+            running = status.get("phase") == "Running"
+            ended = self._after_sigterm(p, rt, now) if running else "exited"
+            if ended is None:
+                return
+            code = (rt.script.sigterm_exit_code if ended == "exited" else 137) if running else 0
+            self.note("pod_stopped", f"{name} {code}")
+            term = {"terminated": {"exitCode": code, "reason": "Error" if code else "Completed",
+                                   "startedAt": now_rfc3339(), "finishedAt": now_rfc3339()}}
+
+            def stop(o: Obj) -> None:
+                o["status"]["phase"] = "Failed" if code or not running else "Succeeded"
+                o["status"]["containerStatuses"] = self._container_statuses(o, term, False)
+            self.store.update("pods", ns, name, stop)
+        self.store.remove("pods", ns, name)
+        self.pods.pop(p["metadata"]["uid"], None)
+
     def _run_pod(self, p: Obj, rt: PodRuntime, now: float) -> None:
         ns, name = p["metadata"]["namespace"], p["metadata"]["name"]
         status = p.get("status") or {}
         s = rt.script
         if p["metadata"].get("deletionTimestamp"):
-            # graceful deletion: stop containers, report a terminal phase, confirm removal
-            if not _is_terminal(p):
-                running = status.get("phase") == "Running"
-                ended = self._after_sigterm(p, rt, now) if running else "exited"
-                if ended is None:
-                    return
-                code = (s.sigterm_exit_code if ended == "exited" else 137) if running else 0
-                self.note("pod_stopped", f"{name} {code}")
-                term = {"terminated": {"exitCode": code, "reason": "Error" if code else "Completed",
-                                       "startedAt": now_rfc3339(), "finishedAt": now_rfc3339()}}
-
-                def stop(o: Obj) -> None:
-                    o["status"]["phase"] = "Failed" if code or not running else "Succeeded"
-                    o["status"]["containerStatuses"] = self._container_statuses(o, term, False)
-                self.store.update("pods", ns, name, stop)
-            self.store.remove("pods", ns, name)
-            self.pods.pop(p["metadata"]["uid"], None)
+            self._stop_deleted_pod(p, rt, now)
             return
         if _is_terminal(p):
             return
@@ -1001,7 +1027,7 @@ class Cluster:
                 continue
             name = n["metadata"]["name"]
             st = self.nodes.get(name)
-            pods, _ = self.store.list("pods", None, lambda p: p["spec"].get("nodeName") == name)
+            pods, _ = self.store.list("pods", None, lambda p, name=name: p["spec"].get("nodeName") == name)
             for p in pods:
                 if p["metadata"].get("deletionTimestamp"):
                     continue
@@ -1043,14 +1069,14 @@ class Cluster:
                 continue
             ns, pname = p["metadata"]["namespace"], p["metadata"]["name"]
 
-            def mark(o: Obj) -> None:
+            def mark(o: Obj, orphaned: bool = orphaned) -> None:
                 o["status"]["conditions"] = _set_condition(o["status"].get("conditions") or [], {
                     "type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC",
                     "message": "PodGC: node no longer exists" if orphaned else
                     "PodGC: node is out of service"})
                 if not _is_terminal(o):
                     o["status"]["phase"] = "Failed"
-            self._try(lambda: self.store.update("pods", ns, pname, mark))
-            self._try(lambda: self.store.remove("pods", ns, pname))
+            self._try(lambda ns=ns, pname=pname, mark=mark: self.store.update("pods", ns, pname, mark))
+            self._try(lambda ns=ns, pname=pname: self.store.remove("pods", ns, pname))
             self.pods.pop(p["metadata"]["uid"], None)
             self.note("podgc_deleted", pname)

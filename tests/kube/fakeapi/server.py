@@ -74,8 +74,8 @@ class Handler(BaseHTTPRequestHandler):
             return None
         try:
             return json.loads(raw)
-        except ValueError:
-            raise ApiError(400, "BadRequest", "request body is not valid JSON")
+        except ValueError as err:
+            raise ApiError(400, "BadRequest", "request body is not valid JSON") from err
 
     def _send(self, code: int, payload: Any, content_type: str = "application/json",
               headers: dict[str, str] | None = None) -> None:
@@ -398,11 +398,7 @@ class Handler(BaseHTTPRequestHandler):
             for obj in initial:
                 send("ADDED", obj)
             while not self.server.stopping.is_set():
-                if faults.watch_generation != generation:
-                    self._drop()
-                    return
-                if faults.stall_generation != stall:
-                    self._stall()
+                if self._faulted(generation, stall):
                     return
                 try:
                     with store.cond:
@@ -415,15 +411,7 @@ class Handler(BaseHTTPRequestHandler):
                     cursor = c.rv
                     if not in_ns(c.namespace):
                         continue
-                    new_ok = match(c.obj)
-                    old_ok = c.old is not None and match(c.old)
-                    if c.type == "DELETED":
-                        kind = "DELETED" if old_ok else None
-                    elif c.type == "ADDED":
-                        kind = "ADDED" if new_ok else None
-                    else:
-                        kind = ("MODIFIED" if old_ok and new_ok else "ADDED" if new_ok
-                                else "DELETED" if old_ok else None)
+                    kind = _watch_event(c.type, c.old is not None and match(c.old), match(c.obj))
                     if kind:
                         send(kind, c.obj)
                 if bookmarks and time.monotonic() >= next_bookmark:
@@ -438,34 +426,25 @@ class Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, OSError):
             self.close_connection = True
 
+    def _faulted(self, watch_generation: int, stall_generation: int) -> bool:
+        """A stream's fault check: a fault injected since the stream began drops (or stalls) the
+        connection; True when it did, and the stream must return."""
+        faults: Faults = self.server.faults
+        if faults.watch_generation != watch_generation:
+            self._drop()
+            return True
+        if faults.stall_generation != stall_generation:
+            self._stall()
+            return True
+        return False
+
     # --- logs --------------------------------------------------------------------
     def _logs(self, res: Resource, ns: str | None, name: str | None, query: dict[str, str]) -> None:
         api: Api = self.server.api
         pod = api.store.get("pods", ns, name or "")
-        containers = [c["name"] for c in pod["spec"]["containers"]]
-        container = query.get("container")
-        if not container:
-            if len(containers) != 1:
-                raise ApiError(400, "BadRequest", f"a container name must be specified for pod "
-                               f"{name}, choose one of: [{' '.join(containers)}]")
-            container = containers[0]
-        if container not in containers:
-            raise ApiError(400, "BadRequest",
-                           f"container {container} is not valid for pod {name}")
-        if not _container_started(pod, container):
-            raise ApiError(400, "BadRequest", f'container "{container}" in pod "{name}" is '
-                           "waiting to start: ContainerCreating")
+        container = _log_container(pod, name, query)
         key = (ns or "default", name or "", container)
-        # pkg/apis/core/validation ValidatePodLogOptions: sinceSeconds >= 1, not with sinceTime
-        since_s, since_t = query.get("sinceSeconds"), query.get("sinceTime")
-        if since_s is not None and int(since_s) < 1:
-            raise ApiError(422, "Invalid", "PodLogOptions \"\" is invalid: sinceSeconds: Invalid value: "
-                           f"{since_s}: must be greater than 0")
-        if since_s is not None and since_t is not None:
-            raise ApiError(422, "Invalid", "PodLogOptions \"\" is invalid: : Forbidden: at most one of "
-                           "`sinceTime` or `sinceSeconds` may be specified")
-        since_ns = (time.time_ns() - int(since_s) * 1_000_000_000 if since_s is not None
-                    else _parse_rfc3339_ns(since_t) if since_t else None)
+        since_ns = _log_since_ns(query)
         stamps = query.get("timestamps") in ("true", "1")
 
         def render(entries: list[tuple[int, str]]) -> bytes:
@@ -484,11 +463,7 @@ class Handler(BaseHTTPRequestHandler):
         faults_generation, stall = self.server.faults.watch_generation, self.server.faults.stall_generation
         try:
             while not self.server.stopping.is_set():
-                if self.server.faults.watch_generation != faults_generation:
-                    self._drop()
-                    return
-                if self.server.faults.stall_generation != stall:
-                    self._stall()
+                if self._faulted(faults_generation, stall):
                     return
                 with api.store.cond:
                     current, now_entries = api.log_file(*key)
@@ -512,6 +487,48 @@ class Handler(BaseHTTPRequestHandler):
             self._end_stream()
         except (BrokenPipeError, ConnectionResetError, OSError):
             self.close_connection = True
+
+
+def _watch_event(change: str, old_ok: bool, new_ok: bool) -> str | None:
+    """The event a watch with a selector sends for a change: what it saw before (old_ok) and after
+    (new_ok) decides; None for a change it does not see."""
+    if change == "DELETED":
+        return "DELETED" if old_ok else None
+    if change == "ADDED":
+        return "ADDED" if new_ok else None
+    return "MODIFIED" if old_ok and new_ok else "ADDED" if new_ok else "DELETED" if old_ok else None
+
+
+def _log_container(pod: Obj, name: str | None, query: dict[str, str]) -> str:
+    """The container a log request names (or the pod's only one), refused as the API server does."""
+    containers = [c["name"] for c in pod["spec"]["containers"]]
+    container = query.get("container")
+    if not container:
+        if len(containers) != 1:
+            raise ApiError(400, "BadRequest", f"a container name must be specified for pod "
+                           f"{name}, choose one of: [{' '.join(containers)}]")
+        container = containers[0]
+    if container not in containers:
+        raise ApiError(400, "BadRequest",
+                       f"container {container} is not valid for pod {name}")
+    if not _container_started(pod, container):
+        raise ApiError(400, "BadRequest", f'container "{container}" in pod "{name}" is '
+                       "waiting to start: ContainerCreating")
+    return container
+
+
+def _log_since_ns(query: dict[str, str]) -> int | None:
+    """sinceSeconds/sinceTime as a unix time in ns (None: from the start).
+    pkg/apis/core/validation ValidatePodLogOptions: sinceSeconds >= 1, not with sinceTime."""
+    since_s, since_t = query.get("sinceSeconds"), query.get("sinceTime")
+    if since_s is not None and int(since_s) < 1:
+        raise ApiError(422, "Invalid", "PodLogOptions \"\" is invalid: sinceSeconds: Invalid value: "
+                       f"{since_s}: must be greater than 0")
+    if since_s is not None and since_t is not None:
+        raise ApiError(422, "Invalid", "PodLogOptions \"\" is invalid: : Forbidden: at most one of "
+                       "`sinceTime` or `sinceSeconds` may be specified")
+    return (time.time_ns() - int(since_s) * 1_000_000_000 if since_s is not None
+            else _parse_rfc3339_ns(since_t) if since_t else None)
 
 
 def _list_key(obj: Obj) -> str:

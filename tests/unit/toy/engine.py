@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -61,7 +60,8 @@ class ToyBackend(b.Backend[ToyRequest]):
             nodes.append(b.NodeStatus(node, phase, "toy", code))
         return b.Observation(events, nodes)
 
-    def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False, query: b.LogQuery | None = None) -> Iterator[str]:
+    def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False,
+             query: b.LogQuery | None = None) -> Iterator[str]:
         yield from layout.node_log(ref.run, ref.attempt, node).read_text().splitlines()
 
     def cancel(self, ref: b.AttemptRef, graceful: bool = False) -> None:
