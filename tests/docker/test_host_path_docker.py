@@ -23,16 +23,18 @@ pytestmark = [pytest.mark.docker, pytest.mark.timeout(240)]
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = "dkh-mkdir"
+RUN_USER = "dkh-user"       # the docker.user test's runs: their own name, never one being removed
 LAUNCHER = ["python3", "-m", "orchestrator.runtime.affinity"]
 
 
 @pytest.fixture
 def sweep(docker_client):
     def remove():
-        for c in docker_client.containers.list(all=True, filters={"label": [f"{L.RUN}={RUN}"]}):
-            c.remove(force=True)
-        for net in docker_client.networks.list(filters={"label": [f"{L.RUN}={RUN}"]}):
-            net.remove()
+        for run in (RUN, RUN_USER, RUN_USER + "2"):
+            for c in docker_client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]}):
+                c.remove(force=True)
+            for net in docker_client.networks.list(filters={"label": [f"{L.RUN}={run}"]}):
+                net.remove()
     remove()
     yield
     remove()
@@ -95,7 +97,7 @@ def test_containers_write_host_folders_as_docker_user_and_refuse_one_it_cannot_w
     os.chown(mine, 4321, 4321)
     spec = tmp_path / "job.yaml"
     data = {
-        "name": RUN, "nodes": 1, "nproc_per_node": 1, "affinity": "none",
+        "name": RUN_USER, "nodes": 1, "nproc_per_node": 1, "affinity": "none",
         "image": {"vendor": "cpu", "tag": base_image}, "resources": {"shm": "256Mi"},
         "docker": {"user": "4321:4321"},
         "volumes": [{"name": "ckpt", "mount": "/ckpt", "host_path": str(mine)}],
@@ -107,19 +109,20 @@ def test_containers_write_host_folders_as_docker_user_and_refuse_one_it_cannot_w
     spec.write_text(yaml.safe_dump(data))
     code, lines = _run_through_api(spec)
     assert code == 0, "\n".join(lines)
-    written = mine / RUN / "w.txt"
+    written = mine / RUN_USER / "w.txt"
     assert written.read_text().startswith("4321:4321 "), written.read_text()
     assert (written.stat().st_uid, written.stat().st_gid) == (4321, 4321)
     assert (written.parent.stat().st_uid, written.parent.stat().st_gid) == (4321, 4321)
 
-    runs.delete(RUN, echo=lines.append)
+    runs.delete(RUN_USER, echo=lines.append)
     theirs = tmp_path / "theirs"          # root's, 0755: uid 4321 may not write there
     theirs.mkdir()
-    (theirs / RUN).mkdir()
+    (theirs / (RUN_USER + "2")).mkdir()
+    data["name"] = RUN_USER + "2"
     data["volumes"][0]["host_path"] = str(theirs)
     spec.write_text(yaml.safe_dump(data))
     code, lines = _run_through_api(spec)
     assert code != 0, "\n".join(lines)
-    log = (tmp_path / "home" / "runs" / RUN / "attempt-0" / "node-0.log").read_text()
-    assert f"the checkpoint folder /ckpt/{RUN} is not writable by uid 4321 gid 4321" in log, log
-    assert not (theirs / RUN / "w.txt").exists()
+    log = (tmp_path / "home" / "runs" / (RUN_USER + "2") / "attempt-0" / "node-0.log").read_text()
+    assert f"the checkpoint folder /ckpt/{RUN_USER}2 is not writable by uid 4321 gid 4321" in log, log
+    assert not (theirs / (RUN_USER + "2") / "w.txt").exists()

@@ -389,9 +389,12 @@ class Cluster:
             self._taint_manager()
             self._pod_gc()
 
-    def run_until(self, predicate: Callable[[], bool], timeout: float = 10.0,
+    def run_until(self, predicate: Callable[[], bool], timeout: float = 60.0,
                   interval: float = 0.01) -> bool:
-        """Tick (when no background thread runs) until ``predicate()`` holds."""
+        """Tick (when no background thread runs) until ``predicate()`` holds. ``timeout`` only
+        bounds a test that fails: a condition met returns at once. (10 s was too short for a
+        supervisor thread on a CI machine running four workers on two cores: its first list and
+        watch took 7 s there, and the wait failed a test that was only slow.)"""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.error is not None:
