@@ -207,12 +207,15 @@ def job_spec(home, run, image, job, *, steps, sleep, restart=None, ckpt=None):
 
 
 def test_docker_a_script_without_the_runtime_lives_on_its_own_lines(docker_client, image, home):
-    """plain.py prints a line a second for 17 s, never a progress line; heartbeat_timeout is 8 s
-    (a container's torchrun start on a loaded 2-core machine can take 4): its own output is its
+    """plain.py prints a line a second for 45 s, never a progress line; heartbeat_timeout is 20 s
+    (a container's torchrun start on a loaded 2-core machine took over 8 s in CI): its own output is its
     heartbeat, and its lines reach the watch output. Its `--n 200000` reaches it intact: torchrun's
     argparse took it for an ambiguous abbreviation of its own flags before the line had `--`."""
     run = "dkl-plain"
-    spec = job_spec(home, run, image, "plain.py", steps=17, sleep=1.0, restart={"heartbeat_timeout": "8s"})
+    # 45 lines a second apart against a 20 s heartbeat: longer than the heartbeat, so only its
+    # output keeps it alive; 20 s covers a container's torchrun start on a loaded CI machine
+    # (8 s did not: a start under four workers took longer, read as a hang).
+    spec = job_spec(home, run, image, "plain.py", steps=45, sleep=1.0, restart={"heartbeat_timeout": "20s"})
     data = yaml.safe_load(spec.read_text())
     data["command"] += ["--n", "200000"]
     spec.write_text(yaml.safe_dump(data))

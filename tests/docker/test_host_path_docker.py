@@ -30,7 +30,21 @@ LAUNCHER = ["python3", "-m", "orchestrator.runtime.affinity"]
 @pytest.fixture
 def sweep(docker_client):
     def remove():
-        for run in (RUN, RUN_USER, RUN_USER + "2"):
+        for c in docker_client.containers.list(all=True, filters={"label": [f"{L.RUN}={RUN}"]}):
+            c.remove(force=True)
+        for net in docker_client.networks.list(filters={"label": [f"{L.RUN}={RUN}"]}):
+            net.remove()
+    remove()
+    yield
+    remove()
+
+
+@pytest.fixture
+def sweep_user(docker_client):
+    """The docker.user test's own runs only: the module's tests may run at once on two xdist
+    workers, and a sweep of the other's names removed a running container ("disappeared")."""
+    def remove():
+        for run in (RUN_USER, RUN_USER + "2"):
             for c in docker_client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]}):
                 c.remove(force=True)
             for net in docker_client.networks.list(filters={"label": [f"{L.RUN}={run}"]}):
@@ -87,7 +101,7 @@ def _run_through_api(spec: Path) -> tuple[int, list[str]]:
 
 
 def test_containers_write_host_folders_as_docker_user_and_refuse_one_it_cannot_write(
-        docker_client, base_image, sweep, tmp_path, monkeypatch):
+        docker_client, base_image, sweep_user, tmp_path, monkeypatch):
     """docker.user runs the containers as that uid:gid (auto: the submitting user; root here, so
     the test names one): the checkpoint the job writes into the host folder belongs to that user,
     who can delete it. A folder that user cannot write is said before the job runs, by path."""
