@@ -26,7 +26,7 @@ from .silence import SILENT, Silence
 from .spec import JobSpec
 from .state import AttemptRecord, RunRecord, RunStore
 from .vendors import VendorProfile
-from .watchview import News, WatchView
+from .watchview import News, WatchView, interruptible_sleep
 
 POLL_INTERVAL_S = 0.25
 WAITING_PREFIX = "waiting to be placed: "   # a running attempt's evidence while the cluster says why it waits
@@ -183,7 +183,7 @@ class SupervisorOptions:
 
     auto_resume: bool = False
     clock: Callable[[], float] = time.time
-    sleep: Callable[[float], None] = time.sleep
+    sleep: Callable[[float], None] = interruptible_sleep
     poll_interval: float = POLL_INTERVAL_S
 
 

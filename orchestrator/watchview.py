@@ -7,6 +7,8 @@ types without importing one another.
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -55,3 +57,19 @@ class EchoView:
 
     def news(self, news: News) -> None:
         """Nothing to redraw."""
+
+
+# Set by the watch commands' SIGINT handler (commands/_common.interrupted_watch). CPython may
+# swallow the KeyboardInterrupt that handler raises when it lands inside a callback (seen in CI:
+# "Exception ignored in _get_module_lock.<locals>.cb", and the watcher went on); the supervisor's
+# sleep raises it again from its own loop.
+INTERRUPTED = threading.Event()
+
+
+def interruptible_sleep(seconds: float) -> None:
+    """``time.sleep`` that raises KeyboardInterrupt once the user's Ctrl-C was seen."""
+    if INTERRUPTED.is_set():
+        raise KeyboardInterrupt
+    time.sleep(seconds)
+    if INTERRUPTED.is_set():
+        raise KeyboardInterrupt

@@ -126,6 +126,19 @@ def interrupted_watch(run: str, *, submitted_here: bool = False, watching: bool 
     of their own): say which watcher stopped, that the run goes on, and how to re-attach or cancel
     it (exit 130). ``submitted_here``: the watcher is the one `submit` ran in the foreground;
     ``watching``: false for a `submit` that starts no watcher in this process."""
+    import signal
+    import threading
+
+    from ..watchview import INTERRUPTED
+
+    def on_int(signum: int, frame: object) -> None:
+        INTERRUPTED.set()           # kept even if the exception below is swallowed (watchview)
+        raise KeyboardInterrupt
+
+    ours = (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    if ours:
+        signal.signal(signal.SIGINT, on_int)
     try:
         yield
     except KeyboardInterrupt:
@@ -149,6 +162,10 @@ def interrupted_watch(run: str, *, submitted_here: bool = False, watching: bool 
                    f"  re-attach: wmctl watch {run} --auto-resume\n"
                    f"  cancel:    wmctl cancel {run}", err=True)
         raise SystemExit(130) from None
+    finally:
+        if ours:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        INTERRUPTED.clear()
 
 
 def _between_attempts(run: str) -> str | None:

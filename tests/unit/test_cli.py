@@ -203,3 +203,30 @@ def test_ctrl_c_while_wmctl_is_still_importing_is_an_exit_not_a_traceback():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 130, (done.returncode, done.stderr)
     assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
+
+
+def test_a_ctrl_c_whose_exception_was_swallowed_still_stops_the_watch(tmp_path, monkeypatch):
+    """CPython swallows a KeyboardInterrupt raised inside a callback (CI: "Exception ignored in
+    _get_module_lock.<locals>.cb", and the watcher went on for 30 s). The handler's flag survives,
+    and the supervisor's next sleep raises the interrupt again from its own loop."""
+    import os
+    import signal
+    import time
+
+    from orchestrator import watchview
+    from orchestrator.commands._common import interrupted_watch
+    from orchestrator.supervisor import SupervisorOptions
+
+    monkeypatch.setenv("WMCTL_HOME", str(tmp_path))
+    sleep = SupervisorOptions().sleep
+    with pytest.raises(SystemExit) as out:
+        with interrupted_watch("gone-run"):
+            try:
+                os.kill(os.getpid(), signal.SIGINT)     # the handler flags it and raises ...
+                time.sleep(5)
+            except KeyboardInterrupt:
+                pass                                    # ... and the exception is lost, as in a callback
+            sleep(0.01)                                 # the supervisor's next sleep raises it again
+    assert out.value.code == 130
+    assert not watchview.INTERRUPTED.is_set()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
