@@ -52,6 +52,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -313,6 +314,7 @@ class CheckpointManager(ReadSide):
             self._thread = threading.Thread(
                 target=self._write_async, name=f"wmctl-ckpt-{step}",
                 args=(target, final, step, rank_payload, shared_payload, meta, started, shards), daemon=True)
+            self._finish_at_exit()
             self._thread.start()
         else:
             self._save_sync(target, final, step, started, rank_payload, shared_payload, meta,
@@ -397,6 +399,29 @@ class CheckpointManager(ReadSide):
         if self._error is not None:
             err, self._error = self._error, None
             raise CheckpointError(f"async checkpoint failed: {err}") from err
+
+    def _finish_at_exit(self) -> None:
+        """A job that ends without close() still finishes its last async save and that save's
+        retention: the writer is a daemon thread, and a sweeper it started once the interpreter
+        was shutting down was not joined (a `step-N.deleting-*` was left behind). threading's
+        own exit hooks run before it joins threads (concurrent.futures uses the same); the hook
+        holds the manager weakly, and is registered once."""
+        if getattr(self, "_exit_hooked", False):
+            return
+        ref = weakref.ref(self)
+
+        def finish() -> None:
+            mgr = ref()
+            for t in (mgr._thread, mgr._sweeper) if mgr is not None else ():
+                if t is not None and t is not threading.current_thread():
+                    t.join()
+            if mgr is not None and mgr._sweeper is not None:
+                mgr._sweeper.join()     # started by the writer while it was joined above
+        try:
+            threading._register_atexit(finish)  # type: ignore[attr-defined]
+        except RuntimeError:                     # already shutting down: nothing more can be hooked
+            return
+        self._exit_hooked = True
 
     def _delete_later(self, paths: list[Path]) -> None:
         """Retention's deletes, off the training loop: they are already renamed out of the way,
