@@ -27,24 +27,12 @@ RUN_USER = "dkh-user"       # the docker.user test's runs: their own name, never
 LAUNCHER = ["python3", "-m", "orchestrator.runtime.affinity"]
 
 
-@pytest.fixture
-def sweep(docker_client):
+def _swept(docker_client, *runs: str):
+    """Remove these runs' containers and networks before and after a test, and no one else's:
+    the module's tests may run at once on two xdist workers, and a sweep of the other's names
+    removed a running container ("disappeared")."""
     def remove():
-        for c in docker_client.containers.list(all=True, filters={"label": [f"{L.RUN}={RUN}"]}):
-            c.remove(force=True)
-        for net in docker_client.networks.list(filters={"label": [f"{L.RUN}={RUN}"]}):
-            net.remove()
-    remove()
-    yield
-    remove()
-
-
-@pytest.fixture
-def sweep_user(docker_client):
-    """The docker.user test's own runs only: the module's tests may run at once on two xdist
-    workers, and a sweep of the other's names removed a running container ("disappeared")."""
-    def remove():
-        for run in (RUN_USER, RUN_USER + "2"):
+        for run in runs:
             for c in docker_client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]}):
                 c.remove(force=True)
             for net in docker_client.networks.list(filters={"label": [f"{L.RUN}={run}"]}):
@@ -52,6 +40,17 @@ def sweep_user(docker_client):
     remove()
     yield
     remove()
+
+
+@pytest.fixture
+def sweep(docker_client):
+    yield from _swept(docker_client, RUN)
+
+
+@pytest.fixture
+def sweep_user(docker_client):
+    """The docker.user test's own runs only."""
+    yield from _swept(docker_client, RUN_USER, RUN_USER + "2")
 
 
 def test_missing_writable_relative_host_path_is_created_and_the_job_writes_there(

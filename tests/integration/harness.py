@@ -26,12 +26,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def write_spec(tmp: Path, name: str, *, nodes: int = 2, steps: int = 40, every: int = 5, sleep: float = 0.1,
-               job_args: list[str] | None = None, restart: dict | None = None, job: str = "counter.py") -> Path:
+               job_args: list[str] | None = None, restart: dict | None = None, job: str = "counter.py",
+               command: list[str] | None = None) -> Path:
     spec = {
         "name": name, "nodes": nodes, "nproc_per_node": 1, "affinity": "none",
         "image": {"vendor": "cpu", "context": str(JOBS)},
-        "command": ["python", job, "--steps", str(steps), "--every", str(every), "--sleep", str(sleep),
-                    *(job_args or [])],
+        # ``command``: the program as given (a missing script, a missing interpreter), no job flags
+        "command": command or ["python", job, "--steps", str(steps), "--every", str(every), "--sleep", str(sleep),
+                               *(job_args or [])],
         "checkpoint": {"dir": str(tmp / f"ckpt-{name}"), "every_steps": every},
         # The heartbeat counts from a node's start, torch's import included: 25 s was a bet that a
         # job starts that fast, lost on a loaded 2-core machine with xdist workers (seen: 18 s to the

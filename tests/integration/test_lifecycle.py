@@ -330,12 +330,8 @@ def test_a_rank_that_aborts_after_the_job_completed_does_not_fail_the_run(home):
 
 
 def test_a_command_that_does_not_exist_is_named(home):
-    import yaml
     run = "no-command"
-    spec = h.write_spec(home, run, nodes=1)
-    data = yaml.safe_load(spec.read_text())
-    data["command"] = ["pythonx", "counter.py"]
-    spec.write_text(yaml.safe_dump(data))
+    spec = h.write_spec(home, run, nodes=1, command=["pythonx", "counter.py"])
     w = h.Watch(spec, home)
     assert w.wait(timeout=120) == 7, w.output
     a0 = h.record(home, run)["attempts"][0]

@@ -242,13 +242,8 @@ def test_a_missing_script_fails_in_python_s_own_words(home):
     import subprocess
     import sys
 
-    import yaml
-
     run = "nope"
-    spec = h.write_spec(home, run, nodes=1)
-    data = yaml.safe_load(spec.read_text())
-    data["command"] = ["python", "nope.py"]
-    spec.write_text(yaml.safe_dump(data))
+    spec = h.write_spec(home, run, nodes=1, command=["python", "nope.py"])
     w = h.Watch(spec, home)
     assert w.wait(timeout=120) == 7, w.output
     attempt = h.record(home, run)["attempts"][0]
