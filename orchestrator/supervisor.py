@@ -345,7 +345,12 @@ class Supervisor:
             before = tracker.nodes
             waited = (tracker.waiting, tracker.queued)
             events = tracker.feed(obs, now)
+            for ev in events:
+                self._show(rec, ev, tracker, now)
+                if ev.kind == b.PROGRESS and ev.progress and kept.first(metric_key(ev.progress)):
+                    self.store.append_metric({**ev.progress, "attempt": rec.attempt, "seen": round(now, 3)})
             if (tracker.waiting, tracker.queued) != waited:
+                # Saved after the lines are shown: whoever reads the record's reason has been told it.
                 # `wmctl status` reads the record: the cluster's reason for the wait is said there
                 # until every node runs (or the wait ends the attempt); a reason that needs a person
                 # before a full queue's
@@ -354,10 +359,6 @@ class Supervisor:
                 rec.evidence = (f"{prefix}{why.reason + ': ' if why.reason else ''}{why.message}"
                                 if why is not None else None)
                 self.store.save(self.record)
-            for ev in events:
-                self._show(rec, ev, tracker, now)
-                if ev.kind == b.PROGRESS and ev.progress and kept.first(metric_key(ev.progress)):
-                    self.store.append_metric({**ev.progress, "attempt": rec.attempt, "seen": round(now, 3)})
             if events or tracker.nodes != before:
                 rec.last_step, rec.last_checkpoint_step = tracker.last_step, tracker.last_checkpoint_step
                 rec.resumed_from_step = tracker.resumed_from_step

@@ -171,3 +171,34 @@ def test_a_container_the_engine_is_removing_has_no_log_to_keep_and_fails_no_tear
     ref = b.AttemptRef("docker", "gone", 0, None)
     DockerBackend(client=Client())._archive_logs(ref, [Container()])      # no APIError
     assert not (tmp_path / "runs" / "gone" / "attempt-0" / "node-0.log").exists()
+
+
+def test_a_follower_whose_container_the_engine_is_removing_ends_quietly():
+    """The log follower's last plain read can meet a container being removed (`docker rm -f` by
+    someone else): dockerd answers 409, and the follower ends with what it read instead of dying
+    in its thread with a traceback (CI, test_a_container_removed_by_someone_else_reads_as_lost)."""
+    import docker.errors
+
+    class Response:
+        status_code = 409
+        reason = "Conflict"
+
+    class Api:
+        def __init__(self):
+            self.calls = 0
+
+        def logs(self, name, **kwargs):
+            self.calls += 1
+            if kwargs["follow"]:
+                return iter([b"2026-12-07T01:00:00.000000000Z one\n"])
+            raise docker.errors.APIError("can not get logs from container which is dead or marked for removal",
+                                         response=Response())
+
+        def inspect_container(self, name):
+            return {"State": {"Status": "removing"}}
+
+    class Client:
+        api = Api()
+
+    got = [line for _, line in DockerBackend(client=Client())._log_lines("c", follow=True)]
+    assert got == ["one"] and Client.api.calls == 2

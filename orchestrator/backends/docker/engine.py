@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from ... import labels as L
 from ...adaptors import docker as sdk
@@ -416,8 +416,10 @@ class DockerBackend(b.Backend[DockerRequest]):
                 stream = self.client.api.logs(name, stream=True, follow=follow, timestamps=True,
                                               tail=tail if start is None and tail is not None else "all",
                                               since=(max(1, start // 10**9) if start is not None else since))
-            except errors.NotFound:
-                return
+            except errors.APIError as exc:
+                if exc.status_code in (404, 409):   # gone, or dead / being removed: nothing more to read
+                    return
+                raise
             except rexc.RequestException:
                 if not follow:
                     raise
@@ -425,17 +427,7 @@ class DockerBackend(b.Backend[DockerRequest]):
                 continue
             if streams is not None:
                 streams.append(stream)
-            # A line longer than base.MAX_LINE_BYTES comes out cut: the reader holds no more.
-            splitter = b.LineSplitter(ends=b.NEWLINE)
-            for chunk in stream:
-                for raw in splitter.feed(chunk):
-                    ns, line = split_timestamp(raw.decode("utf-8", "replace"))
-                    if cursor.fresh(ns, line):
-                        yield (ns or 0), line
-            for raw in splitter.flush():
-                ns, line = split_timestamp(raw.decode("utf-8", "replace"))
-                if cursor.fresh(ns, line):
-                    yield (ns or 0), line
+            yield from fresh_lines(stream, cursor)
             if streams is not None and stream in streams:
                 streams.remove(stream)
             if not follow:
@@ -652,3 +644,17 @@ def _event_time(st: _Attempt, node: int, prev: b.NodeStatus | None, cur: b.NodeS
         action = "unpause"
     return st.event_times.get((node, action)) if action else None
 
+
+def fresh_lines(stream: Iterable[bytes], cursor: LogCursor) -> Iterator[tuple[int, str]]:
+    """(timestamp ns, line) of one `docker logs --timestamps` stream, each line the cursor has not
+    yielded before. A line longer than base.MAX_LINE_BYTES comes out cut: the reader holds no more."""
+    splitter = b.LineSplitter(ends=b.NEWLINE)
+    for chunk in stream:
+        for raw in splitter.feed(chunk):
+            ns, line = split_timestamp(raw.decode("utf-8", "replace"))
+            if cursor.fresh(ns, line):
+                yield (ns or 0), line
+    for raw in splitter.flush():
+        ns, line = split_timestamp(raw.decode("utf-8", "replace"))
+        if cursor.fresh(ns, line):
+            yield (ns or 0), line
