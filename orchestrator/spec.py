@@ -239,6 +239,29 @@ class LocalSpec:
 
 
 @dataclass
+class SlurmSpec:
+    """Where and how an sbatch job asks for its nodes (checked in backends/slurm/check.py)."""
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    # Slurm's forms (MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) or a duration (90m, 24h);
+    # None: the partition's default. A bare number is refused: minutes to Slurm, seconds to wmctl.
+    time_limit: str | None = None
+    constraint: str | None = None
+    reservation: str | None = None
+    exclusive: bool | None = None         # None: whole nodes when nodes > 1
+    gres: str | None = None               # NAME or NAME:TYPE, the site's; None: the vendor profile's; none: no GRES
+    container: Literal["none", "pyxis", "apptainer"] = "none"
+    signal_lead: Union[str, float] = "5m"  # the checkpoint signal (SIGTERM) this long before the time limit
+    extra_options: list[str] = field(default_factory=list)  # --name[=value] sbatch options, checked one by one
+
+
+# A JobSpec field added after specs were first hashed: left out of spec_hash while it holds its
+# default, so its arrival did not change the hash (and the resume check) of any existing spec.
+HASHED_WHEN_SET = "hashed_when_set"
+
+
+@dataclass
 class JobSpec:
     name: str
     command: list[str]
@@ -257,6 +280,7 @@ class JobSpec:
     kubernetes: KubernetesSpec = field(default_factory=KubernetesSpec)
     docker: DockerSpec = field(default_factory=DockerSpec)
     local: LocalSpec = field(default_factory=LocalSpec)
+    slurm: SlurmSpec = field(default_factory=SlurmSpec, metadata={HASHED_WHEN_SET: True})
 
     # Set by load_spec, not by the user.
     source_dir: Path = field(default=Path("."), compare=False, repr=False, init=False)
@@ -268,7 +292,11 @@ class JobSpec:
 
     def spec_hash(self) -> str:
         """Stable digest of everything the user asked for (after overrides and defaults)."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
+        data = self.to_dict()
+        for f in dataclasses.fields(self):
+            if f.metadata.get(HASHED_WHEN_SET) and getattr(self, f.name) == type(getattr(self, f.name))():
+                del data[f.name]
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
     @property

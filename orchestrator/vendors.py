@@ -49,6 +49,16 @@ class KubernetesExposure:
 
 
 @dataclass(frozen=True)
+class SlurmExposure:
+    """How an sbatch job asks for the devices, and how a container runtime on the node shows them."""
+
+    # The GRES name a site usually gives these devices (`--gres=NAME:COUNT`). Sites choose their
+    # own names (gres.conf): a spec's slurm.gres overrides it. None: the vendor has no devices.
+    gres: str | None = None
+    apptainer_flags: list[str] = field(default_factory=list)   # `apptainer exec` flags: --nv, --rocm
+
+
+@dataclass(frozen=True)
 class RuntimeSection:
     """What the job's runtime needs beyond the top-level facts (it reads no YAML: see
     ``VendorProfile.runtime_profile``)."""
@@ -88,6 +98,7 @@ class VendorProfile:
     torch_index_url: str | None = None
     docker: DockerExposure = field(default_factory=DockerExposure)
     kubernetes: KubernetesExposure = field(default_factory=KubernetesExposure)
+    slurm: SlurmExposure = field(default_factory=SlurmExposure)
     runtime: RuntimeSection = field(default_factory=RuntimeSection)
     # What a failing rank says when its device, not the job, failed (case-insensitive substrings
     # of the node's output): the run is retried away from that node, and the record says so.

@@ -23,6 +23,7 @@ REGISTRY: dict[str, str] = {
     "local": "orchestrator.backends.local",
     "docker": "orchestrator.backends.docker",
     "kubernetes": "orchestrator.backends.kubernetes",
+    "slurm": "orchestrator.backends.slurm",
 }
 DEFAULT = next(iter(REGISTRY))
 

@@ -267,6 +267,9 @@ class Backend(ABC, Generic[R]):
     """
 
     name: ClassVar[str]
+    #: can it submit and follow attempts? A backend whose engine is still to come renders plans
+    #: (``render``, ``submit --dry-run``) and is refused by name before a run is recorded.
+    submits: ClassVar[bool] = True
     #: can an attempt be kept off named hosts (``restart.exclude_failed_nodes``)?
     places_nodes: ClassVar[bool] = False
     #: can ``cancel(graceful=True)`` send SIGTERM and wait for the job's checkpoint?

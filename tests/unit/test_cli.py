@@ -115,8 +115,8 @@ def test_auto_resume_without_persistent_checkpoint_rejected(tmp_path, capsys):
 
 
 def test_unknown_backend_is_click_usage_error(capsys):
-    code, _, err = run_main(["render", FULL, "-b", "slurm"], capsys)
-    assert code == 2 and "slurm" in err
+    code, _, err = run_main(["render", FULL, "-b", "lsf"], capsys)
+    assert code == 2 and "lsf" in err
 
 
 def test_debug_shows_traceback_for_user_errors(tmp_path):

@@ -176,8 +176,8 @@ def test_every_shown_command_parses_with_the_cli(where, argv, whole):
 @pytest.mark.parametrize("argv,problem", [
     (["submit", "job.yaml", "--no-such-flag"], "has no option --no-such-flag"),
     (["logs", "RUN", "[--nodes", "I]"], "has no option --nodes"),
-    (["render", "job.yaml", "--backend", "kubernetes|slurm"], "takes no 'slurm'"),
-    (["submit", "job.yaml", "-b", "slurm"], "slurm"),
+    (["render", "job.yaml", "--backend", "kubernetes|lsf"], "takes no 'lsf'"),
+    (["submit", "job.yaml", "-b", "lsf"], "lsf"),
     (["sumbit", "job.yaml"], "no such command"),
     (["cancel"], "Missing argument"),
     (["status/lst", "RUN"], "no such command"),
@@ -357,12 +357,13 @@ def test_a_link_to_a_missing_heading_fails():
 
 # --- the example specs ---------------------------------------------------------------------
 
-ALL_BACKENDS = ("local", "docker", "kubernetes")
+ALL_BACKENDS = ("local", "docker", "kubernetes", "slurm")
 # example -> the backends it renders for; job.yaml's checkpoint is a folder beside it (a
 # relative host_path), which Kubernetes refuses by design: cluster.yaml is the one for clusters.
+# On Slurm without a container that folder is one of the shared filesystem, as on this machine.
 EXAMPLE_SPECS = {
     "worldmodel/cluster.yaml": ALL_BACKENDS,
-    "worldmodel/job.yaml": ("local", "docker"),
+    "worldmodel/job.yaml": ("local", "docker", "slurm"),
 }
 
 
@@ -394,6 +395,13 @@ def test_example_renders_for_its_backends(example, backend, auto_resume, capsys)
         assert code == 2 and "volumes[0].host_path" in err and "Traceback" not in err, err
         return
     assert code == 0, err
+    if backend == "slurm":      # the sbatch script itself, which bash must parse
+        import subprocess
+
+        assert out.startswith("#!/bin/bash\n") and "# submitted as: sbatch --parsable" in out, out[:400]
+        checked = subprocess.run(["bash", "-n"], input=out, capture_output=True, text=True)
+        assert checked.returncode == 0, checked.stderr
+        return
     docs = [d for d in yaml.safe_load_all(out) if d]
     if backend != "kubernetes":
         assert docs[0]["backend"] == backend and docs[0]["run"] == "worldmodel"

@@ -8,6 +8,7 @@ and review the diff of tests/golden/: that review is how a rendering change is c
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -20,21 +21,43 @@ from .helpers import GOLDEN, full_spec
 
 VENDORS = available_profiles()
 REGEN = os.environ.get("WMCTL_REGEN_GOLDEN") == "1"
+BACKENDS = ["kubernetes", "docker", "local", "slurm"]
+SUFFIX = {"slurm": "sh"}             # the sbatch script; the others print YAML plans
+# Slurm: the spec's slurm section filled in, and (for containers) host_path volumes only.
+SLURM = {"slurm.partition": "gpu,gpu-long", "slurm.account": "proj42", "slurm.qos": "normal",
+         "slurm.time_limit": "1-00:00:00", "slurm.constraint": "a100&ib",
+         "slurm.extra_options": ["--mail-type=END", "--hint=nomultithread"]}
+HOST_VOLUMES = [{"name": "data", "mount": "/workspace/data", "host_path": "/shared/data", "read_only": True},
+                {"name": "ckpt", "mount": "/workspace/ckpt", "host_path": "/shared/ckpt"}]
+# (golden name, vendor, container): the container paths, each rendered once beside every vendor's plain one
+SLURM_CONTAINERS = [("pyxis-cuda", "cuda", "pyxis"), ("apptainer-cuda", "cuda", "apptainer"),
+                    ("apptainer-ascend", "ascend", "apptainer")]
 
 
-def render_golden(vendor: str, backend: str) -> str:
-    spec = full_spec(vendor)
+def golden_path(backend: str, name: str) -> Path:
+    return GOLDEN / backend / f"{name}.{SUFFIX.get(backend, 'yaml')}"
+
+
+def render_golden(vendor: str, backend: str, container: str | None = None) -> str:
+    overrides: dict = {}
+    if backend == "slurm":
+        overrides = dict(SLURM)
+        if container:
+            overrides.update({"slurm.container": container, "volumes": HOST_VOLUMES})
+    spec = full_spec(vendor, **overrides)
     profile = load_profile(vendor)
     # A retry attempt: exercises resume, parent and node exclusion in every render.
     ctx = AttemptContext(attempt=1, excluded_nodes=("gpu-node-7",), resume=True, parent=0)
     kwargs = {}
     if backend == "docker":
         kwargs["cpus"] = list(range(128))     # a fixed host, not this machine
-    if backend == "local":
+    if backend in ("local", "slurm"):
         kwargs.update(cpus=list(range(128)), python="/usr/bin/python3", port=29500)
     plan = render_plan(spec, profile, backend, ctx, **kwargs)
     text = plan_document(plan, "yaml")
     # Paths of this checkout and of $HOME vary between machines; goldens must not.
+    if backend == "slurm":      # a script: its placeholder must stay a path bash can read (bash -n)
+        return text.replace(str(spec.source_dir), "/specdir")
     return text.replace(str(spec.source_dir), "<specdir>").replace(os.path.expanduser("~"), "<home>")
 
 
@@ -43,18 +66,48 @@ def test_every_vendor_has_a_profile_file():
     assert expected <= set(VENDORS)
 
 
-@pytest.mark.parametrize("backend", ["kubernetes", "docker", "local"])
-@pytest.mark.parametrize("vendor", VENDORS)
-def test_golden_render(vendor, backend, monkeypatch):
-    monkeypatch.setenv("WMCTL_HOME", "<home>/.wmctl")
-    text = render_golden(vendor, backend)
-    path = GOLDEN / backend / f"{vendor}.yaml"
+def _home(monkeypatch, backend: str) -> None:
+    # Slurm's nodes need an absolute WMCTL_HOME: one of a shared filesystem, the same on every machine.
+    monkeypatch.setenv("WMCTL_HOME", "/shared/wmctl" if backend == "slurm" else "<home>/.wmctl")
+
+
+def _compare(text: str, path: Path) -> None:
     if REGEN:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
     assert path.exists(), f"missing golden {path}; regenerate with WMCTL_REGEN_GOLDEN=1"
     assert text == path.read_text(encoding="utf-8"), (
-        f"render of {vendor}/{backend} changed; review and regenerate with WMCTL_REGEN_GOLDEN=1")
+        f"render {path.relative_to(GOLDEN)} changed; review and regenerate with WMCTL_REGEN_GOLDEN=1")
+
+
+@pytest.mark.parametrize("name,vendor,container", SLURM_CONTAINERS)
+def test_golden_slurm_container(name, vendor, container, monkeypatch):
+    _home(monkeypatch, "slurm")
+    _compare(render_golden(vendor, "slurm", container), golden_path("slurm", name))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("vendor", VENDORS)
+def test_golden_render(vendor, backend, monkeypatch):
+    _home(monkeypatch, backend)
+    _compare(render_golden(vendor, backend), golden_path(backend, vendor))
+
+
+@pytest.mark.parametrize("name", [*VENDORS, *(c[0] for c in SLURM_CONTAINERS)])
+def test_slurm_goldens_are_scripts_bash_reads(name):
+    """Every golden sbatch script parses (`bash -n`), starts as sbatch wants (#!), and asks for its
+    nodes before the first command (sbatch stops reading #SBATCH lines there)."""
+    import subprocess
+
+    text = golden_path("slurm", name).read_text(encoding="utf-8")
+    checked = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    lines = text.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    first_command = next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("#"))
+    directives = [i for i, line in enumerate(lines) if line.startswith("#SBATCH ")]
+    assert directives and max(directives) < first_command
+    assert "#SBATCH --nodes=2" in lines and "#SBATCH --no-requeue" in lines
 
 
 @pytest.mark.parametrize("backend", ["kubernetes", "docker", "local"])

@@ -1,0 +1,127 @@
+#!/bin/bash
+# wmctl plan: run worldmodel, attempt 1, spec a8e6b92d665a
+# submitted as: sbatch --parsable --output=/shared/wmctl/runs/worldmodel/attempt-1/batch.log /shared/wmctl/runs/worldmodel/attempt-1/job.sbatch
+# note: attempt folder /shared/wmctl/runs/worldmodel/attempt-1: every node writes its log and exit record there, so it must be on a filesystem the nodes and this host share
+# note: checkpoints in /workspace/ckpt/worldmodel
+# note: checkpoint dir /workspace/ckpt is on volume 'ckpt' (pvc), which Slurm does not mount without a container: the nodes write to /workspace/ckpt on their own filesystems, which must be one shared filesystem for a resume to find it
+# note: excluding nodes that failed earlier attempts: gpu-node-7
+# note: no container: the nodes run /usr/bin/python3 and the job's code in /specdir, both on the shared filesystem
+# note: volumes are not mounted without a container: the job sees the nodes' own folders
+# note: resources.shm (16Gi) does not apply: a Slurm job uses its nodes' /dev/shm
+#SBATCH --job-name=worldmodel-a1
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=64
+#SBATCH --gres=gpu:8
+#SBATCH --mem=512G
+#SBATCH --time=1-00:00:00
+#SBATCH --signal=TERM@300
+#SBATCH --exclude=gpu-node-7
+#SBATCH --no-requeue
+#SBATCH --exclusive
+#SBATCH --partition=gpu,gpu-long
+#SBATCH --account=proj42
+#SBATCH --qos=normal
+#SBATCH --constraint=a100&ib
+#SBATCH --mail-type=END
+#SBATCH --hint=nomultithread
+
+# wmctl owns retries (--no-requeue): this script runs once. It starts one srun step, one task per
+# node; each task runs torchrun under the node script below, which keeps the node's log and leaves
+# its exit record in the attempt folder. Every node and the submit host share that folder, so a
+# watcher learns how the job ended even when Slurm has forgotten it (MinJobAge).
+
+set -u
+# Slurm signals the job steps, not this shell, with the checkpoint signal (--signal) and with
+# `scancel --signal`; at the time limit it signals this shell too. A trapped signal waits for srun
+# to end, so the job's exit record is written whatever came.
+trap : TERM INT HUP
+
+attempt_dir=/shared/wmctl/runs/worldmodel/attempt-1
+job_id=${SLURM_JOB_ID:-}
+job_id=${job_id//[^0-9_]/}
+mkdir -p -- "$attempt_dir"
+
+finish() {
+  local now
+  printf -v now '%(%s)T' -1
+  printf '{"job_id": "%s", "exit_code": %d, "time": %s}\n' "$job_id" "$1" "$now" \
+    >"$attempt_dir/job.exit.json.tmp" && mv -f -- "$attempt_dir/job.exit.json.tmp" "$attempt_dir/job.exit.json"
+  exit "$1"
+}
+
+cd -- /specdir || finish 1
+
+# The rendezvous host: node 0's NodeAddr, the address Slurm itself reaches it at (node names need
+# not resolve). This script runs on node 0, the first node of the allocation.
+node0=$(scontrol show hostnames "${SLURM_JOB_NODELIST:-}" | head -n 1)
+rdzv_host=$(scontrol -o show node "$node0" 2>/dev/null | tr ' ' '\n' | sed -n 's/^NodeAddr=//p' | head -n 1)
+rdzv_host=${rdzv_host:-$node0}
+if [ -z "$rdzv_host" ]; then
+  echo "wmctl: scontrol names no node for SLURM_JOB_NODELIST=${SLURM_JOB_NODELIST:-}" >&2
+  finish 1
+fi
+
+export WMCTL_RUN=worldmodel
+export WMCTL_ATTEMPT=1
+export WMCTL_SPEC_HASH=a8e6b92d665a
+export WMCTL_VENDOR=rocm
+export WMCTL_VENDOR_PROFILE='{"aliases":["amd","hip"],"device_sources":["drm","pci"],"dist_backend":"nccl","libraries":["amdhip64"],"name":"rocm","pci_vendor_ids":[4098],"smi":["rocm-smi","amd-smi"],"torch_module":"cuda","torch_plugin":null,"unverified":[],"visible_devices_env":"HIP_VISIBLE_DEVICES"}'
+export WMCTL_TORCH_MODULE=cuda
+export WMCTL_DIST_BACKEND=nccl
+export WMCTL_AFFINITY=numa
+export WMCTL_CHECKPOINT_EVERY=200
+export WMCTL_CHECKPOINT_KEEP=3
+export WMCTL_RESUME=1
+export PYTHONUNBUFFERED=1
+export WMCTL_CHECKPOINT_DIR=/workspace/ckpt/worldmodel
+export WMCTL_EXPECT_DEVICES=8
+export NCCL_DEBUG=WARN
+
+# What srun starts on every node. Its arguments: the attempt folder, then torchrun's command line.
+# The node's SLURM_NODEID is torchrun's node rank, and node 0 hosts the c10d store (is_host): its
+# NodeAddr need not be a name torch recognises as its own.
+node_script=$(cat <<'WMCTL_NODE'
+dir=$1
+shift
+node=${SLURM_NODEID:?wmctl: SLURM_NODEID is unset: this runs under srun}
+mkdir -p -- "$dir"
+exec >>"$dir/node-$node.log" 2>&1
+if [ "$node" = 0 ]; then is_host=true; else is_host=false; fi
+args=()
+options=1
+for arg in "$@"; do
+  if [ "$options" = 1 ]; then
+    case $arg in
+      --) options=0 ;;
+      --rdzv-conf=*) arg="$arg,is_host=$is_host" ;;
+    esac
+  fi
+  args+=("$arg")
+done
+node_name=${SLURMD_NODENAME:-$(hostname)}
+export PET_NODE_RANK="$node" WMCTL_NODE_NAME="$node_name"
+# Slurm signals every process of the step: torchrun and its workers save and stop by themselves,
+# and this shell waits for them to record how the node ended.
+trap : TERM INT HUP
+"${args[@]}"
+code=$?
+host=${node_name//[^A-Za-z0-9._-]/_}
+job_id=${SLURM_JOB_ID:-}
+printf -v now '%(%s)T' -1
+printf '{"node": %d, "host": "%s", "exit_code": %d, "job_id": "%s", "time": %s}\n' \
+  "$node" "$host" "$code" "${job_id//[^0-9_]/}" "$now" >"$dir/node-$node.exit.json.tmp" &&
+  mv -f -- "$dir/node-$node.exit.json.tmp" "$dir/node-$node.exit.json"
+exit "$code"
+WMCTL_NODE
+)
+
+srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=64 --gres=gpu:8 --kill-on-bad-exit=0 \
+    --export=ALL \
+  bash -c "$node_script" wmctl-node "$attempt_dir" \
+  /usr/bin/python3 -m torch.distributed.run --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d \
+    "--rdzv-endpoint=${rdzv_host}:29500" --rdzv-id=worldmodel-a1 \
+    --rdzv-conf=join_timeout=600,read_timeout=600 --max-restarts=0 --no-python -- /usr/bin/python3 -m \
+    orchestrator.runtime.affinity /usr/bin/python3 train.py --batch_size 4 --gradient_accumulation_steps \
+    8 --max_steps 1000
+finish $?
