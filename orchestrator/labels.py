@@ -5,6 +5,7 @@ MANAGED_BY_VALUE = "wmctl"
 RUN = "wmctl.io/run"
 ATTEMPT = "wmctl.io/attempt"
 NODE = "wmctl.io/node"                      # node index (Docker containers; pods use the completion index)
+NODES = "wmctl.io/nodes"                    # how many nodes the attempt has (Docker): a container gone is missed
 SPEC_HASH = "wmctl.io/spec-hash"
 PARENT_ATTEMPT = "wmctl.io/parent-attempt"
 EXCLUDED_NODES = "wmctl.io/excluded-nodes"  # comma-separated host names

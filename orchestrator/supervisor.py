@@ -530,6 +530,12 @@ class Supervisor:
                 self.echo(f"adopting attempt {last.attempt} of {self.spec.name}")
                 return last
             if last.decision in (F.RETRY, F.RETRY_ELSEWHERE) and self.auto_resume:
+                if last.attempt in known:
+                    # It failed while nobody watched it (or its watcher stopped before the
+                    # teardown): what is left of it (a node blocked on the lost peer, exited
+                    # containers) goes first, its output kept as a teardown keeps it.
+                    self.backend.cancel(b.AttemptRef(self.backend.name, self.spec.name, last.attempt,
+                                                     self.backend.namespace_of(self.spec)))
                 return self._submit(last.attempt + 1, parent=last)
             raise RuntimeError("nothing to watch: the run already ended")  # callers check status first
         return self._submit(0, parent=None)

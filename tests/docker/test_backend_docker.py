@@ -21,6 +21,7 @@ import pytest
 from orchestrator import failures
 from orchestrator import labels as L
 from orchestrator.backends import base as b
+from orchestrator.backends.docker.classify import parse_docker_time
 from orchestrator.backends.docker.engine import DockerBackend
 from orchestrator import api
 from orchestrator.errors import BackendError, EngineUnavailable, RunNotFound
@@ -96,6 +97,13 @@ def poll_until(be: DockerBackend, ref: b.AttemptRef, done: Callable[[b.Observati
             return obs, seen
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not reached; nodes {obs.nodes}; events {seen}")
+        time.sleep(0.2)
+
+
+def wait_for(condition: Callable[[], bool], what: str, limit: float = 60.0) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
 
 
@@ -240,6 +248,43 @@ def test_a_container_removed_by_someone_else_reads_as_lost(backend, docker_clien
     assert ev.reason == "ContainerRemoved" and ev.host == "dkb-gone-a0-1"
     assert failures.classify_event(ev).kind == failures.NODE_LOST
     assert obs.nodes[1].phase == b.LOST and obs.nodes[0].phase == b.RUNNING
+
+
+def test_a_container_removed_while_nobody_watched_is_lost_to_a_reader_however_late(backend, docker_client,
+                                                                                  base_image):
+    """Issue 22 item 2 on Docker. The submitter returns (no watcher polls); node 1's container is
+    removed (`docker rm -f`: no exit status left); node 0 then exits 1, as a survivor does of
+    gloo's "Connection closed by peer". A reader that looks only after node 0 has exited and the
+    consequence window has passed (a fresh backend, as `wmctl status` makes) still finds node 1
+    (the survivors' label says how many nodes there were) and its loss the root cause."""
+    wait_go = ["python3", "-c", "import os, sys, time\nwhile not os.path.exists('/tmp/go'): time.sleep(0.1)\n"
+                                "sys.exit(1)"]
+    ref = backend.submit(make_plan("dkb-late-look", base_image, commands={0: wait_go, 1: SLEEP}))
+    backend.close()                          # the submitter returned: nobody watches
+    wait_for(lambda: [c.status for c in containers_of(docker_client, "dkb-late-look")] == ["running"] * 2,
+             "both containers running")
+    docker_client.containers.get("dkb-late-look-a0-1").remove(force=True)
+    survivor = docker_client.containers.get("dkb-late-look-a0-0")
+    survivor.exec_run(["touch", "/tmp/go"])
+
+    def survivor_exited() -> bool:
+        survivor.reload()
+        return survivor.status == "exited"
+    wait_for(survivor_exited, "node 0 to exit")
+    assert survivor.attrs["State"]["ExitCode"] == 1
+    exited = parse_docker_time(survivor.attrs["State"]["FinishedAt"])
+    while time.time() < exited + failures.CONSEQUENCE_WINDOW_S + 1:    # a late look
+        time.sleep(0.2)
+    reader = DockerBackend(docker_client)
+    try:
+        obs, seen = poll_until(reader, ref, lambda o, s: o.finished, limit=30)
+        assert [(n.node, n.phase) for n in obs.nodes] == [(0, b.FAILED), (1, b.LOST)], obs.nodes
+        found = failures.root_cause(seen)
+        assert found is not None and (found.kind, found.node) == (failures.NODE_LOST, 1), (found, seen)
+    finally:
+        reader.cancel(ref)
+        reader.close()
+    assert containers_of(docker_client, "dkb-late-look") == []
 
 
 def test_a_missing_image_is_refused_with_a_hint_and_nothing_is_left(backend, docker_client):

@@ -5,6 +5,8 @@ No engine needed (they sit here, beside the engine tests, because they test the 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from orchestrator import failures
@@ -202,3 +204,48 @@ def test_a_follower_whose_container_the_engine_is_removing_ends_quietly():
 
     got = [line for _, line in DockerBackend(client=Client())._log_lines("c", follow=True)]
     assert got == ["one"] and Client.api.calls == 2
+
+
+@pytest.mark.parametrize("gone_exit, signal, phase, code", [
+    (None, None, b.LOST, None),        # no die event left: vanished without an exit status
+    (137, 9, b.LOST, None),            # `docker rm -f` of a running container: killed, then removed
+    (137, None, b.LOST, None),
+    (1, None, b.FAILED, 1),            # it had exited 1 on its own; removed afterwards
+    (0, None, b.SUCCEEDED, 0),
+    (1, 9, b.LOST, None),              # a kill signal came first: its exit is the kill's
+])
+def test_a_container_gone_keeps_the_exit_status_its_die_event_gave(gone_exit, signal, phase, code):
+    got = node_status(1, "c-1", None, signal=signal, cancelled=False, previous=None, gone_exit=gone_exit)
+    assert (got.phase, got.exit_code) == (phase, code)
+
+
+def test_a_container_removed_while_nobody_watched_is_the_cause_however_late_anyone_looks():
+    """Issue 22 item 2, `docker rm -f`: the container and its exit status are gone. A reader that
+    never saw it alive dates its loss from the attempt's start (last_alive) when the engine no
+    longer holds its destroy event, and from that event when it does; either way before the
+    survivor's exit 1 (gloo's "Connection closed by peer"), however late the look."""
+    start, removed_at, survivor_at, looked = 900.0, 1000.0, 1002.5, 5000.0
+    survivor = node_status(0, "c0", _state("exited", 1), signal=None, cancelled=False, previous=None)
+    gone = node_status(1, "c1", None, signal=None, cancelled=False, previous=None)
+    for event_time in (None, removed_at):
+        events = transition_events(None, survivor, started_at=950.0, finished_at=survivor_at, event_time=None,
+                                   name="c0")
+        lost = transition_events(None, gone, started_at=None, finished_at=None, event_time=event_time, name="c1",
+                                 last_alive=start)
+        assert [e.kind for e in lost] == [b.NODE_LOST]
+        found = failures.root_cause(events + [dataclasses.replace(e, time=e.time if event_time else looked)
+                                              for e in lost])
+        assert found is not None and (found.kind, found.node) == (failures.NODE_LOST, 1), (event_time, found)
+        assert found.earliest == (removed_at if event_time else start)
+
+
+def test_a_container_removed_long_after_the_survivors_own_error_does_not_take_the_blame():
+    """The destroy event dates the removal: a container removed (cleaned up) long after its peer
+    failed on its own is not moved back to the attempt's start."""
+    survivor = node_status(0, "c0", _state("exited", 1), signal=None, cancelled=False, previous=None)
+    gone = node_status(1, "c1", None, signal=None, cancelled=False, previous=None)
+    events = (transition_events(None, survivor, started_at=950.0, finished_at=1000.0, event_time=None, name="c0")
+              + transition_events(None, gone, started_at=None, finished_at=None, event_time=1300.0, name="c1",
+                                  last_alive=900.0))
+    found = failures.root_cause(events)
+    assert found is not None and (found.kind, found.node) == (failures.APP_ERROR, 0)

@@ -8,21 +8,27 @@ CheckpointManager every few steps and resumed by restore().
 
 --register hands the loader to the manager (register(loader=...)); without it the loader is
 unregistered. Rank 0 writes the sha256 of its final weights to --dump-hash, reports progress
-lines, and, with --pause-at STEP, touches --pause-file and hangs before that step (the test
-SIGKILLs the job there).
+lines, and, with --pause-at STEP, touches --pause-file and waits before that step, every rank in
+a collective (an all-reduce of nothing, again and again), so that whichever node the test kills
+there, the others die of the lost peer as a training job's survivors do (gloo's "Connection closed
+by peer"). Only attempt 0 pauses (WMCTL_ATTEMPT unset or 0): under wmctl every attempt runs the
+same command. Paths may name $WMCTL_CHECKPOINT_DIR (the run's checkpoint folder, which the
+launcher sets: a container's command is not run by a shell).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+if len(Path(__file__).resolve().parents) > 2:     # in the repo; in an image, wmctl is installed
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from orchestrator.runtime import dist  # noqa: E402
 from orchestrator.runtime.checkpoint import CheckpointManager  # noqa: E402
@@ -39,6 +45,10 @@ ap.add_argument("--pause-at", type=int, default=None)
 ap.add_argument("--pause-file", default=None)
 ap.add_argument("--dump-hash", default=None)
 args = ap.parse_args()
+for name in ("checkpoint_dir", "pause_file", "dump_hash"):
+    if getattr(args, name):
+        setattr(args, name, os.path.expandvars(getattr(args, name)))
+pauses = os.environ.get("WMCTL_ATTEMPT", "0") in ("", "0")
 
 N, DIM, BATCH = 64, 8, 4      # 16 batches an epoch: 40 steps are 2.5 epochs
 
@@ -107,11 +117,13 @@ if resumed is not None:
 ddp.train()
 while step < args.steps:
     for xb, yb in loader:
-        if args.pause_at is not None and step + 1 == args.pause_at:
+        if args.pause_at is not None and step + 1 == args.pause_at and pauses:
             if rank == 0:
                 Path(args.pause_file).write_text(str(step + 1))
-            while True:      # the test SIGKILLs the job here
-                time.sleep(3600)
+            nothing = torch.zeros(1)
+            while True:      # the test SIGKILLs the job (or a node of it) here
+                torch.distributed.all_reduce(nothing)
+                time.sleep(0.2)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(ddp(xb), yb)
         opt.zero_grad()
         loss.backward()
@@ -129,6 +141,7 @@ if rank == 0 and args.dump_hash:
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().contiguous().numpy().tobytes())
+    Path(args.dump_hash).parent.mkdir(parents=True, exist_ok=True)
     Path(args.dump_hash).write_text(h.hexdigest())
 dist.barrier()
 progress.exit(status="completed", step=step)

@@ -678,3 +678,29 @@ def test_a_resume_amended_to_not_exact_is_kept_in_the_record_and_the_status_summ
     a0, a1 = record.attempts
     assert (a0.resume_not_exact, a1.resume_not_exact) == (None, "unregistered DataLoader")
     assert "attempt 1: succeeded; resumed from step 10 (not exact: unregistered DataLoader)" in record.final_report
+
+
+def test_a_run_taken_up_after_failing_unwatched_has_its_failed_attempt_torn_down_first(home):
+    """`watch --auto-resume` of a run that failed while nobody watched (reconcile recorded it,
+    take_up_unwatched decided): what is left of that attempt on the backend (a survivor blocked
+    on the lost peer, exited containers holding its name) is torn down, its output kept, before
+    the next attempt is submitted, as after a failure seen live."""
+    from orchestrator.state import AttemptRecord
+
+    spec = spec_from({"name": "sup", "nodes": 2, "command": ["python", "t.py"],
+                      "restart": {"max_attempts": 4, "backoff": "0s", "heartbeat_timeout": "60s"}})
+    clock = Clock()
+    backend = ScriptedBackend(clock, {1: [([progress("resume", 10)], running()), ([progress("step", 20)], done())]})
+    backend.submitted[0] = None             # attempt 0's objects are still there
+    record = RunRecord(run=spec.name, backend=backend.name, spec_path="sup.yaml", overrides={},
+                       spec_hash=spec.spec_hash(), auto_resume=True)
+    record.attempts.append(AttemptRecord(attempt=0, submitted_at=START - 100, outcome="node_lost",
+                                         decision="retry_elsewhere", failed_node=1, ended_at=START - 10,
+                                         last_checkpoint_step=10))
+    store = RunStore(spec.name)
+    store.save(record)
+    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView([].append),
+                     SupervisorOptions(auto_resume=True, clock=clock, sleep=clock.sleep, poll_interval=1.0))
+    assert sup.run().exit_code == 0
+    assert backend.calls == [("cancel", 0), ("submit", 1), ("release", 1)]
+    assert [a.attempt for a in store.load().attempts] == [0, 1]

@@ -21,17 +21,23 @@ def parse_docker_time(value: str | None) -> float | None:
 
 
 def node_status(node: int, host: str, state: dict[str, Any] | None, *, signal: int | None,
-                cancelled: bool, previous: b.NodeStatus | None) -> b.NodeStatus:
+                cancelled: bool, previous: b.NodeStatus | None, gone_exit: int | None = None) -> b.NodeStatus:
     """A container's inspect ``State`` (None: the container is gone) -> the node's phase.
 
     ``signal``: the last signal someone outside wmctl sent it (from a ``kill`` event). A terminal
     phase, once seen, sticks: a finished container that is later removed stays finished.
+    ``gone_exit``: for a container that is gone, the exit code of its ``die`` event, when the
+    engine still had that event: a container that had exited on its own before someone removed
+    it ended with its own status; one killed (137, 143, a kill signal: `docker rm -f`) is lost.
     """
     if previous is not None and previous.phase in TERMINAL:
         return previous
     if state is None or state.get("Status") == "removing":
         if cancelled:
             return b.NodeStatus(node, b.FAILED, host, None, "cancelled")
+        if gone_exit is not None and gone_exit not in (137, 143) and signal not in (9, 15):
+            return node_status(node, host, {"Status": "exited", "ExitCode": gone_exit}, signal=None,
+                               cancelled=False, previous=None)
         return b.NodeStatus(node, b.LOST, host, None, "ContainerRemoved")
     status = state.get("Status")
     if status == "created":
@@ -66,8 +72,12 @@ def _exit_reason(code: int | None, signal: int | None, status: str) -> str | Non
 
 def transition_events(previous: b.NodeStatus | None, current: b.NodeStatus, *,
                       started_at: float | None, finished_at: float | None, event_time: float | None,
-                      name: str) -> list[b.Event]:
-    """The events that lead from the last reported phase to the current one (none if unchanged)."""
+                      name: str, last_alive: float | None = None) -> list[b.Event]:
+    """The events that lead from the last reported phase to the current one (none if unchanged).
+    ``last_alive``: when the container was last seen alive (a look that found it running, or
+    the attempt's start for a reader that never saw it): a container found gone with no
+    ``destroy`` event left to date it can have been removed any time since, and nobody may have
+    looked until long after."""
     before = previous.phase if previous is not None else None
     now = current.phase
     if before == now:
@@ -99,5 +109,6 @@ def transition_events(previous: b.NodeStatus | None, current: b.NodeStatus, *,
                                reason=current.reason, message=msg))
     elif now == b.LOST:
         out.append(b.Event(b.NODE_LOST, event_time or time.time(), node, host, reason="ContainerRemoved",
-                           message=f"container {name} disappeared (removed by someone other than wmctl)"))
+                           message=f"container {name} disappeared (removed by someone other than wmctl)",
+                           since=None if event_time else last_alive))
     return out

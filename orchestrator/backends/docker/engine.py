@@ -20,14 +20,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 from ... import labels as L
+from ... import layout
 from ...adaptors import docker as sdk
 from ...errors import BackendError, RunNotFound, SpecError
 from ...launch import user_program
@@ -37,8 +36,9 @@ from .. import base as b
 from .. import host_paths
 from ...state import open_store
 from ...vendors import VendorProfile
-from ..logcursor import LogCursor, split_timestamp
+from ..logcursor import LogCursor
 from .classify import TERMINAL, node_status, parse_docker_time, transition_events
+from .evidence import AttemptState, drain, event_time, fresh_lines
 from .render import DockerRequest, render_docker
 
 # Plan "create" keys that belong to the container config; every other known key is host config.
@@ -66,23 +66,6 @@ def attempt_filters(run: str, attempt: int | None = None) -> dict[str, list[str]
     if attempt is not None:
         found.append(f"{L.ATTEMPT}={attempt}")
     return {"label": found}
-
-
-@dataclass
-class _Attempt:
-    ref: b.AttemptRef
-    names: dict[int, str]                       # node -> container name
-    inbox: "queue.Queue[tuple[str, Any]]" = field(default_factory=queue.Queue)
-    stop: threading.Event = field(default_factory=threading.Event)
-    streams: list[Any] = field(default_factory=list)
-    threads: list[threading.Thread] = field(default_factory=list)
-    status: dict[int, b.NodeStatus] = field(default_factory=dict)
-    signals: dict[int, int] = field(default_factory=dict)       # last outside kill signal per node
-    event_times: dict[tuple[int, str], float] = field(default_factory=dict)  # (node, action) -> latest time
-    seen: set[tuple[Any, ...]] = field(default_factory=set)      # docker events already applied
-    cancelled: bool = False
-    cancel_reported: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def _create_bind_sources(containers: list[dict[str, Any]]) -> None:
@@ -114,7 +97,7 @@ class DockerBackend(b.Backend[DockerRequest]):
         self._client = client
         self._pull = pull                # pull images missing on the host (off: no registry here)
         self._log_follow = log_follow    # follow node 0's log for PROGRESS events
-        self._attempts: dict[tuple[str, int], _Attempt] = {}
+        self._attempts: dict[tuple[str, int], AttemptState] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ client
@@ -338,13 +321,16 @@ class DockerBackend(b.Backend[DockerRequest]):
 
     # ------------------------------------------------------------ observation
 
-    def _watch(self, ref: b.AttemptRef, names: dict[int, str], since: float) -> _Attempt:
+    def _watch(self, ref: b.AttemptRef, names: dict[int, str], since: float) -> AttemptState:
         key = (ref.run, ref.attempt)
         with self._lock:
             st = self._attempts.get(key)
             if st is not None:
                 return st
-            st = _Attempt(ref, names)
+            st = AttemptState(ref, names)
+            # Alive when the attempt started, as far as anyone knows: a container found gone later
+            # with nothing to date its removal can have gone any time since.
+            st.alive_at = {node: since for node in names}
             self._attempts[key] = st
         t = threading.Thread(target=self._follow_events, args=(st, since), daemon=True,
                              name=f"wmctl-docker-events-{ref.attempt_name}")
@@ -358,7 +344,7 @@ class DockerBackend(b.Backend[DockerRequest]):
             t.start()
         return st
 
-    def _state_for(self, ref: b.AttemptRef) -> _Attempt:
+    def _state_for(self, ref: b.AttemptRef) -> AttemptState:
         st = self._attempts.get((ref.run, ref.attempt))
         if st is not None:
             return st
@@ -368,11 +354,30 @@ class DockerBackend(b.Backend[DockerRequest]):
             raise RunNotFound(f"no containers of {ref.attempt_name} on this Docker host",
                               hint="`wmctl list` shows the runs this host knows")
         names = {int(c.labels[L.NODE]): c.name for c in found if c.labels.get(L.NODE, "").isdigit()}
+        # A container removed while nobody watched is missing from the list, not from the
+        # attempt: the survivors' label says how many nodes there were.
+        counts = [int(c.labels[L.NODES]) for c in found if c.labels.get(L.NODES, "").isdigit()]
+        for node in range(max(counts, default=0)):
+            names.setdefault(node, layout.node_name(ref.run, ref.attempt, node))
         created = [parse_docker_time(c.attrs.get("Created")) for c in found]
         since = min((t for t in created if t is not None), default=time.time()) - 1.0
-        return self._watch(ref, names, since)
+        st = self._watch(ref, names, since)
+        self._replay_events(st, since)
+        return st
 
-    def _follow_events(self, st: _Attempt, since: float) -> None:
+    def _replay_events(self, st: AttemptState, since: float) -> None:
+        """The engine's past events of the attempt, queued before the first look: the kill
+        signals, exit codes and removal times of what happened while nobody watched (the engine
+        keeps its latest events only; the follower thread brings the rest, deduplicated)."""
+        errors, rexc = sdk.errors()
+        filters = {**attempt_filters(st.ref.run, st.ref.attempt), "type": ["container"]}
+        try:
+            for ev in self.client.events(decode=True, filters=filters, since=int(since), until=int(time.time())):
+                st.inbox.put(("docker", ev))
+        except (errors.DockerException, rexc.RequestException):
+            pass        # the follower thread subscribes again from the same start
+
+    def _follow_events(self, st: AttemptState, since: float) -> None:
         errors, rexc = sdk.errors()
         filters = {**attempt_filters(st.ref.run, st.ref.attempt), "type": ["container"]}
         last = since
@@ -392,7 +397,7 @@ class DockerBackend(b.Backend[DockerRequest]):
             st.streams.remove(stream)
             st.stop.wait(1.0)
 
-    def _follow_progress(self, st: _Attempt, name: str, node: int = 0) -> None:
+    def _follow_progress(self, st: AttemptState, name: str, node: int = 0) -> None:
         """Node 0's output: progress lines and the output heartbeat. The witness node's
         (base.WITNESS_NODE): its reports about node 0 only."""
         output_at: dict[int, float] = {}
@@ -459,9 +464,10 @@ class DockerBackend(b.Backend[DockerRequest]):
         with sdk.engine(f"polling {ref.attempt_name}"):
             st = self._state_for(ref)
             with st.lock:
-                events = self._drain(st)
+                events = drain(st)
                 # Cancelling an attempt that had already ended is clean-up, not a cancellation.
                 ended = bool(st.status) and all(s.phase in TERMINAL for s in st.status.values())
+                looked = time.time()
                 for node, name in sorted(st.names.items()):
                     try:
                         info = self.client.api.inspect_container(name)
@@ -470,11 +476,14 @@ class DockerBackend(b.Backend[DockerRequest]):
                     state = info["State"] if info else None
                     prev = st.status.get(node)
                     cur = node_status(node, name, state, signal=st.signals.get(node), cancelled=st.cancelled,
-                                      previous=prev)
+                                      previous=prev, gone_exit=st.died.get(node))
                     events += transition_events(
-                        prev, cur, name=name, event_time=_event_time(st, node, prev, cur),
+                        prev, cur, name=name, event_time=event_time(st, node, prev, cur),
                         started_at=parse_docker_time(state.get("StartedAt")) if state else None,
-                        finished_at=parse_docker_time(state.get("FinishedAt")) if state else None)
+                        finished_at=parse_docker_time(state.get("FinishedAt")) if state else None,
+                        last_alive=st.alive_at.get(node))
+                    if cur.phase in (b.PENDING, b.RUNNING, b.PAUSED):
+                        st.alive_at[node] = looked
                     st.status[node] = cur
                 if st.cancelled and not st.cancel_reported:
                     st.cancel_reported = True
@@ -489,36 +498,9 @@ class DockerBackend(b.Backend[DockerRequest]):
                 if all(not t.is_alive() for t in st.threads[1:]):
                     self._stop_threads(st)
                 with st.lock:
-                    events += self._drain(st)
+                    events += drain(st)
         events.sort(key=lambda e: e.time)
         return b.Observation(events, nodes)
-
-    def _drain(self, st: _Attempt) -> list[b.Event]:
-        """Apply queued docker events to the attempt's evidence; return queued PROGRESS events."""
-        out: list[b.Event] = []
-        while True:
-            try:
-                kind, item = st.inbox.get_nowait()
-            except queue.Empty:
-                return out
-            if kind == "progress":
-                out.append(item)
-                continue
-            key = (item.get("timeNano"), item.get("id"), item.get("Action") or item.get("status"))
-            if key in st.seen:
-                continue  # replayed after a resubscription
-            st.seen.add(key)
-            attrs = (item.get("Actor") or {}).get("Attributes") or {}
-            node_s = attrs.get(L.NODE, "")
-            if not node_s.isdigit():
-                continue
-            node = int(node_s)
-            action = (item.get("Action") or item.get("status") or "").split(":")[0]
-            t = item.get("timeNano", 0) / 1e9 or float(item.get("time", time.time()))
-            if action == "kill" and not st.cancelled:
-                sig = attrs.get("signal", "")
-                st.signals[node] = int(sig) if sig.isdigit() else {"SIGKILL": 9, "SIGTERM": 15}.get(sig, 0)
-            st.event_times[(node, action)] = t
 
     def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False,
              query: b.LogQuery | None = None) -> Iterator[str]:
@@ -621,7 +603,7 @@ class DockerBackend(b.Backend[DockerRequest]):
         numbers = sorted(int(a) for a in found if a and a.isdigit())
         return [b.AttemptRef(self.name, run, n) for n in numbers]
 
-    def _stop_threads(self, st: _Attempt) -> None:
+    def _stop_threads(self, st: AttemptState) -> None:
         st.stop.set()
         for stream in list(st.streams):
             with contextlib.suppress(OSError, AttributeError):
@@ -635,26 +617,3 @@ class DockerBackend(b.Backend[DockerRequest]):
             for t in st.threads:
                 t.join(timeout=5)
         self._attempts.clear()
-
-
-def _event_time(st: _Attempt, node: int, prev: b.NodeStatus | None, cur: b.NodeStatus) -> float | None:
-    """The engine's own time for the transition, when its event has arrived already."""
-    action = {b.PAUSED: "pause", b.LOST: "destroy", b.SUCCEEDED: "die", b.FAILED: "die"}.get(cur.phase)
-    if cur.phase == b.RUNNING and prev is not None and prev.phase == b.PAUSED:
-        action = "unpause"
-    return st.event_times.get((node, action)) if action else None
-
-
-def fresh_lines(stream: Iterable[bytes], cursor: LogCursor) -> Iterator[tuple[int, str]]:
-    """(timestamp ns, line) of one `docker logs --timestamps` stream, each line the cursor has not
-    yielded before. A line longer than base.MAX_LINE_BYTES comes out cut: the reader holds no more."""
-    splitter = b.LineSplitter(ends=b.NEWLINE)
-    for chunk in stream:
-        for raw in splitter.feed(chunk):
-            ns, line = split_timestamp(raw.decode("utf-8", "replace"))
-            if cursor.fresh(ns, line):
-                yield (ns or 0), line
-    for raw in splitter.flush():
-        ns, line = split_timestamp(raw.decode("utf-8", "replace"))
-        if cursor.fresh(ns, line):
-            yield (ns or 0), line

@@ -53,7 +53,8 @@ def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, ho
     user = container_user(spec, host, notes)
     for node in range(spec.nodes):
         name = layout.node_name(spec.name, ctx.attempt, node)
-        labels = {**L.run_labels(spec.name, ctx.attempt), L.NODE: str(node), L.SPEC_HASH: spec.spec_hash()}
+        labels = {**L.run_labels(spec.name, ctx.attempt), L.NODE: str(node), L.NODES: str(spec.nodes),
+                  L.SPEC_HASH: spec.spec_hash()}
         if ctx.parent is not None:
             labels[L.PARENT_ATTEMPT] = str(ctx.parent)
         if ctx.excluded_nodes:

@@ -11,6 +11,7 @@ One run's objects, each labelled ``wmctl.io/run=<run>`` and ``wmctl.io/store=<pa
 
     wmctl-run-<run>              record.json: the RunRecord (a replace is atomic: old or new)
     wmctl-run-<run>.lease        the watcher lease (holder, pid, host, started, beat)
+    wmctl-run-<run>.reconcile    the readers' gate: a `status`/`list` folding what it saw into the record
     wmctl-run-<run>.cancel       the cancel intent; created once, so the first canceller wins
     wmctl-run-<run>.m-<n>        kept progress events, JSON lines, a chunk at most CHUNK_BYTES
     wmctl-run-<run>.log-<a>-<n>  a torn-down node's output, its last LOG_TAIL_BYTES
@@ -24,6 +25,14 @@ conflict means another watcher took a lease this one let go stale: this one stop
 rather than supervise beside it. Unlike client-go, a one-shot reader (`wmctl status`) has no
 observation window, so staleness is judged from the beat's own timestamp, as the local store does
 for a run folder shared between hosts: clocks must roughly agree (LEASE_STALE_S is 60 s).
+
+Readers (`status`, `list`) never take the lease. One that reconciles a run nobody watches does it
+behind the readers' gate, taken the same way (create, or replace carrying the resourceVersion
+read): it takes the gate, then looks at the lease; a starting watcher takes the lease, then waits
+for the gate to be free. Whichever order their writes reach the API server in, either the reader
+sees the watcher's lease and records nothing, or the watcher waits for the reader's record and
+decides from it: never both, and never a watcher refused because someone looked. A gate held
+longer than READER_RECONCILE_S is a reader that died with it: free.
 
 Each write of a ConfigMap is a write of the whole object to etcd, so step events (one a step, each
 rewriting its chunk) are written together every METRICS_FLUSH_S, when the watcher beats or lets
@@ -42,15 +51,17 @@ import json
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ... import labels as L
 from ...adaptors.kubernetes import api_exception, api_status, load_api_client, sdk
 from ...resources import rbac_manifest
-from ...errors import BackendError, RunExists, RunNotFound
-from ...state import LEASE_BEAT_S, LEASE_STALE_S, Lease, RunRecord, RunStore, parse_metrics, parse_record
+from ...errors import BackendError, EngineUnavailable, RunExists, RunNotFound
+from ...state import (LEASE_BEAT_S, LEASE_STALE_S, READER_QUEUE_S, READER_RECONCILE_S, Lease, RunRecord, RunStore,
+                      parse_metrics, parse_record)
 from .client import call_json
 
 ENV_NAMESPACE = "WMCTL_RUN_STORE_NAMESPACE"
@@ -61,6 +72,8 @@ CHUNK_BYTES = 256 * 1024
 METRICS_FLUSH_S = 10.0          # step events wait at most this long for one write of their chunk
 LOG_TAIL_BYTES = 512 * 1024
 RECORD_KEY, LEASE_KEY, CANCEL_KEY, EVENTS_KEY, LOG_KEY = "record.json", "lease.json", "cancel.json", "events", "log"
+GATE_KEY = "reconcile.json"
+GATE_POLL_S = 0.2               # how often a reader or a starting watcher looks at the gate again
 
 
 def store_namespace(environ: dict[str, str] | None = None) -> str:
@@ -241,7 +254,80 @@ class ClusterRunStore(RunStore):
             raise RunExists(f"run {self.run!r} is already {who}",
                             hint="stop that watcher first, or use `wmctl status` to look without acting") from None
         self._lease, self._lease_rv, self._lost = mine, made["metadata"].get("resourceVersion"), None
+        # A reader that took the gate before this lease was written may be recording what it saw
+        # of the run: let it finish, so this watcher reads that and decides from it.
+        deadline = time.monotonic() + READER_RECONCILE_S
+        while self._gate_holder() is not None:
+            if time.monotonic() >= deadline:
+                self.release_watcher()
+                raise RunExists(f"run {self.run!r} is being checked by `wmctl status` or `list` for over "
+                                f"{READER_RECONCILE_S:.0f} s (the cluster answers slowly)",
+                                hint=f"try again in a moment; `wmctl status {self.run}` shows what it recorded")
+            time.sleep(GATE_POLL_S)
         return note
+
+    # --- the readers' gate -----------------------------------------------------------------------
+    def _read_gate(self) -> tuple[dict[str, Any] | None, str | None, bool]:
+        """(the reader holding the gate, None when it is free or its holder stale; the object's
+        resourceVersion; whether the object exists)."""
+        cm = self._read(self.name("reconcile"))
+        if cm is None:
+            return None, None, False
+        rv = cm["metadata"].get("resourceVersion")
+        try:
+            held = json.loads((cm.get("data") or {})[GATE_KEY])
+            age = time.time() - float(held["time"])
+        except (KeyError, ValueError, TypeError):
+            return None, rv, True          # let go (empty) or unreadable: free
+        return (held if isinstance(held, dict) and age < READER_RECONCILE_S else None), rv, True
+
+    def _gate_holder(self) -> dict[str, Any] | None:
+        return self._read_gate()[0]
+
+    def _take_gate(self) -> str | None:
+        """Take the readers' gate if it is free: its new resourceVersion, or None when another
+        reader holds it (or took it between our read and our write)."""
+        held, rv, exists = self._read_gate()
+        if held is not None:
+            return None
+        mine = Lease.mine()
+        data = {GATE_KEY: json.dumps({"pid": mine.pid, "host": mine.host, "time": mine.beat})}
+        try:
+            made = (self._replace(self.name("reconcile"), "reconcile", data, rv) if exists
+                    else self._create(self.name("reconcile"), "reconcile", data))
+        except api_exception() as exc:
+            if exc.status != 409:
+                raise
+            return None
+        return str(made["metadata"].get("resourceVersion") or "")
+
+    @contextmanager
+    def reconciling(self) -> Iterator[str | None]:
+        """Behind the readers' gate, never the watcher's lease (see the module's docstring): a
+        watcher starting meanwhile waits for this reader instead of being refused."""
+        deadline = time.monotonic() + READER_QUEUE_S
+        try:
+            rv = self._take_gate()
+            while rv is None and time.monotonic() < deadline:
+                time.sleep(GATE_POLL_S)
+                rv = self._take_gate()
+        except EngineUnavailable:
+            raise
+        except BackendError as exc:     # RBAC (401/403, see _call): may read the run, not write it
+            yield (f"not checked against where it runs: {exc.message}; only a user who may write "
+                   f"ConfigMaps in namespace {self.namespace} records its true state")
+            return
+        if rv is None:
+            yield ""                    # another reader is still at it: the record as it stands
+            return
+        try:
+            yield "" if self.lease() is not None else None
+        finally:
+            try:
+                self._replace(self.name("reconcile"), "reconcile", {}, rv or None)
+            except api_exception() as exc:
+                if exc.status not in (404, 409):     # gone, or taken over as stale: not ours to free
+                    raise
 
     def beat(self) -> None:
         if self._unwritten and time.monotonic() - self._written_at >= METRICS_FLUSH_S:
@@ -366,7 +452,7 @@ class ClusterRunStore(RunStore):
     # --- delete ----------------------------------------------------------------------------------
     def delete(self) -> None:
         # The record goes first: without it there is no run (list_cluster_runs), whatever is left.
-        names = [self.name()] + [cm["metadata"]["name"] for part in ("lease", "cancel", "metrics", "log")
+        names = [self.name()] + [cm["metadata"]["name"] for part in ("lease", "reconcile", "cancel", "metrics", "log")
                                  for cm in self._list(part)]
         for name in names:
             try:
