@@ -78,14 +78,34 @@ class Failure:
 
 
 # A node-side fact that says a device failed (a backend's NODE_LOST reason): a device fault.
-DEVICE_REASONS = ("DeviceUnhealthy", "NodeProblem")
+# DeletionByDeviceTaintManager: Kubernetes' DRA device taint eviction (a driver tainted the device).
+DEVICE_REASONS = ("DeviceUnhealthy", "NodeProblem", "DeletionByDeviceTaintManager")
+# A node refusing the pod for its shape, as every node configured alike would (the kubelet's
+# topology manager): not a lost node, and excluding it would only move on to its twin.
+PLACEMENT_REASONS = ("TopologyAffinityError",)
+# An eviction for the job's own writes passing a storage limit its spec set (an emptyDir's
+# sizeLimit, an ephemeral-storage limit): the same writes pass it again.
+STORAGE_REASONS = ("StorageLimit",)
+
+
+def _by_reason(ev: b.Event) -> Failure | None:
+    """A loss or an eviction whose reason says it is something else: a node refusing the pod's
+    shape (unschedulable), the job's own storage limit (storage_full), a failed device."""
+    if ev.kind == b.NODE_LOST and ev.reason in PLACEMENT_REASONS:
+        return Failure(UNSCHEDULABLE, ev.node, ev.host, ev.time, ev.message or ev.reason or "refused by the node")
+    if ev.kind == b.EVICTED and ev.reason in STORAGE_REASONS:
+        return Failure(STORAGE_FULL, ev.node, ev.host, ev.time, ev.message or ev.reason or "storage limit")
+    if ev.kind == b.NODE_LOST and ev.reason in DEVICE_REASONS:
+        return Failure(DEVICE_FAULT, ev.node, ev.host, ev.time, ev.message or ev.reason or "device failed")
+    return None
 
 
 def classify_event(ev: b.Event) -> Failure | None:
     """One event -> the failure it shows, or None for a healthy event."""
     k = ev.kind
-    if k == b.NODE_LOST and ev.reason in DEVICE_REASONS:
-        return Failure(DEVICE_FAULT, ev.node, ev.host, ev.time, ev.message or ev.reason or "device failed")
+    by_reason = _by_reason(ev)
+    if by_reason is not None:
+        return by_reason
     if k == b.NODE_LOST:
         return Failure(NODE_LOST, ev.node, ev.host, ev.time, ev.message or ev.reason or "node lost", ev.since)
     if k == b.NODE_PAUSED:

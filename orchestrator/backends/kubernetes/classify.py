@@ -50,6 +50,9 @@ def image_pull_permanent(reason: str, message: str) -> bool:
 DISRUPTION_KIND = {
     "DeletionByTaintManager": NODE_LOST,     # the node went unreachable / not-ready
     "DeletionByPodGC": NODE_LOST,            # the node object is gone or out of service
+    # pkg/controller/devicetainteviction (DRA): a ResourceSlice's device taint with NoExecute
+    # evicts the pods holding that device: the device failed, not the job (failures.DEVICE_REASONS)
+    "DeletionByDeviceTaintManager": NODE_LOST,
     "EvictionByEvictionAPI": EVICTED,        # drain, descheduler, Kueue preemption
     "PreemptionByScheduler": EVICTED,        # a higher-priority pod took the place
     "TerminationByKubelet": EVICTED,         # node-pressure eviction, graceful node shutdown
@@ -113,12 +116,20 @@ def _waiting_reasons(pod: Obj) -> list[tuple[str, str]]:
     return out
 
 
-def exit_info(pod: Obj) -> tuple[int | None, str | None]:
-    """The pod's exit code and reason once every container terminated (first failure wins)."""
+def exit_info(pod: Obj, *, final: bool = False) -> tuple[int | None, str | None]:
+    """The pod's exit code and reason once the pod ended (first failure wins).
+
+    Judged only once the phase is terminal: pkg/kubelet/status/status_manager.go mergePodStatus
+    holds the phase, its reason and message, and the DisruptionTarget condition back while
+    containers could still run, and sends them together once all have stopped; the containers'
+    terminated states may arrive a status update earlier. An eviction's exit 137 read before its
+    reason (Evicted, "Usage of EmptyDir volume ...") would pass for a SIGKILL from outside.
+    ``final``: the pod object is gone and this is its last state (an old kubelet deleted it
+    without a terminal phase): the containers' states are all there will be."""
     terms = _terminated(pod)
     containers = (pod.get("spec") or {}).get("containers") or []
-    if not terms or (containers and len(terms) < len(containers)
-                     and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")):
+    terminal = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+    if not terms or not terminal and not (final and len(terms) >= len(containers)):
         return None, None
     bad = [t for t in terms if t.get("exitCode") or t.get("reason") == "OOMKilled"]
     t = bad[0] if bad else terms[0]
@@ -208,10 +219,85 @@ def node_problem(node: Obj | None) -> str | None:
     return None
 
 
-def _end_facts(pod: Obj, kw: dict[str, Any], node: Obj | None = None) -> list[tuple[FactKey, Event]]:
-    """How the pod ended, once it did: its container's exit, the kubelet refusing it, an eviction.
-    A failed exit on a node with a problem condition is the node's fault (NodeProblem)."""
+# pkg/kubelet/eviction/helpers.go: what the kubelet's eviction manager says (the pod's status
+# message, and a Warning "Evicted" Event). Local-storage limits (eviction_manager.go
+# localStorageEviction: emptyDirLimitEviction, podEphemeralStorageLimitEviction,
+# containerEphemeralStorageLimitEviction) evict with no grace period and no DisruptionTarget: the
+# pod's own writes passed a limit its spec set. Node pressure (synchronize: "The node was low on
+# resource: ...") evicts with DisruptionTarget TerminationByKubelet: the node ran short.
+STORAGE_LIMIT_EVICTION = re.compile(r"Usage of EmptyDir volume|exceeded its local ephemeral storage limit|"
+                                    r"ephemeral local storage usage exceeds the total limit")
+NODE_PRESSURE_EVICTION = re.compile(r"The node was low on resource: ?([A-Za-z0-9.-]+)")
+# pkg/kubelet/nodeshutdown/nodeshutdown_manager_linux.go processShutdownEvent: a graceful node
+# shutdown (a spot reclaim, a maintenance reboot) kills each pod with its share of
+# shutdownGracePeriod, reason "Terminated", and DisruptionTarget TerminationByKubelet.
+NODE_SHUTDOWN = re.compile(r"imminent node shutdown|node shutdown", re.IGNORECASE)
+# pkg/kubelet/cm/topologymanager/scope.go admit -> topologyAffinityError: under the
+# single-numa-node (or restricted) policy the topology manager refuses a pod whose CPUs and
+# devices cannot come from one NUMA node. Every node configured alike refuses alike: the
+# request's shape, not the node, is at fault (failures.PLACEMENT_REASONS).
+TOPOLOGY_REFUSED = "TopologyAffinityError"
+TOPOLOGY_MEANING = ("its topology manager (kubelet --topology-manager-policy single-numa-node or restricted) "
+                    "cannot give the pod its CPUs and devices from one NUMA node. Not a lost node: nodes "
+                    "configured alike refuse alike, so none is excluded; ask for a NUMA node's worth per pod "
+                    "(fewer accelerators_per_node or resources.cpu), or have the nodes' topology manager policy "
+                    "changed")
+
+
+def kubelet_end(pod: Obj, kw: dict[str, Any]) -> list[tuple[FactKey, Event]]:
+    """How the pod ended when the kubelet or a controller says so in its status (a terminal
+    phase's reason and message, a DisruptionTarget): read before the exit code, which after a
+    kill only says that a signal came (137, or torchrun's 1 after SIGTERM)."""
     uid, status = pod_uid(pod), pod.get("status") or {}
+    if status.get("phase") != "Failed":
+        return []
+    reason, message = status.get("reason") or "", status.get("message") or ""
+    host = kw.get("host")
+    disruption = _condition(pod, "DisruptionTarget")
+    if reason == TOPOLOGY_REFUSED:
+        return [(("refused", uid), Event(NODE_LOST, reason=TOPOLOGY_REFUSED,
+                                         message=f"the kubelet on {host} refused the pod ({message or reason}): "
+                                                 f"{TOPOLOGY_MEANING}", **kw))]
+    if KUBELET_REJECTED.match(reason):
+        return [(("lost", uid), Event(NODE_LOST, reason=reason,
+                                      message=f"the kubelet on {host} refused the pod: {message or reason}", **kw))]
+    if reason == "Evicted" and STORAGE_LIMIT_EVICTION.search(message):
+        return [(("evicted", uid), Event(EVICTED, reason=STORAGE_LIMIT, message=(
+            f"the kubelet on {host} evicted the pod: {message.strip()} The job's own writes passed a limit its "
+            "spec sets; a retry writes the same, so it is not retried: raise the limit (the volume's size_limit, "
+            "resources.ephemeral_storage) or write less there (checkpoints belong on a persistent volume)"), **kw))]
+    pressure = NODE_PRESSURE_EVICTION.search(message) if reason == "Evicted" else None
+    if pressure is not None:
+        return [(("evicted", uid), Event(EVICTED, reason="NodePressure", message=(
+            f"the kubelet on {host} evicted the pod: {message.strip()} The node ran short of {pressure.group(1)}: "
+            "retried without excluding it (the kubelet's pressure taint keeps pods off it while it lasts)"), **kw))]
+    if NODE_SHUTDOWN.search(message) or (disruption or {}).get("reason") == "TerminationByKubelet" \
+            and NODE_SHUTDOWN.search((disruption or {}).get("message") or ""):
+        return [(("evicted", uid), Event(EVICTED, reason="NodeShutdown", message=(
+            f"node {host} is shutting down (graceful node shutdown: a spot reclaim or a reboot): "
+            f"{message.strip() or (disruption or {}).get('message')} Retried; the node is not blamed"), **kw))]
+    if reason == "Evicted":
+        return [(("evicted", uid), Event(EVICTED, reason="Evicted", message=message, **kw))]
+    if disruption is not None:
+        dreason = disruption.get("reason") or "DisruptionTarget"
+        kind = DISRUPTION_KIND.get(dreason, EVICTED)
+        return [((("lost" if kind == NODE_LOST else "evicted"), uid),
+                 Event(kind, reason=dreason, message=disruption.get("message") or message, **kw))]
+    return []
+
+
+# the EVICTED reason of a local-storage limit eviction (failures.STORAGE_REASONS: the job's own)
+STORAGE_LIMIT = "StorageLimit"
+
+
+def _end_facts(pod: Obj, kw: dict[str, Any], node: Obj | None = None) -> list[tuple[FactKey, Event]]:
+    """How the pod ended, once it did: the kubelet's or a controller's own words first
+    (kubelet_end), then its container's exit. A failed exit on a node with a problem condition
+    is the node's fault (NodeProblem)."""
+    said = kubelet_end(pod, kw)
+    if said:
+        return said
+    uid = pod_uid(pod)
     code, reason = exit_info(pod)
     problem = node_problem(node) if code and reason != "OOMKilled" else None
     if problem is not None:
@@ -223,14 +309,6 @@ def _end_facts(pod: Obj, kw: dict[str, Any], node: Obj | None = None) -> list[tu
         return [(("exited", uid), Event(kind, exit_code=code, reason=reason,
                                         message=f"container exited with code {code}"
                                         + (f" ({reason})" if reason else ""), **kw))]
-    if status.get("phase") != "Failed":
-        return []
-    if KUBELET_REJECTED.match(status.get("reason") or ""):
-        return [(("lost", uid), Event(NODE_LOST, reason=status.get("reason"),
-                                      message=f"the kubelet on {kw.get('host')} refused the pod: "
-                                              f"{status.get('message') or status.get('reason')}", **kw))]
-    if status.get("reason") == "Evicted":
-        return [(("exited", uid), Event(EVICTED, reason="Evicted", message=status.get("message") or "", **kw))]
     return []
 
 
@@ -302,9 +380,10 @@ def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True, node_acc
         out.append((("waiting", f"{uid}|{unplaced}"), Event(NODE_WAITING, reason="Unschedulable", message=unplaced,
                                                             **kw)))
     code = exit_info(pod)[0]
-    out += _end_facts(pod, kw, node)
+    ended = _end_facts(pod, kw, node)
+    out += ended
     disruption = _condition(pod, "DisruptionTarget")
-    if disruption is not None and code is None:
+    if disruption is not None and code is None and not ended:
         kind = DISRUPTION_KIND.get(disruption.get("reason") or "", EVICTED)
         key = ("lost", uid) if kind == NODE_LOST else ("evicted", uid)
         out.append((key, Event(kind, reason=disruption.get("reason"),
@@ -392,7 +471,7 @@ def pod_deleted_event(pod: Obj, *, cancelled: bool, job_finished: str | None, fa
     pods still running, a consequence only when some failure was already seen. The Job watch
     and the pod watch are separate streams, so a Failed Job can arrive before the deletion
     that failed it (a pod deleted by hand or drained): that deletion is the root cause."""
-    if cancelled or exit_info(pod)[0] is not None:
+    if cancelled or exit_info(pod, final=True)[0] is not None or kubelet_end(pod, {}):
         return None
     if job_finished == "Complete" or (job_finished == "Failed" and failure_seen):
         return None
