@@ -185,6 +185,26 @@ def pending_failure(waiting: b.Event, since: float, now: float, timeout: float) 
                    f"not placed for {now - since:.0f} s (restart.pending_timeout {timeout:.0f} s): {why}")
 
 
+# A backend's NODE_WAITING reasons for a pull the node keeps retrying (Kubernetes' kubelet): not
+# a wait for placement (restart.pending_timeout) but a start (restart.image_pull_timeout).
+PULL_REASONS = ("ErrImagePull", "ImagePullBackOff")
+
+
+def start_failure(cause: b.Event | None, starting: list[b.NodeStatus], since: float, now: float,
+                  timeout: float) -> Failure | None:
+    """Placed nodes that have not started their container for longer than
+    restart.image_pull_timeout: the image never came (or the container was never created), with
+    the newest cause a failed pull gave."""
+    if now - since <= timeout or not starting:
+        return None
+    n = next((s for s in starting if cause is not None and s.node == cause.node), starting[0])
+    why = (f"the kubelet's last pull error: {cause.message}" if cause is not None and cause.message
+           else "no pull error reported: still pulling the image or creating the container")
+    return Failure(IMAGE_PULL, n.node, n.host, now,
+                   f"not started {now - since:.0f} s after being placed (restart.image_pull_timeout "
+                   f"{timeout:.0f} s): {why}")
+
+
 def decide(failure: Failure, *, retry_on_oom: bool = False, exclude_failed_nodes: bool = True,
            excluded: bool = False) -> str:
     """``excluded``: the attempt ran with nodes excluded; an unschedulable one is retried

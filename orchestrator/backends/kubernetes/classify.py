@@ -19,6 +19,7 @@ import math
 import re
 from typing import Any
 
+from ... import labels as L
 from ..base import (
     EVICTED, FAILED, IMAGE_PULL_FAILED, LOST, NODE_EXITED, NODE_LOST, NODE_STARTED, NODE_WAITING,
     OOM_KILLED, PENDING, RUNNING, SUCCEEDED, UNKNOWN, Event, NodeStatus)
@@ -37,8 +38,15 @@ IMAGE_NEVER_REASONS = {"InvalidImageName", "ErrImageNeverPull"}
 # themselves; a registry's 429, a 5xx or a timeout does, so those are waited out (the heartbeat
 # clock has not started while a node is Pending).
 PERMANENT_PULL_ERROR = re.compile(r"not found|manifest unknown|code = NotFound|unauthorized|pull access denied|"
-                                  r"authentication required|denied: |401 Unauthorized|403 Forbidden",
+                                  r"authentication required|denied: |401 Unauthorized|403 Forbidden|"
+                                  # the node's runtime does not trust the registry's certificate
+                                  # (Go's crypto/x509 UnknownAuthorityError): no retry fixes it
+                                  r"x509: certificate signed by unknown authority",
                                   re.IGNORECASE)
+# The node's disk cannot hold the image (containerd's "write /var/lib/containerd/...: no space left
+# on device"; CRI-O's the same): the node's fault, not the image's; another node may have room.
+PULL_NO_SPACE = re.compile(r"no space left on device", re.IGNORECASE)
+PULL_WAITING = {"ErrImagePull", "ImagePullBackOff"}
 
 
 def image_pull_permanent(reason: str, message: str) -> bool:
@@ -354,11 +362,33 @@ def device_loss(pod: Obj, first: dict[str, int], now: dict[str, int]) -> str | N
     return None
 
 
+def _pull_facts(pod: Obj, kw: dict[str, Any]) -> list[tuple[FactKey, Event]]:
+    """What the pod's image pull says, if it is failing: never (image_pull), not on this node
+    (no disk space: lost), or not yet (waited out up to restart.image_pull_timeout, said)."""
+    uid, host = pod_uid(pod), kw.get("host")
+    for waiting, msg in _waiting_reasons(pod):
+        if image_pull_permanent(waiting, msg):
+            hint = ("; the node's container runtime does not trust the registry's certificate: add its CA to "
+                    "the nodes' runtime (containerd: /etc/containerd/certs.d/<registry>/ca.crt)"
+                    if "x509" in msg else "")
+            return [(("image", uid), Event(IMAGE_PULL_FAILED, reason=waiting, message=msg + hint, **kw))]
+        if waiting == "ErrImagePull" and PULL_NO_SPACE.search(msg):
+            return [(("lost", uid), Event(NODE_LOST, reason="ImagePullNoSpace", message=(
+                f"node {host} has no disk space for the image ({msg}): retried on another node"), **kw))]
+        if waiting in PULL_WAITING:
+            # a cause the kubelet retries by itself (a registry's 429, a timeout) or its back-off
+            # (no cause: the tracker keeps the last one): waited out up to restart.image_pull_timeout
+            return [(("waiting", f"{uid}|pull|{msg}"), Event(NODE_WAITING, reason=waiting, message=msg, **kw))]
+    return []
+
+
 def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True, node_access: bool = True,
-               now: float | None = None) -> list[tuple[FactKey, Event]]:
+               now: float | None = None, suspended: str | None = None) -> list[tuple[FactKey, Event]]:
     """Every fact the pod's current state (and its node's) implies, as (key, event).
 
-    ``node_access`` False: Nodes cannot be read (403), so the pod's own evidence decides."""
+    ``node_access`` False: Nodes cannot be read (403), so the pod's own evidence decides.
+    ``suspended``: why the Job was suspended under the running attempt by someone else (Kueue
+    evicting its Workload, job_suspended_by): its pods' deletions and SIGTERM exits are that."""
     uid, idx = pod_uid(pod), pod_index(pod)
     host = (pod.get("spec") or {}).get("nodeName")
     status = pod.get("status") or {}
@@ -371,16 +401,23 @@ def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True, node_acc
     if phase in ("Running", "Succeeded", "Failed") or any(
             "running" in ((cs.get("state") or {})) for cs in status.get("containerStatuses") or []):
         out.append((("started", uid), Event(NODE_STARTED, **kw)))
-    for waiting, msg in _waiting_reasons(pod):
-        if image_pull_permanent(waiting, msg):
-            out.append((("image", uid), Event(IMAGE_PULL_FAILED, reason=waiting, message=msg, **kw)))
-            break
+    out += _pull_facts(pod, kw)
     unplaced = unschedulable(pod)
     if unplaced is not None:
         out.append((("waiting", f"{uid}|{unplaced}"), Event(NODE_WAITING, reason="Unschedulable", message=unplaced,
                                                             **kw)))
     code = exit_info(pod)[0]
     ended = _end_facts(pod, kw, node)
+    if suspended is not None and (ended or (pod.get("metadata") or {}).get("deletionTimestamp")):
+        # the Job controller deletes a suspended Job's pods (no DisruptionTarget); torchrun exits 1
+        # on their SIGTERM: the suspension, not the job, ended them
+        ended = [(k, e) for k, e in ended if e.kind == NODE_EXITED and not e.exit_code]
+        meta = pod.get("metadata") or {}
+        due = _rfc3339(meta.get("deletionTimestamp"))
+        # the deletion came first (deletionTimestamp is it plus the grace period): seen late, it is
+        # still ordered before the SIGTERM exits it caused (failures.root_cause)
+        since = due - float(meta.get("deletionGracePeriodSeconds") or 0) if due is not None else None
+        out.append((("evicted", uid), Event(EVICTED, reason="JobSuspended", message=suspended, since=since, **kw)))
     out += ended
     disruption = _condition(pod, "DisruptionTarget")
     if disruption is not None and code is None and not ended:
@@ -405,6 +442,23 @@ def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True, node_acc
     for key, ev in out:
         first.setdefault(key, ev)      # one event per fact: the most specific comes first
     return list(first.items())
+
+
+def job_suspended_by(job: Obj | None, queue: str | None) -> str | None:
+    """Why the attempt's Job is suspended while it runs, when wmctl did not do it: Kueue evicted
+    its Workload (kubernetes-sigs/kueue pkg/controller/jobframework/reconciler.go: a Workload
+    with Evicted=True, reason Preempted, InactiveWorkload, PodsReadyTimeout..., has its Job
+    stopped: spec.suspend true; the Job controller (job_controller.go manageJob) then deletes
+    the active pods with their grace period, setting no condition on them). None otherwise."""
+    if not job or not (job.get("spec") or {}).get("suspend") or job_finished(job):
+        return None
+    if L.CANCEL_REQUESTED in ((job.get("metadata") or {}).get("annotations") or {}):
+        return None          # wmctl's own graceful cancel
+    if queue:
+        return (f"Kueue suspended the Job under the running attempt (it evicted the Workload from LocalQueue "
+                f"{queue!r}: preempted by a higher-priority workload, or its ClusterQueue stopped); the next "
+                "attempt waits in the queue for readmission")
+    return "the Job was suspended under the running attempt (spec.suspend: true, set outside wmctl)"
 
 
 def unschedulable(pod: Obj) -> str | None:
