@@ -13,6 +13,9 @@ Prints, per trial and as median/max: detection (API report -> NODE_LOST polled),
 
     PYTHONPATH=. python bench/bench_kube_recovery.py [--trials 5]
 
+Part three (``--only cold-pull``, included by default; bench/kube_cold_pull.py): a replacement
+node whose image pull takes 5 minutes, the run continuing, time lost printed.
+
 Part two (``--timeline``, included by default): machine death -> first resumed step, with the
 real supervisor, under Kubernetes' real default timings played SCALE_TIMELINE times faster and
 printed back in Kubernetes seconds: node-monitor grace period 40 s (and 50 s, 1.32+) with a
@@ -254,8 +257,14 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--timeline-trials", type=int, default=2)
     ap.add_argument("--restart-s", type=float, default=10.0)
-    ap.add_argument("--only", choices=["detect", "timeline"], default=None)
+    ap.add_argument("--only", choices=["detect", "timeline", "cold-pull"], default=None)
     args = ap.parse_args()
+    if args.only in (None, "cold-pull"):
+        from kube_cold_pull import cold_pull       # bench/kube_cold_pull.py (issue 23 item 3)
+
+        cold_pull(1, args.restart_s)
+    if args.only == "cold-pull":
+        return
     if args.only != "detect":
         timeline(args.timeline_trials, args.restart_s)
     if args.only == "timeline":

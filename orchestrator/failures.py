@@ -78,14 +78,34 @@ class Failure:
 
 
 # A node-side fact that says a device failed (a backend's NODE_LOST reason): a device fault.
-DEVICE_REASONS = ("DeviceUnhealthy", "NodeProblem")
+# DeletionByDeviceTaintManager: Kubernetes' DRA device taint eviction (a driver tainted the device).
+DEVICE_REASONS = ("DeviceUnhealthy", "NodeProblem", "DeletionByDeviceTaintManager")
+# A node refusing the pod for its shape, as every node configured alike would (the kubelet's
+# topology manager): not a lost node, and excluding it would only move on to its twin.
+PLACEMENT_REASONS = ("TopologyAffinityError",)
+# An eviction for the job's own writes passing a storage limit its spec set (an emptyDir's
+# sizeLimit, an ephemeral-storage limit): the same writes pass it again.
+STORAGE_REASONS = ("StorageLimit",)
+
+
+def _by_reason(ev: b.Event) -> Failure | None:
+    """A loss or an eviction whose reason says it is something else: a node refusing the pod's
+    shape (unschedulable), the job's own storage limit (storage_full), a failed device."""
+    if ev.kind == b.NODE_LOST and ev.reason in PLACEMENT_REASONS:
+        return Failure(UNSCHEDULABLE, ev.node, ev.host, ev.time, ev.message or ev.reason or "refused by the node")
+    if ev.kind == b.EVICTED and ev.reason in STORAGE_REASONS:
+        return Failure(STORAGE_FULL, ev.node, ev.host, ev.time, ev.message or ev.reason or "storage limit")
+    if ev.kind == b.NODE_LOST and ev.reason in DEVICE_REASONS:
+        return Failure(DEVICE_FAULT, ev.node, ev.host, ev.time, ev.message or ev.reason or "device failed")
+    return None
 
 
 def classify_event(ev: b.Event) -> Failure | None:
     """One event -> the failure it shows, or None for a healthy event."""
     k = ev.kind
-    if k == b.NODE_LOST and ev.reason in DEVICE_REASONS:
-        return Failure(DEVICE_FAULT, ev.node, ev.host, ev.time, ev.message or ev.reason or "device failed")
+    by_reason = _by_reason(ev)
+    if by_reason is not None:
+        return by_reason
     if k == b.NODE_LOST:
         return Failure(NODE_LOST, ev.node, ev.host, ev.time, ev.message or ev.reason or "node lost", ev.since)
     if k == b.NODE_PAUSED:
@@ -163,6 +183,26 @@ def pending_failure(waiting: b.Event, since: float, now: float, timeout: float) 
     why = f"{waiting.reason}: {waiting.message}" if waiting.reason else waiting.message
     return Failure(UNSCHEDULABLE, waiting.node, None, now,
                    f"not placed for {now - since:.0f} s (restart.pending_timeout {timeout:.0f} s): {why}")
+
+
+# A backend's NODE_WAITING reasons for a pull the node keeps retrying (Kubernetes' kubelet): not
+# a wait for placement (restart.pending_timeout) but a start (restart.image_pull_timeout).
+PULL_REASONS = ("ErrImagePull", "ImagePullBackOff")
+
+
+def start_failure(cause: b.Event | None, starting: list[b.NodeStatus], since: float, now: float,
+                  timeout: float) -> Failure | None:
+    """Placed nodes that have not started their container for longer than
+    restart.image_pull_timeout: the image never came (or the container was never created), with
+    the newest cause a failed pull gave."""
+    if now - since <= timeout or not starting:
+        return None
+    n = next((s for s in starting if cause is not None and s.node == cause.node), starting[0])
+    why = (f"the kubelet's last pull error: {cause.message}" if cause is not None and cause.message
+           else "no pull error reported: still pulling the image or creating the container")
+    return Failure(IMAGE_PULL, n.node, n.host, now,
+                   f"not started {now - since:.0f} s after being placed (restart.image_pull_timeout "
+                   f"{timeout:.0f} s): {why}")
 
 
 def decide(failure: Failure, *, retry_on_oom: bool = False, exclude_failed_nodes: bool = True,

@@ -47,7 +47,7 @@ def device_ids_per_node(spec: JobSpec, profile: VendorProfile) -> list[str] | No
     return [",".join(str(i) for i in range(n * accel, (n + 1) * accel)) for n in range(spec.nodes)]
 
 
-def torchrun_args(spec: JobSpec, profile: VendorProfile, *, endpoint: str, rdzv_id: str,
+def torchrun_args(spec: JobSpec, profile: VendorProfile, *, endpoint: str, rdzv_id: str, peer_start_s: float = 0.0,
                   node_rank: int | None, launcher: list[str] | None = None,
                   torchrun: list[str] | None = None, command: list[str] | None = None) -> list[str]:
     """The full argv: torchrun, its flags, the binding launcher, the user's command.
@@ -74,8 +74,11 @@ def torchrun_args(spec: JobSpec, profile: VendorProfile, *, endpoint: str, rdzv_
         # read_timeout: the c10d store's connect and read timeout
         # (torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py _create_tcp_store, 60 s by
         # default); whole seconds, at least 1, as torch's get_as_int wants.
-        f"--rdzv-conf=join_timeout={int(spec.rendezvous.join_timeout_s)},"
-        f"read_timeout={max(1, math.ceil(spec.rendezvous.read_timeout_s))}",
+        # peer_start_s: how much later than this node a peer may start (a backend whose nodes pull
+        # the image each on their own: a replacement node's cold pull); the watcher bounds it
+        # (restart.image_pull_timeout), so a rendezvous never fails for a node still pulling.
+        f"--rdzv-conf=join_timeout={int(spec.rendezvous.join_timeout_s + peer_start_s)},"
+        f"read_timeout={max(1, math.ceil(spec.rendezvous.read_timeout_s + peer_start_s))}",
         "--max-restarts=0",
         "--no-python",
         "--",

@@ -138,6 +138,10 @@ class RestartSpec:
     # while the cluster says why, before the attempt fails as `unschedulable`; a Job queued
     # (Kueue, Volcano) without such a reason waits as long as it takes
     pending_timeout: Union[str, float] = "30m"
+    # how long a placed node may take to start its container (pull its image, create it) before
+    # the attempt fails as `image_pull` with the kubelet's last cause; on Kubernetes the other
+    # nodes' rendezvous waits this much longer for it (a cold 40 GB pull on a replacement node)
+    image_pull_timeout: Union[str, float] = field(default="30m", metadata={"hashed_when_set": True})  # HASHED_WHEN_SET
     node_silence_timeout: Union[str, float] = "15s"   # a node's runtime beat missing this long = node lost
     auto_resume: bool = False
     retry_on_oom: bool = False
@@ -157,6 +161,10 @@ class RestartSpec:
     @cached_property
     def pending_timeout_s(self) -> float:
         return parse_duration(self.pending_timeout)
+
+    @cached_property
+    def image_pull_timeout_s(self) -> float:
+        return parse_duration(self.image_pull_timeout)
 
     @cached_property
     def node_silence_timeout_s(self) -> float:
@@ -296,6 +304,12 @@ class JobSpec:
         for f in dataclasses.fields(self):
             if f.metadata.get(HASHED_WHEN_SET) and getattr(self, f.name) == type(getattr(self, f.name))():
                 del data[f.name]
+            section = getattr(self, f.name)
+            if dataclasses.is_dataclass(section) and isinstance(data.get(f.name), dict):
+                # a field added to a section later: at its default it leaves the hash as it was
+                for g in dataclasses.fields(section):
+                    if g.metadata.get(HASHED_WHEN_SET) and getattr(section, g.name) == g.default:
+                        data[f.name].pop(g.name, None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
@@ -588,6 +602,10 @@ def _check_lifecycle(spec: JobSpec, problems: Problems) -> None:
     if pending is not None and pending < 1:
         problems.append(("restart.pending_timeout", "must be at least 1s: a pod takes a moment to be "
                          "scheduled even on an idle cluster; give how long the job may wait to be placed, e.g. 30m"))
+    pull = _check_duration(spec.restart, "image_pull_timeout", "restart.image_pull_timeout", problems)
+    if pull is not None and pull < 1:
+        problems.append(("restart.image_pull_timeout", "must be at least 1s: a container takes a moment to start "
+                         "even from a cached image; give how long a cold pull of the image may take, e.g. 30m"))
     silence = _check_duration(spec.restart, "node_silence_timeout", "restart.node_silence_timeout", problems)
     if silence is not None and silence < 3:
         problems.append(("restart.node_silence_timeout", "must be at least 3s: a node beats once a second, and a "

@@ -88,6 +88,10 @@ class AttemptTracker:
     waiting: b.Event | None = None          # the cluster's newest reason for nodes not created / not placed
     waiting_since: float | None = None      # since when some node waits with a reason
     queued: b.Event | None = None           # the queue's newest reason for holding the job (no timeout)
+    # placed nodes not started yet (pulling the image, creating the container): since when, and
+    # the newest cause a failed pull gave (a back-off names none)
+    starting_since: float | None = None
+    pull_cause: b.Event | None = None
     silence: Silence | None = None                    # the runtime's per-node beat (silence.py)
 
     def __post_init__(self) -> None:
@@ -105,14 +109,8 @@ class AttemptTracker:
             # scheduling or pulling a large image is not a hang.
             self.all_started_at = now
             self.last_heartbeat = max(self.last_heartbeat, now)
-        if self.all_started_at is not None:
-            self.waiting = self.waiting_since = self.queued = None
+        self._fold_waits(obs, now)
         for ev in obs.events:
-            if ev.kind == b.NODE_WAITING and self.all_started_at is None:
-                self.waiting = ev
-                self.waiting_since = self.waiting_since if self.waiting_since is not None else now
-            if ev.kind == b.NODE_QUEUED and self.all_started_at is None:
-                self.queued = ev
             if ev.kind == b.OUTPUT and self.first_progress_at is None:
                 # A job without orchestrator.runtime: any output is its heartbeat. Once it has
                 # printed a progress line, only progress counts (a chatty job stuck in a
@@ -141,12 +139,33 @@ class AttemptTracker:
                 self.silence.feed(p, now)
         return obs.events
 
+    def _fold_waits(self, obs: b.Observation, now: float) -> None:
+        """Why nodes are not running yet, while they are not: not placed or not created (the
+        cluster's reason: restart.pending_timeout), queued (no timeout), placed and not started
+        (pulling the image: restart.image_pull_timeout, with the last failed pull's cause)."""
+        if self.all_started_at is not None:
+            self.waiting = self.waiting_since = self.queued = None
+            self.starting_since = self.pull_cause = None
+            return
+        if any(n.phase == b.PENDING and n.host for n in obs.nodes):
+            self.starting_since = self.starting_since if self.starting_since is not None else now
+        for ev in obs.events:
+            if ev.kind == b.NODE_WAITING and ev.reason in F.PULL_REASONS:
+                if ev.reason == "ErrImagePull" or self.pull_cause is None:   # a back-off names no cause
+                    self.pull_cause = ev
+            elif ev.kind == b.NODE_WAITING:
+                self.waiting = ev
+                self.waiting_since = self.waiting_since if self.waiting_since is not None else now
+            elif ev.kind == b.NODE_QUEUED:
+                self.queued = ev
+
     @property
     def succeeded(self) -> bool:
         return bool(self.nodes) and all(n.phase == b.SUCCEEDED or n.phase == b.FAILED and n.node in self.benign
                                         for n in self.nodes)
 
-    def failure(self, now: float, heartbeat_timeout: float, pending_timeout: float = float("inf")) -> F.Failure | None:
+    def failure(self, now: float, heartbeat_timeout: float, pending_timeout: float = float("inf"),
+                image_pull_timeout: float = float("inf")) -> F.Failure | None:
         for ev in self.silence.lost(now) if self.silence is not None else []:
             node = next((n.node for n in self.nodes if ev.host and n.host == ev.host), None)
             self.events.append(replace(ev, node=node))
@@ -154,6 +173,9 @@ class AttemptTracker:
                               if not (ev.kind == b.NODE_EXITED and ev.node in self.benign)])
         if found is None and self.waiting is not None and self.waiting_since is not None:
             found = F.pending_failure(self.waiting, self.waiting_since, now, pending_timeout)
+        if found is None and self.starting_since is not None and self.all_started_at is None:
+            found = F.start_failure(self.pull_cause, [n for n in self.nodes if n.phase == b.PENDING and n.host],
+                                    self.starting_since, now, image_pull_timeout)
         if found is not None and found.kind == F.APP_ERROR and self.preempted:
             # torchrun's agent exits 1 whatever its workers' codes: the job's own `preempted`
             # line says the exit was the graceful, checkpointed stop.
@@ -370,7 +392,8 @@ class Supervisor:
             if cancelled is not None:     # a graceful cancel: only the nodes' end (or the grace period's) counts
                 self.sleep(self.poll_interval)
                 continue
-            failure = tracker.failure(now, timeout, self.spec.restart.pending_timeout_s)
+            failure = tracker.failure(now, timeout, self.spec.restart.pending_timeout_s,
+                                      self.spec.restart.image_pull_timeout_s)
             if failure is not None and failure.kind == F.CANCELLED and cancelled is None and self._cancelled():
                 # The backend saw the cancel (a Job's annotation) after this round read no intent
                 # here: the next round reads it, and a graceful one waits for the checkpoint.

@@ -45,14 +45,25 @@ CASES = [
      [(base.IMAGE_PULL_FAILED, None, "ErrImagePull")]),
     (pod("Pending", state={"waiting": {"reason": "InvalidImageName"}}), node(),
      [(base.IMAGE_PULL_FAILED, None, "InvalidImageName")]),
-    # ... a registry's 429, a 5xx or a timeout do; a back-off names no cause: the kubelet retries
+    # ... a registry's 429, a 5xx or a timeout do; a back-off names no cause: the kubelet retries,
+    # and the wait is said (restart.image_pull_timeout bounds it)
     (pod("Pending", state={"waiting": {"reason": "ErrImagePull", "message": "unexpected status code "
                                        "https://r/v2/: 429 Too Many Requests - Server message: toomanyrequests"}}),
-     node(), []),
+     node(), [(base.NODE_WAITING, None, "ErrImagePull")]),
     (pod("Pending", state={"waiting": {"reason": "ErrImagePull", "message": "dial tcp 10.0.0.9:443: i/o timeout"}}),
-     node(), []),
+     node(), [(base.NODE_WAITING, None, "ErrImagePull")]),
     (pod("Pending", state={"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "r/x:v1"'}}),
-     node(), []),
+     node(), [(base.NODE_WAITING, None, "ImagePullBackOff")]),
+    # the node's runtime does not trust the registry: no retry fixes it
+    (pod("Pending", state={"waiting": {"reason": "ErrImagePull", "message": 'failed to pull and unpack image '
+                                       '"r/x:v1": failed to resolve reference: tls: failed to verify certificate: '
+                                       'x509: certificate signed by unknown authority'}}), node(),
+     [(base.IMAGE_PULL_FAILED, None, "ErrImagePull")]),
+    # the node's disk cannot hold the image: the node's fault, another may have room
+    (pod("Pending", state={"waiting": {"reason": "ErrImagePull", "message": 'failed to pull and unpack image '
+                                       '"r/x:v1": failed to extract layer sha256:ab: write /var/lib/containerd/'
+                                       'x: no space left on device'}}), node(),
+     [(base.NODE_LOST, None, "ImagePullNoSpace")]),
     (pod("Pending", state={"waiting": {"reason": "ContainerCreating"}}), node(), []),
     (pod(conds=[{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]),
      node("Unknown", "NodeStatusUnknown"), [(base.NODE_LOST, None, "DeletionByTaintManager")]),

@@ -72,6 +72,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends.kubernetes.check", 3),
     ("orchestrator.backends.kubernetes.kinds", 3),
     ("orchestrator.backends.kubernetes.classify", 3),
+    ("orchestrator.backends.kubernetes.podend", 3),     # a pod's end or failed start, in the kubelet's words
     ("orchestrator.backends.slurm.render", 3),          # the sbatch script and command line
     ("orchestrator.backends.slurm.check", 3),           # the slurm: section, and what #SBATCH lines may hold
     ("orchestrator.backends.slurm.classify", 3),        # the job's own exit records -> events

@@ -85,6 +85,18 @@ def test_a_node_silence_timeout_under_three_seconds_or_garbled_is_refused(text):
     assert "restart.node_silence_timeout" in p
 
 
+@pytest.mark.parametrize("text", ["0s", "500ms", "soon"])
+def test_an_image_pull_timeout_under_a_second_or_garbled_is_refused(text):
+    assert "restart.image_pull_timeout" in problems_of({"restart": {"image_pull_timeout": text}})
+
+
+def test_image_pull_timeout_defaults_to_30_minutes_and_leaves_the_hash_as_it_was_until_set():
+    assert spec_from(BASE).restart.image_pull_timeout_s == 1800.0
+    base = spec_from(BASE).spec_hash()
+    assert spec_from({**BASE, "restart": {"image_pull_timeout": "30m"}}).spec_hash() == base
+    assert spec_from({**BASE, "restart": {"image_pull_timeout": "1h"}}).spec_hash() != base
+
+
 def test_node_silence_timeout_defaults_to_15_seconds():
     assert spec_from(BASE).restart.node_silence_timeout_s == 15.0
     assert spec_from({**BASE, "restart": {"node_silence_timeout": "1m"}}).restart.node_silence_timeout_s == 60.0

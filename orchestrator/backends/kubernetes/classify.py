@@ -19,41 +19,19 @@ import math
 import re
 from typing import Any
 
+from ... import labels as L
 from ..base import (
-    EVICTED, FAILED, IMAGE_PULL_FAILED, LOST, NODE_EXITED, NODE_LOST, NODE_STARTED, NODE_WAITING,
+    EVICTED, FAILED, LOST, NODE_EXITED, NODE_LOST, NODE_STARTED, NODE_WAITING,
     OOM_KILLED, PENDING, RUNNING, SUCCEEDED, UNKNOWN, Event, NodeStatus)
 from ..logcursor import LogCursor
+from .podend import (DISRUPTION_KIND, kubelet_end, pod_uid, pull_facts,
+                     true_condition as _condition)
 
 Obj = dict[str, Any]
 FactKey = tuple[str, str]
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 
-# waiting reasons that mean the image will not come, whatever the message
-IMAGE_NEVER_REASONS = {"InvalidImageName", "ErrImageNeverPull"}
-# A failed pull (pkg/kubelet/images/image_manager.go) is ErrImagePull with the runtime's error as
-# its message, then ImagePullBackOff ('Back-off pulling image "x"', no cause) until the kubelet
-# tries again, which it keeps doing. Only a missing image or refused credentials never fix
-# themselves; a registry's 429, a 5xx or a timeout does, so those are waited out (the heartbeat
-# clock has not started while a node is Pending).
-PERMANENT_PULL_ERROR = re.compile(r"not found|manifest unknown|code = NotFound|unauthorized|pull access denied|"
-                                  r"authentication required|denied: |401 Unauthorized|403 Forbidden",
-                                  re.IGNORECASE)
-
-
-def image_pull_permanent(reason: str, message: str) -> bool:
-    """Will this waiting reason and message never turn into a pulled image?"""
-    if reason in IMAGE_NEVER_REASONS:
-        return True
-    return reason == "ErrImagePull" and bool(PERMANENT_PULL_ERROR.search(message or ""))
-# DisruptionTarget reason -> event kind
-DISRUPTION_KIND = {
-    "DeletionByTaintManager": NODE_LOST,     # the node went unreachable / not-ready
-    "DeletionByPodGC": NODE_LOST,            # the node object is gone or out of service
-    "EvictionByEvictionAPI": EVICTED,        # drain, descheduler, Kueue preemption
-    "PreemptionByScheduler": EVICTED,        # a higher-priority pod took the place
-    "TerminationByKubelet": EVICTED,         # node-pressure eviction, graceful node shutdown
-}
 # container terminated reason -> event kind (anything else: NODE_EXITED)
 TERMINATED_KIND = {"OOMKilled": OOM_KILLED}
 # A deletion is due at deletionTimestamp (deletion time + grace period); a live kubelet kills
@@ -70,10 +48,6 @@ def pod_index(pod: Obj) -> int | None:
         return None
 
 
-def pod_uid(pod: Obj) -> str:
-    return (pod.get("metadata") or {}).get("uid") or (pod.get("metadata") or {}).get("name", "")
-
-
 def node_ready(node: Obj | None) -> tuple[str, str | None]:
     """(status of the Ready condition: True/False/Unknown, its reason)."""
     if node is None:
@@ -88,13 +62,6 @@ def node_healthy(node: Obj | None) -> bool:
     return node_ready(node)[0] == "True"
 
 
-def _condition(pod: Obj, ctype: str) -> Obj | None:
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == ctype and c.get("status") == "True":
-            return c
-    return None
-
-
 def _terminated(pod: Obj) -> list[Obj]:
     out = []
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
@@ -104,21 +71,20 @@ def _terminated(pod: Obj) -> list[Obj]:
     return out
 
 
-def _waiting_reasons(pod: Obj) -> list[tuple[str, str]]:
-    out = []
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        wait = (cs.get("state") or {}).get("waiting")
-        if wait and wait.get("reason"):
-            out.append((wait["reason"], wait.get("message") or ""))
-    return out
+def exit_info(pod: Obj, *, final: bool = False) -> tuple[int | None, str | None]:
+    """The pod's exit code and reason once the pod ended (first failure wins).
 
-
-def exit_info(pod: Obj) -> tuple[int | None, str | None]:
-    """The pod's exit code and reason once every container terminated (first failure wins)."""
+    Judged only once the phase is terminal: pkg/kubelet/status/status_manager.go mergePodStatus
+    holds the phase, its reason and message, and the DisruptionTarget condition back while
+    containers could still run, and sends them together once all have stopped; the containers'
+    terminated states may arrive a status update earlier. An eviction's exit 137 read before its
+    reason (Evicted, "Usage of EmptyDir volume ...") would pass for a SIGKILL from outside.
+    ``final``: the pod object is gone and this is its last state (an old kubelet deleted it
+    without a terminal phase): the containers' states are all there will be."""
     terms = _terminated(pod)
     containers = (pod.get("spec") or {}).get("containers") or []
-    if not terms or (containers and len(terms) < len(containers)
-                     and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")):
+    terminal = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+    if not terms or not terminal and not (final and len(terms) >= len(containers)):
         return None, None
     bad = [t for t in terms if t.get("exitCode") or t.get("reason") == "OOMKilled"]
     t = bad[0] if bad else terms[0]
@@ -162,12 +128,6 @@ def pod_loss_evidence(pod: Obj, now: float, *,
 
 
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
-# pkg/kubelet/kubelet.go rejectPod: a pod the kubelet's admission refuses is Failed with the
-# admit handler's reason (pkg/kubelet/lifecycle/predicate.go: "UnexpectedAdmissionError" when the
-# device manager cannot allocate, e.g. a GPU fell off the bus; "OutOf<resource>" when the node's
-# own accounting disagrees with the scheduler's; the topology manager's "TopologyAffinityError")
-# and "Pod was rejected: ...". The node is at fault, not the job: lost, retried elsewhere.
-KUBELET_REJECTED = re.compile(r"^(UnexpectedAdmissionError|OutOf[A-Za-z0-9./_-]+|TopologyAffinityError)$")
 
 
 def not_ready_tolerated(pod: Obj, node: Obj, now: float | None) -> bool:
@@ -209,9 +169,13 @@ def node_problem(node: Obj | None) -> str | None:
 
 
 def _end_facts(pod: Obj, kw: dict[str, Any], node: Obj | None = None) -> list[tuple[FactKey, Event]]:
-    """How the pod ended, once it did: its container's exit, the kubelet refusing it, an eviction.
-    A failed exit on a node with a problem condition is the node's fault (NodeProblem)."""
-    uid, status = pod_uid(pod), pod.get("status") or {}
+    """How the pod ended, once it did: the kubelet's or a controller's own words first
+    (kubelet_end), then its container's exit. A failed exit on a node with a problem condition
+    is the node's fault (NodeProblem)."""
+    said = kubelet_end(pod, kw)
+    if said:
+        return said
+    uid = pod_uid(pod)
     code, reason = exit_info(pod)
     problem = node_problem(node) if code and reason != "OOMKilled" else None
     if problem is not None:
@@ -223,14 +187,6 @@ def _end_facts(pod: Obj, kw: dict[str, Any], node: Obj | None = None) -> list[tu
         return [(("exited", uid), Event(kind, exit_code=code, reason=reason,
                                         message=f"container exited with code {code}"
                                         + (f" ({reason})" if reason else ""), **kw))]
-    if status.get("phase") != "Failed":
-        return []
-    if KUBELET_REJECTED.match(status.get("reason") or ""):
-        return [(("lost", uid), Event(NODE_LOST, reason=status.get("reason"),
-                                      message=f"the kubelet on {kw.get('host')} refused the pod: "
-                                              f"{status.get('message') or status.get('reason')}", **kw))]
-    if status.get("reason") == "Evicted":
-        return [(("exited", uid), Event(EVICTED, reason="Evicted", message=status.get("message") or "", **kw))]
     return []
 
 
@@ -277,10 +233,12 @@ def device_loss(pod: Obj, first: dict[str, int], now: dict[str, int]) -> str | N
 
 
 def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True, node_access: bool = True,
-               now: float | None = None) -> list[tuple[FactKey, Event]]:
+               now: float | None = None, suspended: str | None = None) -> list[tuple[FactKey, Event]]:
     """Every fact the pod's current state (and its node's) implies, as (key, event).
 
-    ``node_access`` False: Nodes cannot be read (403), so the pod's own evidence decides."""
+    ``node_access`` False: Nodes cannot be read (403), so the pod's own evidence decides.
+    ``suspended``: why the Job was suspended under the running attempt by someone else (Kueue
+    evicting its Workload, job_suspended_by): its pods' deletions and SIGTERM exits are that."""
     uid, idx = pod_uid(pod), pod_index(pod)
     host = (pod.get("spec") or {}).get("nodeName")
     status = pod.get("status") or {}
@@ -293,18 +251,26 @@ def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True, node_acc
     if phase in ("Running", "Succeeded", "Failed") or any(
             "running" in ((cs.get("state") or {})) for cs in status.get("containerStatuses") or []):
         out.append((("started", uid), Event(NODE_STARTED, **kw)))
-    for waiting, msg in _waiting_reasons(pod):
-        if image_pull_permanent(waiting, msg):
-            out.append((("image", uid), Event(IMAGE_PULL_FAILED, reason=waiting, message=msg, **kw)))
-            break
+    out += pull_facts(pod, kw)
     unplaced = unschedulable(pod)
     if unplaced is not None:
         out.append((("waiting", f"{uid}|{unplaced}"), Event(NODE_WAITING, reason="Unschedulable", message=unplaced,
                                                             **kw)))
     code = exit_info(pod)[0]
-    out += _end_facts(pod, kw, node)
+    ended = _end_facts(pod, kw, node)
+    if suspended is not None and (ended or (pod.get("metadata") or {}).get("deletionTimestamp")):
+        # the Job controller deletes a suspended Job's pods (no DisruptionTarget); torchrun exits 1
+        # on their SIGTERM: the suspension, not the job, ended them
+        ended = [(k, e) for k, e in ended if e.kind == NODE_EXITED and not e.exit_code]
+        meta = pod.get("metadata") or {}
+        due = _rfc3339(meta.get("deletionTimestamp"))
+        # the deletion came first (deletionTimestamp is it plus the grace period): seen late, it is
+        # still ordered before the SIGTERM exits it caused (failures.root_cause)
+        since = due - float(meta.get("deletionGracePeriodSeconds") or 0) if due is not None else None
+        out.append((("evicted", uid), Event(EVICTED, reason="JobSuspended", message=suspended, since=since, **kw)))
+    out += ended
     disruption = _condition(pod, "DisruptionTarget")
-    if disruption is not None and code is None:
+    if disruption is not None and code is None and not ended:
         kind = DISRUPTION_KIND.get(disruption.get("reason") or "", EVICTED)
         key = ("lost", uid) if kind == NODE_LOST else ("evicted", uid)
         out.append((key, Event(kind, reason=disruption.get("reason"),
@@ -326,6 +292,23 @@ def pod_events(pod: Obj, node: Obj | None, *, nodes_known: bool = True, node_acc
     for key, ev in out:
         first.setdefault(key, ev)      # one event per fact: the most specific comes first
     return list(first.items())
+
+
+def job_suspended_by(job: Obj | None, queue: str | None) -> str | None:
+    """Why the attempt's Job is suspended while it runs, when wmctl did not do it: Kueue evicted
+    its Workload (kubernetes-sigs/kueue pkg/controller/jobframework/reconciler.go: a Workload
+    with Evicted=True, reason Preempted, InactiveWorkload, PodsReadyTimeout..., has its Job
+    stopped: spec.suspend true; the Job controller (job_controller.go manageJob) then deletes
+    the active pods with their grace period, setting no condition on them). None otherwise."""
+    if not job or not (job.get("spec") or {}).get("suspend") or job_finished(job):
+        return None
+    if L.CANCEL_REQUESTED in ((job.get("metadata") or {}).get("annotations") or {}):
+        return None          # wmctl's own graceful cancel
+    if queue:
+        return (f"Kueue suspended the Job under the running attempt (it evicted the Workload from LocalQueue "
+                f"{queue!r}: preempted by a higher-priority workload, or its ClusterQueue stopped); the next "
+                "attempt waits in the queue for readmission")
+    return "the Job was suspended under the running attempt (spec.suspend: true, set outside wmctl)"
 
 
 def unschedulable(pod: Obj) -> str | None:
@@ -392,7 +375,7 @@ def pod_deleted_event(pod: Obj, *, cancelled: bool, job_finished: str | None, fa
     pods still running, a consequence only when some failure was already seen. The Job watch
     and the pod watch are separate streams, so a Failed Job can arrive before the deletion
     that failed it (a pod deleted by hand or drained): that deletion is the root cause."""
-    if cancelled or exit_info(pod)[0] is not None:
+    if cancelled or exit_info(pod, final=True)[0] is not None or kubelet_end(pod, {}):
         return None
     if job_finished == "Complete" or (job_finished == "Failed" and failure_seen):
         return None

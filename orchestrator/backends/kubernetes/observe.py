@@ -13,9 +13,10 @@ from ... import labels as L
 from ...adaptors import kubernetes as sdk
 from ..base import (LOST, NODE_EXITED, NODE_LOST, NODE_QUEUED, NODE_STARTED, NODE_WAITING, PROGRESS, SUCCEEDED,
                     CANCELLED, Event, NodeStatus, Observation)
-from .classify import (JOB_END_CONDITIONS, device_counts, device_loss, failed_create, job_end_event, job_finished,
-                       kueue_wait, newest_per_index, node_healthy, node_ready, node_statuses, pod_deleted_event,
-                       pod_events, pod_index)
+from .classify import (JOB_END_CONDITIONS, device_counts, device_loss, exit_info, failed_create, job_end_event,
+                       job_finished,
+                       job_suspended_by, kueue_wait, newest_per_index, node_healthy, node_ready, node_statuses,
+                       pod_deleted_event, pod_events, pod_index)
 from .client import call_json
 from .cluster import Cluster, Obj, api_error, attempt_selector
 from .nodewatch import NodeWatch
@@ -38,6 +39,7 @@ class Observer:
         self.podlogs = podlogs
         self.watch_timeout = watch_timeout
         self._kueue_api: tuple[str | None] | None = None   # (Kueue's preferred version or None), once asked
+        self._job_read_for: set[str] = set()        # pods whose deletion had the Job read again (_why_deleted)
 
     def start(self, st: Attempt) -> None:
         """Start the attempt's watches and log followers (once: under the caller's lock)."""
@@ -81,12 +83,32 @@ class Observer:
                 st.failure_seen = True
             st.events.append(ev)
 
+    def _why_deleted(self, st: Attempt, pod: Obj) -> None:
+        """A pod deleted by someone and ended, while the Job looks neither finished nor suspended:
+        the Job watch is a separate stream, and a suspension (Kueue evicting the Workload) can
+        come after its pods' SIGTERM exits. Read the Job once for that pod, so the exit is judged
+        with what made the Job controller delete it."""
+        uid = pod["metadata"].get("uid") or ""
+        job = st.job or {}
+        if (not pod["metadata"].get("deletionTimestamp") or uid in self._job_read_for or st.cancelled
+                or (job.get("spec") or {}).get("suspend") or job_finished(job) or exit_info(pod)[0] in (None, 0)):
+            return
+        self._job_read_for.add(uid)
+        try:
+            st.job = call_json(self.cluster.batch().read_namespaced_job, st.ref.attempt_name, self.cluster.ns(st.ref),
+                               what=f"read Job {st.ref.attempt_name}")
+        except api_error():
+            return
+
     def _evaluate(self, st: Attempt, pod: Obj) -> None:
         if st.cancelled:
             return
+        self._why_deleted(st, pod)
         host = (pod.get("spec") or {}).get("nodeName") or ""
         known, node = st.node_watch.lookup(host) if st.node_watch and host else (False, None)
-        facts = pod_events(pod, node, nodes_known=known, node_access=st.node_access, now=time.time())
+        suspended = self._suspended(st)
+        facts = pod_events(pod, node, nodes_known=known, node_access=st.node_access, now=time.time(),
+                           suspended=suspended)
         if node is not None and node_healthy(node):
             # a device plugin's unhealthy device lowers the node's allocatable (classify.device_loss)
             counts = device_counts(pod, node)
@@ -98,10 +120,18 @@ class Observer:
                     message=lost)))
         self._emit(st, facts, terminating=bool(pod["metadata"].get("deletionTimestamp")))
 
+    @staticmethod
+    def _suspended(st: Attempt) -> str | None:
+        """Why the Job was suspended under the attempt by someone else (classify.job_suspended_by)."""
+        queue = (((st.job or {}).get("metadata") or {}).get("labels") or {}).get(L.KUEUE_QUEUE)
+        return None if st.cancel_seen or st.cancelled else job_suspended_by(st.job, queue)
+
     def _deleted(self, st: Attempt, pod: Obj) -> None:
         idx = pod_index(pod)
         if idx is not None:
             st.gone[idx] = pod
+        if self._suspended(st) is not None:
+            return                  # the suspension deleted it (_evaluate said so)
         fact = pod_deleted_event(pod, cancelled=st.cancelled, job_finished=job_finished(st.job),
                                  failure_seen=st.failure_seen, now=time.time())
         if fact:
@@ -164,6 +194,9 @@ class Observer:
         with st.lock:
             if etype != "DELETED":
                 st.job = job
+                if self._suspended(st) is not None:      # the pods' ends may have come first
+                    for p in list(st.pods.values()):
+                        self._evaluate(st, p)
             st.job_absent = etype == "DELETED"
             intent = ((job.get("metadata") or {}).get("annotations") or {}).get(L.CANCEL_REQUESTED)
             if intent and not st.cancelled and not st.cancel_seen:

@@ -89,8 +89,10 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
     # FQDN first in the pod's /etc/hosts, so pod 0 recognises itself without waiting for the
     # headless Service's DNS record; the short name needs DNS and races pod 0's start.
     endpoint = f"{pod_fqdn(spec, job_name, 0)}:{spec.rendezvous.port}"
+    # each node pulls the image on its own: the rendezvous waits out a peer's cold pull, which the
+    # watcher bounds by restart.image_pull_timeout (issue 23 item 3)
     command = torchrun_args(spec, profile, endpoint=endpoint, rdzv_id=layout.rendezvous_id(spec.name, ctx.attempt),
-                            node_rank=None)
+                            node_rank=None, peer_start_s=spec.restart.image_pull_timeout_s)
     if spec.nodes > 10:
         # torch elastic's dynamic rendezvous ranks the agents by sorting their node descriptors
         # (FQDN, pid, id: dynamic_rendezvous.py _mark_rendezvous_complete), not by --node-rank.

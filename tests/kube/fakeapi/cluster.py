@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .agent import at_rendezvous
 from .api import RESOURCES, Api
 from .store import ApiError, Obj, now_rfc3339
 
@@ -52,6 +53,9 @@ class PodScript:
     # it ignores SIGTERM and is killed when the grace period ends) and what it prints meanwhile.
     sigterm_seconds: float | None = 0.0
     sigterm_logs: list[tuple[float, str]] = field(default_factory=list)   # (offset after SIGTERM, line)
+    # torchrun's agent waits at the rendezvous for every pod of its Job first, and gives up after
+    # the timeouts on its own command line (agent.py); the script's clock starts once it completes
+    rendezvous: bool = False
 
 
 @dataclass
@@ -70,6 +74,7 @@ class PodRuntime:
     pull_failed_at: float | None = None
     sigterm_at: float | None = None
     sigterm_logs_sent: int = 0
+    rdzv_done: bool = False
 
 
 _QTY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
@@ -207,6 +212,9 @@ class Cluster:
         self.pods: dict[str, PodRuntime] = {}
         self.bad_images: set[str] = set()
         self.rate_limited_images: dict[str, float] = {}     # image -> real seconds its pulls get 429
+        # image -> the runtime's error for every pull of it (containerd's words, e.g. "x509:
+        # certificate signed by unknown authority", "no space left on device")
+        self.pull_failures: dict[str, str] = {}
         # node -> (reason, message) its kubelet's admission refuses every new pod with
         self.admission_rejections: dict[str, tuple[str, str]] = {}
         # Kueue (where its CRDs are installed): LocalQueue name -> the scheduler's "no" for the
@@ -881,29 +889,7 @@ class Cluster:
                 phase="Failed", reason=reason, message=f"Pod was rejected: {message}"))
             return
         if status.get("phase") == "Pending":
-            image = p["spec"]["containers"][0].get("image") or ""
-            if image in self.rate_limited_images and now - rt.bound_at < self.rate_limited_images[image]:
-                # pkg/kubelet/images/image_manager.go: a failed pull is ErrImagePull with the
-                # runtime's error as the message, then ImagePullBackOff ('Back-off pulling image')
-                # until the next try; the kubelet keeps retrying. A registry's 429 (containerd's
-                # wording) passes once the registry lets the node in again.
-                msg = (f'rpc error: code = Unknown desc = failed to pull and unpack image "{image}": failed to '
-                       f'copy: httpReadSeeker: failed open: unexpected status code https://{image.split("/")[0]}'
-                       "/v2/: 429 Too Many Requests - Server message: toomanyrequests: retry later")
-                wait = {"waiting": {"reason": "ErrImagePull", "message": msg}}
-                self.store.update("pods", ns, name, lambda o: o["status"].__setitem__(
-                    "containerStatuses", self._container_statuses(o, wait, False)))
-                return
-            if any(c.get("image") in self.bad_images for c in p["spec"]["containers"]):
-                rt.pull_failed_at = rt.pull_failed_at or now
-                late = now - rt.pull_failed_at >= self.timings.real(self.timings.image_pull_backoff_after)
-                reason = "ImagePullBackOff" if late else "ErrImagePull"
-                image = p["spec"]["containers"][0].get("image")
-                msg = (f'Back-off pulling image "{image}"' if late else
-                       f'failed to pull and unpack image "{image}": not found')
-                wait = {"waiting": {"reason": reason, "message": msg}}
-                self.store.update("pods", ns, name, lambda o: o["status"].__setitem__(
-                    "containerStatuses", self._container_statuses(o, wait, False)))
+            if self._pull_fails(p, rt, now):
                 return
             if now - rt.bound_at < s.start_delay:
                 return
@@ -926,6 +912,9 @@ class Cluster:
             self.note("pod_running", name)
         if rt.started_at is None:
             rt.started_at = now
+        if at_rendezvous(self, p, rt, now):
+            return
+        s = rt.script                       # an agent that gave up has its exit scripted
         elapsed = now - rt.started_at
         done = s.run_seconds is not None and elapsed >= s.run_seconds
         while rt.logs_sent < len(s.logs) and (done or s.logs[rt.logs_sent][0] <= elapsed):
@@ -949,6 +938,38 @@ class Cluster:
             o["status"]["conditions"] = conds
         self.store.update("pods", ns, name, finish)
         self.note("pod_exited", f"{name} {code} {reason}")
+
+    def _pull_fails(self, p: Obj, rt: PodRuntime, now: float) -> bool:
+        """The image pull of a pending pod fails this time (its waiting state written): True."""
+        ns, name = p["metadata"]["namespace"], p["metadata"]["name"]
+        image = p["spec"]["containers"][0].get("image") or ""
+        if image in self.rate_limited_images and now - rt.bound_at < self.rate_limited_images[image]:
+            # pkg/kubelet/images/image_manager.go: a failed pull is ErrImagePull with the
+            # runtime's error as the message, then ImagePullBackOff ('Back-off pulling image')
+            # until the next try; the kubelet keeps retrying. A registry's 429 (containerd's
+            # wording) passes once the registry lets the node in again.
+            msg = (f'rpc error: code = Unknown desc = failed to pull and unpack image "{image}": failed to '
+                   f'copy: httpReadSeeker: failed open: unexpected status code https://{image.split("/")[0]}'
+                   "/v2/: 429 Too Many Requests - Server message: toomanyrequests: retry later")
+            wait = {"waiting": {"reason": "ErrImagePull", "message": msg}}
+            self.store.update("pods", ns, name, lambda o: o["status"].__setitem__(
+                "containerStatuses", self._container_statuses(o, wait, False)))
+            return True
+        failing = self.bad_images | set(self.pull_failures)
+        if any(c.get("image") in failing for c in p["spec"]["containers"]):
+            rt.pull_failed_at = rt.pull_failed_at or now
+            late = now - rt.pull_failed_at >= self.timings.real(self.timings.image_pull_backoff_after)
+            reason = "ImagePullBackOff" if late else "ErrImagePull"
+            # pkg/kubelet/images/image_manager.go EnsureImageExists: ErrImagePull with the
+            # runtime's error, then ImagePullBackOff ('Back-off pulling image') between tries
+            cause = self.pull_failures.get(image or "", "not found")
+            msg = (f'Back-off pulling image "{image}"' if late else
+                   f'failed to pull and unpack image "{image}": {cause}')
+            wait = {"waiting": {"reason": reason, "message": msg}}
+            self.store.update("pods", ns, name, lambda o: o["status"].__setitem__(
+                "containerStatuses", self._container_statuses(o, wait, False)))
+            return True
+        return False
 
     def _after_sigterm(self, p: Obj, rt: PodRuntime, now: float) -> str | None:
         """A running container of a pod being deleted gracefully: the kubelet stops it with the
