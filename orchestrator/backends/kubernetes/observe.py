@@ -11,6 +11,7 @@ import time
 
 from ... import labels as L
 from ...adaptors import kubernetes as sdk
+from ...errors import BackendError
 from ..base import (LOST, NODE_EXITED, NODE_LOST, NODE_QUEUED, NODE_STARTED, NODE_WAITING, PROGRESS, SUCCEEDED,
                     CANCELLED, Event, NodeStatus, Observation)
 from .classify import (JOB_END_CONDITIONS, device_counts, device_loss, failed_create, job_end_event, job_finished,
@@ -210,8 +211,8 @@ class Observer:
                 return
         try:
             items = self.cluster.job_events(st.ref)
-        except api_error():
-            return
+        except (api_error(), BackendError):
+            return      # 403; or throttled (429) or out past call()'s retries: read again when due
         why = failed_create(items)
         if why is not None:
             with st.lock:
@@ -245,6 +246,8 @@ class Observer:
                                   "workloads", label_selector=f"{L.KUEUE_JOB_UID}={meta.get('uid')}",
                                   what=f"list the Kueue Workloads of Job {ns}/{meta.get('name')}")["items"]
                 wait = kueue_wait(items)
+            except BackendError:
+                return      # throttled (429) or out past call()'s retries: read again when due
             except api_error() as exc:
                 if sdk.api_status(exc) != 403:
                     return
@@ -264,7 +267,7 @@ class Observer:
             try:
                 groups = call_json(self.cluster.api("ApisApi").get_api_versions,
                                    what="list the API groups").get("groups") or []
-            except api_error():
+            except (api_error(), BackendError):
                 return None          # asked again on the next read
             found = next((g for g in groups if g.get("name") == L.KUEUE_GROUP), None)
             self._kueue_api = ((found.get("preferredVersion") or {}).get("version") if found else None,)
@@ -285,6 +288,8 @@ class Observer:
         if end is None:
             try:
                 items = self.cluster.job_events(st.ref)
+            except BackendError:
+                return              # throttled or out of reach: resolved on a later poll
             except api_error():
                 items = []          # Events not readable here (403): the end stays unknown
             end = job_end_event(items)
