@@ -14,6 +14,7 @@ from ...adaptors import kubernetes as sdk
 from ...errors import BackendError
 from ..base import (LOST, NODE_EXITED, NODE_LOST, NODE_QUEUED, NODE_STARTED, NODE_WAITING, PROGRESS, SUCCEEDED,
                     CANCELLED, Event, NodeStatus, Observation)
+from . import admission
 from .classify import (JOB_END_CONDITIONS, device_counts, device_loss, failed_create, job_end_event, job_finished,
                        kueue_wait, newest_per_index, node_healthy, node_ready, node_statuses, pod_deleted_event,
                        pod_events, pod_index)
@@ -215,9 +216,10 @@ class Observer:
             return      # 403; or throttled (429) or out past call()'s retries: read again when due
         why = failed_create(items)
         if why is not None:
+            reason, message = admission.explain(why)     # PodSecurity ends the attempt at once
             with st.lock:
-                self._emit(st, [(("waiting", f"create|{why}"), Event(NODE_WAITING, reason="FailedCreate",
-                                                                     message=why))])
+                self._emit(st, [(("waiting", f"create|{why}"), Event(NODE_WAITING, reason=reason,
+                                                                     message=message))])
 
     def _read_queue(self, st: Attempt) -> None:
         """While Kueue holds the Job (suspended, a LocalQueue label, no pod yet), say why from its
