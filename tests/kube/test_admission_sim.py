@@ -5,6 +5,7 @@ tests/kube/fakeapi/api.py (_admit_pod) and server.py."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -94,3 +95,23 @@ def test_sim_a_quota_refusal_names_the_quota_while_it_waits(fake_api, tmp_path, 
     assert outcome.exit_code == 7 and a0.outcome == "unschedulable"
     assert "ResourceQuota 'compute' is full" in a0.evidence and "restart.pending_timeout" in a0.evidence
     assert any("node_waiting" in ln and "ResourceQuota 'compute' is full" in ln for ln in lines), lines
+
+
+# --- strict field validation ----------------------------------------------------------------------
+def test_contract_strict_field_validation_refuses_an_unknown_field_and_default_keeps_quiet(fake_api):
+    from kubernetes.client.exceptions import ApiException
+
+    from .manifests import rendered_plan
+
+    job = next(m for m in rendered_plan("fv", 0).resources if m["kind"] == "Job")
+    job["spec"]["template"]["spec"]["resources"] = {"limits": {"cpu": "1"}}   # pod-level resources: 1.32+
+    batch = k8s.BatchV1Api(fake_api.client)
+    batch.create_namespaced_job("default", {**job, "metadata": {**job["metadata"], "name": "new"}},
+                                field_validation="Strict")              # a 1.34 cluster knows it
+    fake_api.server.schema_version = "1.30"                             # an older one does not
+    with pytest.raises(ApiException) as err:
+        batch.create_namespaced_job("default", job, field_validation="Strict")
+    assert err.value.status == 400
+    assert ('Job in version "v1" cannot be handled as a Job: strict decoding error: unknown field '
+            '"spec.template.spec.resources"') == json.loads(err.value.body)["message"]
+    batch.create_namespaced_job("default", job)          # no fieldValidation: not checked here

@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from .api import RESOURCES, Api, Resource
 from .faults import Faults
+from .fieldvalidation import check_strict
 from .rbac import Attributes, Rbac, request_attributes
 from .selectors import SelectorError, field_matcher, label_matcher
 from .store import ApiError, Gone, Obj, Store
@@ -278,6 +279,8 @@ class Handler(BaseHTTPRequestHandler):
         api: Api = self.server.api
         if res.namespaced and name is None and verb == "POST" and ns is None:
             raise ApiError(405, "MethodNotAllowed", "create needs a namespace in the path")
+        if verb == "POST" and name is None and query.get("fieldValidation") == "Strict":
+            check_strict(res.kind, res.group_version, body, res.crd, self.server.schema_version)
         if verb == "GET" and name is None:
             return 200, self._list(res, ns, query)
         if verb == "GET" and res.plural == "namespaces":
@@ -603,6 +606,7 @@ class FakeApiServer(ThreadingHTTPServer):
         self.api = Api(Store(history_limit=history_limit))
         self.faults = Faults()
         self.rbac: Rbac | None = None      # None: no authentication or authorisation at all
+        self.schema_version = "1.34"       # the API's schemas for fieldValidation=Strict (fieldvalidation.py)
         self.stopping = threading.Event()
         # client (host, port) of every connection whose handler is streaming a watch or a followed
         # log right now. Such a connection reads no new request until the stream ends, as the
