@@ -32,6 +32,10 @@ own waits (the supervisor's poll, the teardown's wait for the old pods) are scal
 Kubernetes' durations; the fake cluster's 20 ms controller loop (0.5 Kubernetes seconds a hop,
 about a kubelet's 1 s PLEG relist) and the API's real latencies are magnified by
 1/SCALE_TIMELINE in the printed figures.
+
+Part three (``--only outage``, included by default; bench/kube_outage.py): a 2-minute API outage
+(``--outage-s``, wall clock) as the next attempt is submitted; the run continues, and the time
+lost past the outage's end is printed.
 """
 
 from __future__ import annotations
@@ -257,13 +261,18 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--timeline-trials", type=int, default=2)
     ap.add_argument("--restart-s", type=float, default=10.0)
-    ap.add_argument("--only", choices=["detect", "timeline", "cold-pull"], default=None)
+    ap.add_argument("--only", choices=["detect", "timeline", "cold-pull", "outage"], default=None)
+    ap.add_argument("--outage-s", type=float, default=120.0, help="the API outage figure's outage (wall clock)")
     args = ap.parse_args()
+    if args.only in (None, "outage"):
+        from bench.kube_outage import report      # issue 23 item 2: an API outage during resubmission
+
+        report(args.outage_s)
     if args.only in (None, "cold-pull"):
         from kube_cold_pull import cold_pull       # bench/kube_cold_pull.py (issue 23 item 3)
 
         cold_pull(1, args.restart_s)
-    if args.only == "cold-pull":
+    if args.only in ("cold-pull", "outage"):
         return
     if args.only != "detect":
         timeline(args.timeline_trials, args.restart_s)

@@ -86,6 +86,12 @@ class EngineUnavailable(BackendError):
     exit_code = 5
 
 
+class CredentialsRejected(EngineUnavailable):
+    """The Kubernetes API answers 401 to a credential that was loaded again: it expired for good
+    (an id-token, a rotated token file no longer renewed) and a person must renew it. The run
+    itself is untouched; a watcher waits as it waits out any loss of contact."""
+
+
 class RunNotFound(WmctlError):
     """No run of that name is recorded here."""
 

@@ -175,12 +175,20 @@ def hang_failure(last_heartbeat: float, now: float, timeout: float,
     return Failure(HANG, None, None, now, f"{why}: a frozen node or a stuck collective")
 
 
+# Waiting reasons no wait cures: the cluster refuses the job as written (a Kubernetes namespace's
+# PodSecurity level: backends/kubernetes/admission.py). The attempt ends at once.
+REFUSED_FOR_GOOD = frozenset({"PodSecurity"})
+
+
 def pending_failure(waiting: b.Event, since: float, now: float, timeout: float) -> Failure | None:
     """Nodes not created or not placed for longer than restart.pending_timeout, with the
-    cluster's own reason (the scheduler's message, the Job controller's FailedCreate)."""
+    cluster's own reason (the scheduler's message, the Job controller's FailedCreate); at once
+    when the reason is one no wait cures (REFUSED_FOR_GOOD)."""
+    why = f"{waiting.reason}: {waiting.message}" if waiting.reason else waiting.message
+    if waiting.reason in REFUSED_FOR_GOOD:
+        return Failure(UNSCHEDULABLE, waiting.node, None, now, f"refused, not retried: {why}")
     if now - since <= timeout:
         return None
-    why = f"{waiting.reason}: {waiting.message}" if waiting.reason else waiting.message
     return Failure(UNSCHEDULABLE, waiting.node, None, now,
                    f"not placed for {now - since:.0f} s (restart.pending_timeout {timeout:.0f} s): {why}")
 

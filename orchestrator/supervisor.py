@@ -8,6 +8,7 @@ the job to fail on its own wastes the cluster.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections import deque
@@ -35,6 +36,10 @@ TEARDOWN_WAIT_S = 5.0     # a worker's signal death waits this long for rank 0's
 # After the job completed and a node's exit was found benign, the other nodes' torchrun agents wait
 # in their exit barrier for an agent that has already left it; they are stopped after this long.
 EXIT_BARRIER_WAIT_S = 10.0
+# A submission or teardown the engine's outage interrupted is tried again after these delays,
+# doubling (Supervisor._ride_out); each try is itself a few retries (backends/kubernetes/client.py).
+OUTAGE_RETRY_MIN_S = 1.0
+OUTAGE_RETRY_MAX_S = 15.0
 
 # The phases a test can hold open (WMCTL_TEST_PAUSE_AT=<phase>) to cancel a run inside them.
 SUBMITTING, STARTING, TEARDOWN = "submitting", "starting", "teardown"
@@ -248,7 +253,7 @@ class Supervisor:
             teardown_started = self.clock()
             if failure.kind == F.NODE_LOST:      # no survivor can finish a collective (or its checkpoint)
                 self.backend.cut_grace(ref, [failure.host] if failure.host else [])
-            self.backend.cancel(ref)
+            self._ride_out(f"tearing down attempt {rec.attempt}", functools.partial(self.backend.cancel, ref))
             rec.timings["teardown_s"] = round(self.clock() - teardown_started, 3)
             for note in self.backend.teardown_notes(ref):
                 self.echo(f"attempt {rec.attempt} teardown went on without a step: {note}")
@@ -497,6 +502,32 @@ class Supervisor:
             self._outage_since = None
         return obs
 
+    def _ride_out(self, what: str, step: Callable[[], Any]) -> None:
+        """``step`` (a submission or a teardown, each idempotent: an existing attempt is adopted, a
+        deleted object is done), tried again while the backend's engine is unavailable (a
+        control-plane upgrade answers 503 or refuses connections for minutes; an expired
+        credential is renewed by a person), with backoff, for up to restart.heartbeat_timeout:
+        the budget poll() has for the same outage. Past it the EngineUnavailable is raised."""
+        started = self.clock()
+        delay, told = OUTAGE_RETRY_MIN_S, False
+        while True:
+            try:
+                step()
+            except EngineUnavailable as exc:
+                waited = self.clock() - started
+                if not told:
+                    told = True
+                    self.echo(f"{self.backend.name} API unavailable while {what} ({exc.message}); retrying for up "
+                              f"to {self.spec.restart.heartbeat_timeout_s:.0f} s, nothing is marked failed")
+                if waited + delay > self.spec.restart.heartbeat_timeout_s:
+                    raise
+                self.sleep(delay)
+                delay = min(delay * 2, OUTAGE_RETRY_MAX_S)
+                continue
+            if told:
+                self.echo(f"{self.backend.name} API back: {what} done after {self.clock() - started:.0f} s")
+            return
+
     def _show(self, rec: AttemptRecord, ev: b.Event, tracker: AttemptTracker, now: float) -> None:
         # Each line carries the time of what it reports: a watcher attaching to a running attempt
         # reads its output from the start, and those lines say when they happened, not when read.
@@ -590,8 +621,19 @@ class Supervisor:
         if plan is None or plan.attempt != attempt or plan.context != ctx:
             plan = self.backend.plan(self.spec, self.profile, ctx)
         try:
-            self.backend.submit(plan)
+            if parent is None:       # the first: an engine out of reach is said at once, to the user at hand
+                self.backend.submit(plan)
+            else:                    # a resubmission rides out an outage (a control-plane upgrade)
+                self._ride_out(f"submitting attempt {attempt}", lambda: self.backend.submit(plan))
         except WmctlError as exc:
+            if parent is not None and isinstance(exc, EngineUnavailable):
+                # Away past the budget: nothing was refused, so nothing is marked failed. The attempt
+                # stays recorded unsubmitted; the next `wmctl watch` submits it under its own number
+                # (current_or_new_attempt: never_started).
+                self.echo(f"attempt {attempt} not submitted: {self.backend.name} stayed unavailable for "
+                          f"{self.spec.restart.heartbeat_timeout_s:.0f} s (restart.heartbeat_timeout); the run is "
+                          f"not failed: `wmctl watch {self.spec.name}` submits it once the API answers")
+                raise
             # Refused before anything ran (a program missing from the image, a quota, a bad
             # mount): the run has ended, and its record says so and why.
             rec.outcome, rec.ended_at, rec.evidence = "not_submitted", self.clock(), exc.message

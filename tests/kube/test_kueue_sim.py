@@ -213,3 +213,70 @@ def test_a_user_who_may_not_read_workloads_is_told_the_wait_without_kueue_s_reas
     finally:
         backend.close()
     assert store.load().status == "cancelled"
+
+
+# --- cancel --graceful through Kueue (issue 23 item 5) ---------------------------------------------
+
+@pytest.mark.fake_api(crds=KUEUE)
+def test_fake_kueue_unsuspends_an_admitted_job_and_a_deactivated_workload_stops_it(fake_api):
+    """reconciler.go: a suspended Job whose Workload is admitted is started again; a Workload set
+    spec.active=false is evicted (Deactivated) and its Job suspended, for good."""
+    custom, batch = k8s.CustomObjectsApi(fake_api.client), k8s.BatchV1Api(fake_api.client)
+    custom.create_namespaced_custom_object("kueue.x-k8s.io", "v1beta1", "default", "localqueues", LQ)
+    batch.create_namespaced_job("default", queued_job("adm", "team-a"))
+    assert fake_api.cluster.run_until(lambda: len(fake_api.store.list("pods", "default")[0]) == 2)
+    batch.patch_namespaced_job("adm", "default", {"spec": {"suspend": True}})
+    assert fake_api.cluster.run_until(lambda: batch.read_namespaced_job("adm", "default").spec.suspend is False)
+    (wl,) = workloads(fake_api)
+    custom.patch_namespaced_custom_object("kueue.x-k8s.io", "v1beta1", "default", "workloads",
+                                          wl["metadata"]["name"], {"spec": {"active": False}})
+    assert fake_api.cluster.run_until(lambda: condition(workloads(fake_api)[0], "Evicted")[0] == "True")
+    assert condition(workloads(fake_api)[0], "Evicted") == ("True", "Deactivated", "The workload is deactivated")
+    assert condition(workloads(fake_api)[0], "Admitted")[0] == "False"
+    for _ in range(20):
+        fake_api.cluster.tick()
+    assert batch.read_namespaced_job("adm", "default").spec.suspend is True
+
+
+@pytest.mark.fake_api(crds=KUEUE)
+def test_graceful_cancel_of_a_kueue_job_deactivates_its_workload_so_no_pod_comes_back(fake_api):
+    """`cancel --graceful` of a Job Kueue admitted: its Workload is deactivated (spec.active:
+    false), Kueue suspends the Job, each pod gets SIGTERM and writes its checkpoint (exit 83),
+    and Kueue never starts the Job again. Before: wmctl suspended the Job itself and Kueue
+    unsuspended it at once (the Workload was still admitted): pods could come back while the old
+    ones saved."""
+    from .manifests import rendered_plan
+
+    custom = k8s.CustomObjectsApi(fake_api.client)
+    custom.create_namespaced_custom_object("kueue.x-k8s.io", "v1beta1", "default", "localqueues", LQ)
+    c = fake_api.cluster
+    c.script(job="kq-a0", run_seconds=None, sigterm_seconds=0.4, sigterm_exit_code=83)
+    c.start()
+    b = KubernetesBackend(fake_api.client, watch_timeout=2)
+    try:
+        ref = b.submit(rendered_plan("kq", 0, kube={"queue": "team-a"}))
+
+        def pods() -> list[dict]:
+            return [p for p in fake_api.store.list("pods", "default")[0]
+                    if p["metadata"]["labels"].get("job-name") == "kq-a0"]
+        assert c.run_until(lambda: len([p for p in pods() if p["status"].get("phase") == "Running"]) == 2)
+        before = {p["metadata"]["uid"] for p in pods()}
+        cancelled_at = time.time()
+        b.cancel(ref, graceful=True)
+        notes = b.teardown_notes(ref)
+    finally:
+        b.close()
+    assert not notes, notes
+    # (the Workload itself went with the Job, by the garbage collector: the request is what tells)
+    patches = [r["body"] for r in fake_api.api.sent("PATCH", "/workloads/")]
+    assert patches == [{"spec": {"active": False}}], patches
+    created = {ch.obj["metadata"]["uid"] for ch in fake_api.store._history if ch.resource == "pods"
+               and ch.type == "ADDED" and ch.obj["metadata"]["labels"].get("job-name") == "kq-a0"}
+    assert created == before, "Kueue started pods again during the graceful stop"
+    restarted = [t for t, what, who in c.timeline if what == "kueue_admitted" and who == "kq-a0" and t > cancelled_at]
+    assert not restarted, "Kueue unsuspended the Job during the graceful stop"
+    ends = [ch.obj for ch in fake_api.store._history if ch.resource == "pods" and ch.type == "MODIFIED"
+            and ch.obj["status"].get("phase") == "Failed"]
+    codes = {((s.get("state") or {}).get("terminated") or {}).get("exitCode")
+             for p in ends for s in p["status"].get("containerStatuses") or []}
+    assert 83 in codes, codes          # the SIGTERM checkpoint's exit

@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, TypeVar
 
 from ...adaptors.kubernetes import api_exception, api_status, connection_errors
-from ...errors import BackendError, EngineUnavailable
+from ...errors import CredentialsRejected, EngineUnavailable
 
 T = TypeVar("T")
 
@@ -93,6 +93,13 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, connection_errors())
 
 
+def rejected(what: str) -> CredentialsRejected:
+    """A 401 that a reloaded credential did not cure (credentials.Credentials reloads on each)."""
+    return CredentialsRejected(f"the Kubernetes API rejects wmctl's credentials (401 Unauthorized) for {what}",
+                               hint="the credential expired and reloading the kubeconfig did not renew it: "
+                               "log in again (kubectl get ns tells when it works), then `wmctl watch <run>`")
+
+
 def call(fn: Callable[..., T], *args: Any, what: str = "", attempts: int = 5,
          backoff: float = 0.1, max_backoff: float = 2.0, sleep: Callable[[float], None] = time.sleep,
          timeout: tuple[float, float] | None = None, **kwargs: Any) -> T:
@@ -100,7 +107,11 @@ def call(fn: Callable[..., T], *args: Any, what: str = "", attempts: int = 5,
     timeouts), each request bounded by ``timeout`` (default ``request_timeout()``).
 
     Non-transient ApiExceptions (404, 409, 422, 403 ...) propagate at once for the caller to
-    interpret. When the retries are spent, a BackendError/EngineUnavailable names ``what``."""
+    interpret, except 401: the credential was already reloaded once (credentials.py), so it is
+    CredentialsRejected. When the retries are spent the API is unavailable (EngineUnavailable,
+    naming ``what``): an outage or a server that keeps throttling, which callers wait out (the
+    supervisor rides out a submission or teardown through it; poll() reports it), never a refusal
+    of the request itself."""
     ApiException = api_exception()
     kwargs.setdefault("_request_timeout", timeout or request_timeout())
     delays = Backoff(backoff, max_backoff)
@@ -108,13 +119,15 @@ def call(fn: Callable[..., T], *args: Any, what: str = "", attempts: int = 5,
         try:
             return fn(*args, **kwargs)
         except ApiException as exc:
+            if exc.status == 401:
+                raise rejected(what or fn.__name__) from None
             if exc.status not in RETRYABLE_STATUS:
                 raise
             if i == attempts - 1:
-                raise BackendError(f"Kubernetes API kept failing for {what or fn.__name__}: "
-                                   f"{exc.status} {exc.reason}",
-                                   hint="check the API server's health; wmctl retried "
-                                   f"{attempts} times") from None
+                raise EngineUnavailable(f"Kubernetes API unavailable for {what or fn.__name__}: "
+                                        f"{exc.status} {exc.reason}",
+                                        hint="the API server is down, restarting or throttling; wmctl retried "
+                                        f"{attempts} times") from None
             sleep(delays.delay(exc))
         except connection_errors() as exc:
             if i == attempts - 1:
@@ -159,8 +172,10 @@ class Contact:
     balancer) looks to the supervisor like a quiet run. At most every ``interval`` seconds one
     GET /version (readable by every user: the system:public-info-viewer role), one try with a
     short timeout: no answer, a refused connection or a 5xx raise EngineUnavailable, which the
-    supervisor waits out without touching the run (supervisor._poll), polling again. Any other
-    answer (401/403/429 included) is an API server that is there."""
+    supervisor waits out without touching the run (supervisor._poll), polling again. A 401 (the
+    credential expired and reloading it did not help: credentials.py) is CredentialsRejected, an
+    EngineUnavailable too: wmctl has lost contact, the run is not hung. Any other answer (403/429
+    included) is an API server that is there."""
 
     def __init__(self, interval: float = PROBE_INTERVAL_S, timeout: float = PROBE_TIMEOUT_S,
                  clock: Callable[[], float] = time.monotonic):
@@ -181,6 +196,8 @@ class Contact:
             finally:
                 resp.release_conn()
         except api_exception() as exc:
+            if exc.status == 401:
+                raise rejected("GET /version") from None
             if exc.status in OUTAGE_STATUS:
                 raise EngineUnavailable(f"the Kubernetes API answers {exc.status} {exc.reason}",
                                         hint="the API server is down or restarting; wmctl waits") from None

@@ -11,9 +11,10 @@ from typing import Any
 
 from ... import labels as L
 from ...adaptors import kubernetes as sdk
-from ...errors import BackendError
+from ...errors import BackendError, CredentialsRejected
 from ..base import AttemptRef
 from .client import call_json
+from .credentials import Credentials, describe_source
 
 Obj = dict[str, Any]
 MANAGED_BY, RUN_LABEL, ATTEMPT_LABEL = L.MANAGED_BY, L.RUN, L.ATTEMPT
@@ -57,15 +58,28 @@ class Cluster:
         self._single_try = False
         self.context, self.kubeconfig, self.in_cluster = context, kubeconfig, in_cluster
         self.namespace = namespace
+        self.credentials: Credentials | None = None
+
+    def load(self) -> Any:
+        """A new ApiClient from the kubeconfig (or the in-cluster service account), read now."""
+        return sdk.load_api_client(self.context, self.kubeconfig, self.in_cluster)
 
     @property
     def api_client(self) -> Any:
         if self._api_client is None:
-            self._api_client = sdk.load_api_client(self.context, self.kubeconfig, self.in_cluster)
+            self._api_client = self.load()
+            # credentials.py: a 401 reloads what was loaded here and sends the request again
+            source, _ = describe_source(self.context, self.kubeconfig, self.in_cluster)
+            self.credentials = Credentials(self._api_client, self.load, source).install()
         if not self._single_try:
             sdk.single_try(self._api_client)     # retries are client.call's and the watchers' alone
             self._single_try = True
         return self._api_client
+
+    def named(self, exc: CredentialsRejected) -> CredentialsRejected:
+        """``exc`` naming where this cluster's credential comes from and how to renew it."""
+        source, fix = describe_source(self.context, self.kubeconfig, self.in_cluster)
+        return CredentialsRejected(f"{exc.message}; the credential comes from {source}", hint=fix)
 
     def api(self, name: str) -> Any:
         """The typed API class ``name`` (CoreV1Api, BatchV1Api, ...) on this cluster's client."""

@@ -60,6 +60,8 @@ ACCESS: tuple[Access, ...] = (
            only_for="volcano"),
     Access(L.KUEUE_GROUP, "workloads", ("get", "list"), "why Kueue holds the Job", only_for="kueue",
            degrades="a Job Kueue holds is said to wait, without Kueue's reason (a full queue, a missing LocalQueue)"),
+    Access(L.KUEUE_GROUP, "workloads", ("patch",), "cancel --graceful through Kueue", only_for="kueue",
+           degrades="cancel --graceful suspends the Job instead, which Kueue may start again while its pods save"),
     Access("", "nodes", ("get", "list", "watch"), "node conditions", cluster=True,
            degrades="node loss is judged from the pods' own conditions instead, up to 5 s later (a deleted "
            "Node: up to a minute later), and cancel finds pods on lost nodes from their pods"),

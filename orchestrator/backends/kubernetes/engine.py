@@ -23,7 +23,7 @@ import threading
 from typing import Any, Iterator
 
 from ... import labels as L
-from ...errors import BackendError, SpecError
+from ...errors import BackendError, CredentialsRejected, SpecError
 from ...plan import AttemptContext, HostFacts, Plan
 from ...serialize import dump
 from ...spec import JobSpec
@@ -134,7 +134,10 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                                hint="render manifests with wmctl's renderer")
         attempt = int(attempt_raw)
         namespace = (job.get("metadata") or {}).get("namespace") or plan.request.namespace or self.namespace
-        self._apply.create_all(manifests, namespace, run, attempt)
+        try:
+            self._apply.create_all(manifests, namespace, run, attempt)
+        except CredentialsRejected as exc:
+            raise self.cluster.named(exc) from None
         ref = AttemptRef(self.name, run, attempt, namespace)
         self._record(ref).learn(job)
         self._state(ref)          # start watching at once so nothing is missed
@@ -142,7 +145,10 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
 
     # --- observation -----------------------------------------------------------------------
     def poll(self, ref: AttemptRef) -> Observation:
-        self.contact.check(self.api_client)      # an API outage is EngineUnavailable, not a quiet run
+        try:
+            self.contact.check(self.api_client)      # an API outage is EngineUnavailable, not a quiet run
+        except CredentialsRejected as exc:           # lost contact too: the run is not hung
+            raise self.cluster.named(exc) from None
         return self._observe.poll(self._state(ref))
 
     def watch_stats(self, ref: AttemptRef) -> dict[str, dict[str, int]]:
@@ -209,6 +215,8 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         self._teardown.keep_logs(ref, rec.container)
         try:
             notes = self._teardown.remove(ref, rec.gang, notes)
+        except CredentialsRejected as exc:
+            raise self.cluster.named(exc) from None
         finally:
             with self._lock:
                 rec.notes = notes

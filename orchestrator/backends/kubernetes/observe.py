@@ -11,12 +11,13 @@ import time
 
 from ... import labels as L
 from ...adaptors import kubernetes as sdk
+from ...errors import BackendError
 from ..base import (LOST, NODE_EXITED, NODE_LOST, NODE_QUEUED, NODE_STARTED, NODE_WAITING, PROGRESS, SUCCEEDED,
                     CANCELLED, Event, NodeStatus, Observation)
+from . import admission
 from .classify import (JOB_END_CONDITIONS, device_counts, device_loss, exit_info, failed_create, job_end_event,
-                       job_finished,
-                       job_suspended_by, kueue_wait, newest_per_index, node_healthy, node_ready, node_statuses,
-                       pod_deleted_event, pod_events, pod_index)
+                       job_finished, job_suspended_by, kueue_wait, newest_per_index, node_healthy, node_ready,
+                       node_statuses, pod_deleted_event, pod_events, pod_index)
 from .client import call_json
 from .cluster import Cluster, Obj, api_error, attempt_selector
 from .nodewatch import NodeWatch
@@ -243,13 +244,14 @@ class Observer:
                 return
         try:
             items = self.cluster.job_events(st.ref)
-        except api_error():
-            return
+        except (api_error(), BackendError):
+            return      # 403; or throttled (429) or out past call()'s retries: read again when due
         why = failed_create(items)
         if why is not None:
+            reason, message = admission.explain(why)     # PodSecurity ends the attempt at once
             with st.lock:
-                self._emit(st, [(("waiting", f"create|{why}"), Event(NODE_WAITING, reason="FailedCreate",
-                                                                     message=why))])
+                self._emit(st, [(("waiting", f"create|{why}"), Event(NODE_WAITING, reason=reason,
+                                                                     message=message))])
 
     def _read_queue(self, st: Attempt) -> None:
         """While Kueue holds the Job (suspended, a LocalQueue label, no pod yet), say why from its
@@ -278,6 +280,8 @@ class Observer:
                                   "workloads", label_selector=f"{L.KUEUE_JOB_UID}={meta.get('uid')}",
                                   what=f"list the Kueue Workloads of Job {ns}/{meta.get('name')}")["items"]
                 wait = kueue_wait(items)
+            except BackendError:
+                return      # throttled (429) or out past call()'s retries: read again when due
             except api_error() as exc:
                 if sdk.api_status(exc) != 403:
                     return
@@ -297,7 +301,7 @@ class Observer:
             try:
                 groups = call_json(self.cluster.api("ApisApi").get_api_versions,
                                    what="list the API groups").get("groups") or []
-            except api_error():
+            except (api_error(), BackendError):
                 return None          # asked again on the next read
             found = next((g for g in groups if g.get("name") == L.KUEUE_GROUP), None)
             self._kueue_api = ((found.get("preferredVersion") or {}).get("version") if found else None,)
@@ -318,6 +322,8 @@ class Observer:
         if end is None:
             try:
                 items = self.cluster.job_events(st.ref)
+            except BackendError:
+                return              # throttled or out of reach: resolved on a later poll
             except api_error():
                 items = []          # Events not readable here (403): the end stays unknown
             end = job_end_event(items)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from ... import labels as L
 from ...errors import BackendError, EngineUnavailable
 from ..base import AttemptRef
 from .apply import Applier
@@ -165,18 +166,25 @@ class Teardown:
         """``cancel --graceful``: suspend the Job. The Job controller then deletes its active pods
         with their termination grace period and creates none (KEP-2232; job_controller.go
         manageJob on a suspended Job), each kubelet sends SIGTERM, and the job writes its SIGTERM
-        checkpoint and exits. Wait for every pod to end, at most the grace period plus a margin;
-        the teardown then removes what is left. What could not be done is returned as notes (a
-        user who may not patch Jobs gets the plain teardown, itself a graceful pod delete)."""
+        checkpoint and exits. A Job Kueue admitted is stopped Kueue's way instead
+        (``_deactivate``): Kueue would unsuspend it. Wait for every pod to end, at most the grace
+        period plus a margin; the teardown then removes what is left. What could not be done is
+        returned as notes (a user who may not patch Jobs gets the plain teardown, itself a
+        graceful pod delete)."""
         ns, name = self.cluster.ns(ref), ref.attempt_name
+        notes: list[str] = []
         try:
-            job = call_json(self.cluster.batch().patch_namespaced_job, name, ns, {"spec": {"suspend": True}},
-                            what=f"suspend Job {ns}/{name}")
+            job = call_json(self.cluster.batch().read_namespaced_job, name, ns, what=f"read Job {ns}/{name}")
+            kueue = self._deactivate(ref, job)
+            if kueue is None or kueue:
+                notes += kueue or []
+                job = call_json(self.cluster.batch().patch_namespaced_job, name, ns, {"spec": {"suspend": True}},
+                                what=f"suspend Job {ns}/{name}")
         except api_error() as exc:
             if getattr(exc, "status", None) == 404:
                 return []
-            return [failure(exc, f"suspend Job {ns}/{name} for a graceful stop") + "; its pods were deleted "
-                    "with their grace period instead, without waiting for them"]
+            return notes + [failure(exc, f"suspend Job {ns}/{name} for a graceful stop") + "; its pods were "
+                            "deleted with their grace period instead, without waiting for them"]
         grace = float(((job.get("spec") or {}).get("template") or {}).get("spec", {})
                       .get("terminationGracePeriodSeconds") or 30)
         deadline = time.monotonic() + grace + GRACEFUL_MARGIN_S
@@ -186,9 +194,41 @@ class Teardown:
             except api_error() as exc:
                 return [failure(exc, f"watch the pods of {name} end")]
             if all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed") for p in pods):
-                return []
+                return notes
             time.sleep(GRACEFUL_POLL_S)
-        return [f"pods of {name} still running {grace + GRACEFUL_MARGIN_S:.0f} s after SIGTERM; deleted"]
+        return notes + [f"pods of {name} still running {grace + GRACEFUL_MARGIN_S:.0f} s after SIGTERM; deleted"]
+
+    def _deactivate(self, ref: AttemptRef, job: Obj) -> list[str] | None:
+        """Stop a Job Kueue holds the way Kueue honours: its Workload's ``spec.active: false``.
+        A suspended Job whose Workload is still admitted is unsuspended by Kueue's job reconciler
+        (kubernetes-sigs/kueue pkg/controller/jobframework/reconciler.go), so its pods would come
+        back while the SIGTERM checkpoint is written. A deactivated Workload is evicted (reason
+        Deactivated: pkg/controller/core/workload_controller.go), Kueue suspends the Job itself,
+        and the pods get SIGTERM with their grace period. None when that does not apply (no queue
+        label, no Kueue, no Workload yet): suspending is then the way; notes (suspend as well) when
+        the Workload could not be patched (manifests/rbac-watcher.yaml grants `patch` on
+        workloads); [] when done."""
+        meta = job.get("metadata") or {}
+        if not (meta.get("labels") or {}).get(L.KUEUE_QUEUE) or not meta.get("uid"):
+            return None
+        ns, custom = self.cluster.ns(ref), self.cluster.custom()
+        try:
+            groups = call_json(self.cluster.api("ApisApi").get_api_versions, what="list the API groups")
+            found = next((g for g in groups.get("groups") or [] if g.get("name") == L.KUEUE_GROUP), None)
+            version = ((found or {}).get("preferredVersion") or {}).get("version")
+            if not version:
+                return None
+            items = call_json(custom.list_namespaced_custom_object, L.KUEUE_GROUP, version, ns, "workloads",
+                              label_selector=f"{L.KUEUE_JOB_UID}={meta['uid']}",
+                              what=f"list the Kueue Workloads of Job {ns}/{meta.get('name')}")["items"]
+            for wl in items:
+                wname = wl["metadata"]["name"]
+                call_json(custom.patch_namespaced_custom_object, L.KUEUE_GROUP, version, ns, "workloads", wname,
+                          {"spec": {"active": False}}, what=f"deactivate Kueue Workload {ns}/{wname}")
+        except api_error() as exc:
+            return [failure(exc, f"deactivate the Kueue Workload of Job {ns}/{meta.get('name')}") +
+                    "; the Job was suspended instead, and Kueue may start its pods again while they save"]
+        return [] if items else None
 
     def on_lost_nodes(self, pods: list[Obj]) -> set[str]:
         """Uids of the pods whose node is lost: from the Nodes when this user may list them, else

@@ -615,6 +615,9 @@ class Cluster:
                 self._try(lambda ns=ns, body=body: self.api.create(workloads, ns, body))
                 continue
             wl = found[0]
+            if (wl.get("spec") or {}).get("active") is False:
+                self._kueue_deactivated(job, wl)
+                continue
             conds = {c["type"]: c for c in (wl.get("status") or {}).get("conditions") or []}
             if (conds.get("Admitted") or {}).get("status") == "True":
                 if job["spec"].get("suspend"):
@@ -640,6 +643,27 @@ class Cluster:
                                                 f"Quota reserved in ClusterQueue {cq}"),
                                                ("Admitted", "True", "Admitted", "The workload is admitted")],
                                           admission={"clusterQueue": cq})
+
+    def _kueue_deactivated(self, job: Obj, wl: Obj) -> None:
+        """A Workload someone set ``spec.active: false`` (kubernetes-sigs/kueue
+        pkg/controller/core/workload_controller.go Reconcile, the !Active branch): it is evicted,
+        condition Evicted=True reason Deactivated, "The workload is deactivated", its quota
+        released (QuotaReserved=False, Admitted=False, status.admission cleared), and it is not
+        queued again while inactive. The job reconciler (pkg/controller/jobframework/reconciler.go:
+        an evicted workload's job is stopped, StopJob) suspends the Job: the Job controller then
+        deletes its pods with their grace period. Nothing unsuspends it (an admitted, active
+        workload is what the reconciler starts)."""
+        if self._workload_conditions(wl, [("Evicted", "True", "Deactivated", "The workload is deactivated"),
+                                          ("QuotaReserved", "False", "Pending", "The workload is deactivated"),
+                                          ("Admitted", "False", "NoReservation", "The workload has no reservation")]):
+            meta = wl["metadata"]
+            self._try(lambda: self.store.update("workloads", meta["namespace"], meta["name"],
+                                                lambda o: (o.get("status") or {}).pop("admission", None)))
+        if not job["spec"].get("suspend"):
+            jm = job["metadata"]
+            self._try(lambda: self.store.update("jobs", jm["namespace"], jm["name"],
+                                                lambda j: j["spec"].update(suspend=True)))
+            self.note("kueue_stopped", jm["name"])
 
     def _workload_conditions(self, wl: Obj, conds: list[tuple[str, str, str, str]],
                              admission: Obj | None = None) -> bool:

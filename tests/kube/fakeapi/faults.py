@@ -15,12 +15,20 @@ sending and is never closed, the connection kept, as when a NAT, load balancer o
 drops the path without a FIN or RST (RFC 9293 3.5.1, half-open connections). The Python client
 then blocks in a read with no error unless it set a client-side timeout
 (kubernetes-client/python issue #1148). New streams are served normally.
+
+A control-plane outage (``outage``), as a managed cluster's upgrade replaces its API server: the
+old server, once its shutdown delay has elapsed, answers every new request 429 with
+``Retry-After: 5`` and "The apiserver is shutting down, please try again later."
+(staging/src/k8s.io/apiserver/pkg/server/filters/with_retry_after.go, WithRetryAfter), then, until
+a new one serves, the load balancer in front answers 503. Each phase lasts a stated time, from
+when it is armed.
 """
 
 from __future__ import annotations
 
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 
 
@@ -35,6 +43,8 @@ class Rule:
     watch: bool | None = None  # restrict to watch (True) / non-watch (False) requests
     fired: int = 0
     retry_after: str | None = None   # the Retry-After header of the error (a 429's: "1")
+    window: tuple[float, float] | None = None   # fires only between these time.monotonic() instants
+    message: str | None = None       # a 429's plain-text body, when not maxinflight.go's
 
 
 @dataclass
@@ -51,6 +61,21 @@ class Faults:
         if code == 429 and retry_after is None:
             retry_after = "1"           # maxinflight.go: retryAfter = "1"
         return self._add(Rule(verb, re.compile(path), n, "error", code, reason, watch, retry_after=retry_after))
+
+    def outage(self, seconds: float, *, shutting_down_s: float = 0.0, verb: str | None = None,
+               path: str = ".*") -> list[Rule]:
+        """From now: ``shutting_down_s`` of the old API server's 429s (Retry-After: 5), then
+        ``seconds`` of 503s, then service as before (see the module docstring)."""
+        now = time.monotonic()
+        rules = []
+        if shutting_down_s > 0:
+            rules.append(self._add(Rule(verb, re.compile(path), 10**9, "error", 429, "TooManyRequests",
+                                        window=(now, now + shutting_down_s), retry_after="5",
+                                        message="The apiserver is shutting down, please try again later.")))
+        start = now + shutting_down_s
+        rules.append(self._add(Rule(verb, re.compile(path), 10**9, "error", 503, "ServiceUnavailable",
+                                    window=(start, start + seconds))))
+        return rules
 
     def stall_streams(self) -> None:
         """Every open watch and followed log goes half-open (see the module docstring)."""
@@ -75,9 +100,12 @@ class Faults:
 
     def match(self, verb: str, path: str, is_watch: bool) -> Rule | None:
         """The first armed rule for this request (consumes one of its shots)."""
+        now = time.monotonic()
         with self.lock:
             for rule in self.rules:
                 if rule.remaining <= 0:
+                    continue
+                if rule.window is not None and not rule.window[0] <= now < rule.window[1]:
                     continue
                 if rule.verb and rule.verb != verb:
                     continue

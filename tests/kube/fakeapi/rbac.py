@@ -184,6 +184,18 @@ class Rbac:
         self.tokens[token] = user
         return user
 
+    def rotate(self, old: str, new: str) -> None:
+        """A credential that expires and is renewed: ``old`` is refused from now on (401, as the
+        token authenticator refuses an expired or revoked token: authentication.go answers
+        Unauthorized for every failed authenticator) and ``new`` is the same user's. What
+        renews it (a tokenFile rewritten by a sidecar, a fresh OIDC login) is the client's side."""
+        user = self.tokens.pop(old)
+        self.tokens[new] = user
+
+    def expire(self, token: str) -> None:
+        """``token`` is refused from now on, and nothing renews it."""
+        self.tokens.pop(token, None)
+
     def bind(self, user: User, cluster_role: str, namespace: str | None = None) -> None:
         """A RoleBinding of ``cluster_role`` in ``namespace`` (None: a ClusterRoleBinding)."""
         self.bindings.append(Binding((user.name,), self.cluster_roles[cluster_role], namespace))

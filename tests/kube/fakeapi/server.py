@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from .api import RESOURCES, Api, Resource
 from .faults import Faults
+from .fieldvalidation import check_strict
 from .rbac import Attributes, Rbac, request_attributes
 from .selectors import SelectorError, field_matcher, label_matcher
 from .store import ApiError, Gone, Obj, Store
@@ -160,7 +161,8 @@ class Handler(BaseHTTPRequestHandler):
         if rule is not None and rule.action == "error":
             if rule.code == 429:
                 # maxinflight.go tooManyRequests: http.Error's plain text, with Retry-After
-                self._send(429, b"Too many requests, please try again later.\n", "text/plain; charset=utf-8",
+                text = (rule.message or "Too many requests, please try again later.") + "\n"
+                self._send(429, text.encode(), "text/plain; charset=utf-8",
                            headers={"Retry-After": rule.retry_after or "1"})
                 return
             err = ApiError(rule.code, rule.reason, f"injected fault: {rule.code} {rule.reason}")
@@ -171,10 +173,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, self._api_groups())
             return
         if url.path in ("/version", "/version/"):      # behind the faults: an outage takes it too
-            # staging/src/k8s.io/apimachinery/pkg/version/types.go: Info
-            self._send(200, {"major": "1", "minor": "34", "gitVersion": "v1.34.0-fake", "gitCommit": "0" * 40,
-                             "gitTreeState": "clean", "buildDate": "2025-08-27T00:00:00Z", "goVersion": "go1.24.6",
-                             "compiler": "gc", "platform": "linux/amd64"})
+            self._version()
             return
         lose = rule is not None and rule.action == "lose_response"
         try:
@@ -203,6 +202,21 @@ class Handler(BaseHTTPRequestHandler):
             self._drop()
             return
         self._send(code, payload)
+
+    def _version(self) -> None:
+        """GET /version (staging/src/k8s.io/apimachinery/pkg/version/types.go: Info), readable by
+        anyone (system:public-info-viewer). WithAuthentication wraps every path
+        (staging/src/k8s.io/apiserver/pkg/server/config.go DefaultBuildHandlerChain): a credential
+        sent and rejected is 401 even here; only a request without one is anonymous."""
+        if self.server.rbac is not None and self.headers.get("Authorization"):
+            try:
+                self.server.rbac.authenticate(self.headers.get("Authorization"))
+            except ApiError as err:
+                self._send(err.code, err.status())
+                return
+        self._send(200, {"major": "1", "minor": "34", "gitVersion": "v1.34.0-fake", "gitCommit": "0" * 40,
+                         "gitTreeState": "clean", "buildDate": "2025-08-27T00:00:00Z", "goVersion": "go1.24.6",
+                         "compiler": "gc", "platform": "linux/amd64"})
 
     def _api_groups(self) -> Obj:
         """GET /apis (discovery, readable by every user: system:discovery): the APIGroupList of the
@@ -265,6 +279,8 @@ class Handler(BaseHTTPRequestHandler):
         api: Api = self.server.api
         if res.namespaced and name is None and verb == "POST" and ns is None:
             raise ApiError(405, "MethodNotAllowed", "create needs a namespace in the path")
+        if verb == "POST" and name is None and query.get("fieldValidation") == "Strict":
+            check_strict(res.kind, res.group_version, body, res.crd, self.server.schema_version)
         if verb == "GET" and name is None:
             return 200, self._list(res, ns, query)
         if verb == "GET" and res.plural == "namespaces":
@@ -590,6 +606,7 @@ class FakeApiServer(ThreadingHTTPServer):
         self.api = Api(Store(history_limit=history_limit))
         self.faults = Faults()
         self.rbac: Rbac | None = None      # None: no authentication or authorisation at all
+        self.schema_version = "1.34"       # the API's schemas for fieldValidation=Strict (fieldvalidation.py)
         self.stopping = threading.Event()
         # client (host, port) of every connection whose handler is streaming a watch or a followed
         # log right now. Such a connection reads no new request until the stream ends, as the
