@@ -25,7 +25,7 @@ class Collector:
         self.events.extend(self.last.events)
         return self.last
 
-    def until(self, pred: Callable[["Collector"], bool], timeout: float = 15.0) -> bool:
+    def until(self, pred: Callable[["Collector"], bool], timeout: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.poll()

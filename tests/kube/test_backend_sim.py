@@ -598,7 +598,7 @@ def test_sim_log_rotation_during_a_dropped_stream_loses_no_progress(fake_api, ba
     fake_api.api.rotate_log("default", pod0["metadata"]["name"], "trainer")
     c.start()
     assert col.until(lambda col: col.last.finished, timeout=20)
-    assert col.until(lambda col: len(col.kinds(base.PROGRESS)) >= 20, timeout=5)
+    assert col.until(lambda col: len(col.kinds(base.PROGRESS)) >= 20, timeout=60)
     assert [e.progress["step"] for e in col.kinds(base.PROGRESS)] == list(range(20))
     reads = [r for r in fake_api.api.sent("GET", "/log") if r["query"].get("follow") == "true"]
     assert all(r["query"].get("timestamps") == "true" for r in reads)
@@ -622,7 +622,7 @@ def test_sim_a_progress_line_stamped_before_the_note_written_ahead_of_it_arrives
     c.script(job="sim-a0", index=1, run_seconds=1.0)
     ref, col = _submit(fake_api, backend)
     assert col.until(lambda col: col.last.finished)
-    assert col.until(lambda col: len(col.kinds(base.PROGRESS)) >= 7, timeout=5)
+    assert col.until(lambda col: len(col.kinds(base.PROGRESS)) >= 7, timeout=60)
     events = [e.progress.get("event") for e in col.kinds(base.PROGRESS)]
     assert events == ["start", "resume"] + ["step"] * 5, events
 

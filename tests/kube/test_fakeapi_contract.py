@@ -543,11 +543,11 @@ def test_sim_a_graceful_delete_gives_the_container_its_sigterm_and_grace(fake_ap
     c.tick()
     saver = core.read_namespaced_pod("saver", "default")
     assert saver.metadata.deletion_timestamp and saver.status.phase == "Running"   # handling SIGTERM
-    assert c.run_until(lambda: "saved" in fake_api.api.log_lines("default", "saver", "c"), timeout=5), (
+    assert c.run_until(lambda: "saved" in fake_api.api.log_lines("default", "saver", "c"), timeout=60), (
         c.timeline, fake_api.api.logs)
     assert fake_api.api.log_lines("default", "saver", "c") == ["saving checkpoint", "saved"]
-    assert c.run_until(lambda: not fake_api.store.exists("pods", "default", "saver"), timeout=5)
-    assert c.run_until(lambda: not fake_api.store.exists("pods", "default", "deaf"), timeout=5)
+    assert c.run_until(lambda: not fake_api.store.exists("pods", "default", "saver"), timeout=60)
+    assert c.run_until(lambda: not fake_api.store.exists("pods", "default", "deaf"), timeout=60)
     exits = dict(detail.split() for _, what, detail in c.timeline if what == "pod_stopped")
     assert exits == {"saver": "83", "deaf": "137"}, c.timeline
 

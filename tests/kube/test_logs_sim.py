@@ -40,7 +40,7 @@ def test_tail_since_and_timestamps_reach_pods_log(fake_api, backend, tmp_path, m
     pod = next(p["metadata"]["name"] for p in fake_api.store.list("pods")[0]
                if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "0")
     key = ("default", pod, "trainer")
-    assert fake_api.cluster.run_until(lambda: "late" in fake_api.api.log_lines(*key), timeout=10)
+    assert fake_api.cluster.run_until(lambda: "late" in fake_api.api.log_lines(*key), timeout=60)
     entries = fake_api.api.log_file(*key)[1]
 
     assert list(backend.logs(ref, 0, query=base.LogQuery(tail=2))) == ["three", "late"]
