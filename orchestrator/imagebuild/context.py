@@ -151,8 +151,11 @@ def source_metadata(root: Path) -> dict[str, str]:
     return meta
 
 
-def created_timestamp() -> str:
+def source_date() -> str | None:
+    """SOURCE_DATE_EPOCH as an RFC 3339 time (reproducible builds pin the image's created label
+    with it), or None when it is unset or not a number of seconds."""
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    when = (_dt.datetime.fromtimestamp(int(epoch), _dt.timezone.utc) if epoch and epoch.isdigit()
-            else _dt.datetime.now(_dt.timezone.utc))
-    return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    if not (epoch and epoch.isdigit()):
+        return None
+    when = _dt.datetime.fromtimestamp(int(epoch), _dt.timezone.utc)
+    return when.isoformat().replace("+00:00", "Z")

@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import BuildError
 from ..runtime.protocol import ENV_VENDOR_PROFILE
-from .context import (REQUIREMENTS_DIR, WHEELHOUSE_DIR, WHEELHOUSE_TORCH_DIR, ContextScan, created_timestamp,
+from .context import (REQUIREMENTS_DIR, WHEELHOUSE_DIR, WHEELHOUSE_TORCH_DIR, ContextScan, source_date,
                       scan_context, source_metadata)
 from .digest import content_digest, wheelhouse_hashes, wheels_image_digest
 from .dockerfile import DockerfileInputs, render_dockerfile
@@ -157,7 +157,12 @@ def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: s
             wheels_images[folder] = f"{WHEELS_IMAGE_REPO}:{group}-{wheels_image_digest(folder, hashes)}"
 
     meta = source if source is not None else source_metadata(root)
-    volatile = {"org.opencontainers.image.created": created or created_timestamp(),
+    # Labels sit before the code (templates/Dockerfile.j2), so none may change with every build:
+    # the build time is the image's own Created field, and a created label is set only when the
+    # caller pins it (``created``, or SOURCE_DATE_EPOCH for reproducible builds). These two are
+    # left out of the content digest: the same content with a new commit is still up to date.
+    created = created or source_date()
+    volatile = {**({"org.opencontainers.image.created": created} if created else {}),
                 **({"org.opencontainers.image.revision": meta["revision"]} if meta.get("revision") else {})}
     stable = {
         "org.opencontainers.image.source": meta["source"],
@@ -186,7 +191,7 @@ def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: s
     canonical = render_dockerfile(inputs)
     digest = content_digest(canonical, scan, requirements_files, wheel_hashes, wheel_fingerprint, args, platform,
                             base_image_id)
-    labels = {**stable, "io.wmctl.content-digest": digest[:12], **volatile}
+    labels = {**stable, **volatile}
     dockerfile = render_dockerfile(DockerfileInputs(**{**inputs.__dict__, "labels": tuple(labels.items())}))
     return BuildPlan(
         dockerfile=dockerfile, context=scan, requirements=requirements, wheelhouse=wh,

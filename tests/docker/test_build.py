@@ -6,6 +6,7 @@ Requirements the base already satisfies (numpy) need no network; wheelhouse buil
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import shutil
@@ -69,6 +70,7 @@ def run_in_image(client, image: str, script: str) -> str:
 
 def test_build_image_carries_runtime_launcher_labels_and_torch(docker_client, base_image, tmp_path, tag):
     spec = write_job(tmp_path / "job", base_image)
+    started = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     result = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -89,7 +91,11 @@ def test_build_image_carries_runtime_launcher_labels_and_torch(docker_client, ba
     assert labels["io.wmctl.version"] == __version__
     assert re.fullmatch(r"[0-9a-f]{12}", labels["io.wmctl.spec-hash"])
     assert labels["org.opencontainers.image.source"]
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", labels["org.opencontainers.image.created"])
+    # The build time is the image's own Created field, not a label: a label that changes with
+    # every build would be a second step to run on every code change.
+    assert "org.opencontainers.image.created" not in labels
+    created = datetime.datetime.fromisoformat(docker_client.images.get(tag).attrs["Created"][:19] + "+00:00")
+    assert started <= created <= datetime.datetime.now(datetime.timezone.utc)
 
     record = json.loads((spec.parent / ".wmctl" / "images.json").read_text())["tiny"]
     assert record["tag"] == tag
@@ -130,6 +136,9 @@ def test_code_only_change_reuses_dependency_layers(docker_client, base_image, tm
         assert [c for i, c in dependency if match(i)] == [True], (kind, steps)
     uncached = [instr for instr, cached in dependency if not cached]
     assert not uncached, uncached
+    # The code's COPY is the last step and the only one that ran: the labels come before it.
+    assert code == len(steps) - 1, steps
+    assert any(instr.startswith("LABEL") and cached for instr, cached in steps[:code]), steps
     assert "train v2" in run_in_image(docker_client, tag, "python train.py")
 
 

@@ -135,10 +135,30 @@ def test_layer_order_dependencies_before_code(tmp_path):
     code = at(lambda ln: ln.startswith("COPY ") and '"src/"' in ln)
     label = at(lambda ln: ln.startswith("LABEL "))
     assert frm == 0
-    assert frm < torch < req_copy < req_run < wheel_copy < wheel_run < workdir < code < label
+    assert frm < torch < req_copy < req_run < wheel_copy < wheel_run < workdir < label < code
     # Only the requirements file is copied before the dependency install, not the code.
     assert sum(1 for ln in lines if ln.startswith("COPY ")) == 3
-    assert instructions(plan.dockerfile)[-1] == "LABEL"
+    # The code is the last step: a code change runs that one step and no other.
+    assert instructions(plan.dockerfile)[-1] == "COPY"
+
+
+def test_labels_do_not_change_with_the_code_or_the_clock(tmp_path, monkeypatch):
+    # The LABEL step comes before the code: a build time or a content digest in it would make it
+    # run again on every code change, a second uncached step beside the code's COPY.
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    spec = write_spec(tmp_path / "job")
+    first = plan_for(spec, created=None)
+    (tmp_path / "job" / "train.py").write_text("print(2)\n")
+    second = plan_for(spec, created=None)
+    assert first.digest != second.digest
+    label_lines = [[ln for ln in p.dockerfile.splitlines() if ln.startswith(("LABEL", "      \""))]
+                   for p in (first, second)]
+    assert label_lines[0] and label_lines[0] == label_lines[1]
+    assert "org.opencontainers.image.created" not in first.labels
+    assert second.digest[:12] not in second.dockerfile
+    # SOURCE_DATE_EPOCH pins the created label (reproducible builds): the same on every build.
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
+    assert plan_for(spec, created=None).labels["org.opencontainers.image.created"] == "2026-01-01T00:00:00Z"
 
 
 def test_runtime_wheel_installed_without_dependencies_and_checked(tmp_path):
