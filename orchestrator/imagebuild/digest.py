@@ -33,7 +33,8 @@ RACY_S = 2.0
 T = TypeVar("T")
 
 
-def _cache_path(name: str) -> Path:
+def cache_path(name: str) -> Path:
+    """``name`` in wmctl's cache folder (WMCTL_CACHE_DIR, else $XDG_CACHE_HOME/wmctl or ~/.cache/wmctl)."""
     root = os.environ.get("WMCTL_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "wmctl")
     return Path(root) / name
@@ -61,8 +62,8 @@ def by_stamp(cache_file: str, paths: list[Path], compute: Callable[[Path], T],
              clock: Callable[[], float] = time.time) -> list[T]:
     """``compute(path)`` for each path (a JSON value), from the cache file when the file is
     unchanged since (same device, inode, size, mtime and ctime)."""
-    cache_path = _cache_path(cache_file)
-    cache = _load_cache(cache_path)
+    cache_path_ = cache_path(cache_file)
+    cache = _load_cache(cache_path_)
     out: list[T] = []
     changed = False
     now = clock()
@@ -80,7 +81,7 @@ def by_stamp(cache_file: str, paths: list[Path], compute: Callable[[Path], T],
             cache[key] = [stamp, value]
             changed = True
     if changed:
-        _save_cache(cache_path, cache)
+        _save_cache(cache_path_, cache)
     return out
 
 
@@ -94,11 +95,11 @@ def wheelhouse_hashes(wheelhouse: Path, wheelhouse_files: list[tuple[str, int]],
     return dict(zip(rels, hashes, strict=True))
 
 
-def wheels_image_digest(folder: str, hashes: dict[str, str]) -> str:
-    """The identity of one wheels image: its folder and every wheel's name and content. Same
-    wheels, same image, whatever job or folder they came from."""
+def wheels_image_digest(folder: str, hashes: dict[str, str], dockerfile: str) -> str:
+    """The identity of one wheels image: the Dockerfile that makes it, its folder and every
+    wheel's name and content. Same wheels, same image, whatever job or folder they came from."""
     h = hashlib.sha256()
-    h.update(f"{folder}\0".encode("utf-8", "surrogateescape"))
+    h.update(f"{dockerfile}\0{folder}\0".encode("utf-8", "surrogateescape"))
     for rel in sorted(hashes):
         h.update(f"{rel}\0{hashes[rel]}\0".encode("utf-8", "surrogateescape"))
     return h.hexdigest()

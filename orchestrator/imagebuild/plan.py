@@ -37,7 +37,7 @@ from ..runtime.protocol import ENV_VENDOR_PROFILE
 from .context import (REQUIREMENTS_DIR, WHEELHOUSE_DIR, WHEELHOUSE_TORCH_DIR, ContextScan, source_date,
                       scan_context, source_metadata)
 from .digest import content_digest, wheelhouse_hashes, wheels_image_digest
-from .dockerfile import DockerfileInputs, render_dockerfile
+from .dockerfile import WHEELS_DOCKERFILE, DockerfileInputs, render_dockerfile
 from .quoting import check_ident, check_ref, check_single_line
 from .requirements import inside, requirements_closure
 from .wheelhouse import torch_wheel_set, wheelhouse_files
@@ -154,7 +154,8 @@ def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: s
     for folder, group, wanted in ((WHEELHOUSE_TORCH_DIR, "torch", torch_wheels), (WHEELHOUSE_DIR, "deps", dep_wheels)):
         if wanted:
             hashes = {rel: wheel_hashes[rel] for rel in wanted}
-            wheels_images[folder] = f"{WHEELS_IMAGE_REPO}:{group}-{wheels_image_digest(folder, hashes)}"
+            identity = wheels_image_digest(folder, hashes, WHEELS_DOCKERFILE)
+            wheels_images[folder] = f"{WHEELS_IMAGE_REPO}:{group}-{identity}"
 
     meta = source if source is not None else source_metadata(root)
     # Labels sit before the code (templates/Dockerfile.j2), so none may change with every build:
@@ -202,7 +203,7 @@ def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: s
     )
 
 
-def _human(n: float) -> str:
+def human_size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -214,7 +215,7 @@ def context_summary(plan: BuildPlan, max_excluded: int = 20) -> str:
     scan = plan.context
     lines = [
         f"context: {scan.root}",
-        f"  files: {len(scan.files)} ({_human(scan.total_size)}), sent as src/ -> image WORKDIR",
+        f"  files: {len(scan.files)} ({human_size(scan.total_size)}), sent as src/ -> image WORKDIR",
         f"  .dockerignore: {scan.ignore_source}; excluded: {len(scan.excluded)}",
     ]
     for rel in scan.excluded[:max_excluded]:
@@ -229,12 +230,12 @@ def context_summary(plan: BuildPlan, max_excluded: int = 20) -> str:
     if plan.wheelhouse is not None:
         size = sum(s for _, s in plan.wheelhouse_files)
         lines.append(f"  wheelhouse (offline build, pip --no-index): {plan.wheelhouse} "
-                     f"({len(plan.wheelhouse_files)} files, {_human(size)}; stays in the image's layers)")
+                     f"({len(plan.wheelhouse_files)} files, {human_size(size)}; stays in the image's layers)")
         for ref in plan.wheels_images.values():
             lines.append(f"    sent once, as {ref} (built when the engine lacks it); the build copies from it")
         if plan.torch_wheels:
             torch_size = sum(s for rel, s in plan.wheelhouse_files if rel in plan.torch_wheels)
-            lines.append(f"    for the torch step: {len(plan.torch_wheels)} files ({_human(torch_size)}); "
+            lines.append(f"    for the torch step: {len(plan.torch_wheels)} files ({human_size(torch_size)}); "
                          "the rest is copied just before the requirements step")
     if plan.base_image_id:
         lines.append(f"  base image: {plan.base} ({plan.base_image_id[7:19]}), its id is part of the content digest")

@@ -386,6 +386,42 @@ def test_source_label_drops_credentials():
     assert strip_userinfo("git@github.com:x/y.git") == "git@github.com:x/y.git"
 
 
+def test_source_metadata_from_a_real_repository_and_no_git_outside_one(tmp_path, monkeypatch):
+    from orchestrator.imagebuild import context
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@x"}
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
+
+    git("init", "-q")
+    git("remote", "add", "origin", "https://user:tok@example.com/team/wm.git")
+    (repo / "train.py").write_text("print(1)\n")
+    git("add", "train.py")
+    git("commit", "-qm", "one")
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (repo / "untracked.txt").write_text("not a change to the commit\n")
+    assert context.source_metadata(repo) == {"source": "https://example.com/team/wm.git", "revision": head}
+    (repo / "train.py").write_text("print(2)\n")
+    assert context.source_metadata(repo)["revision"] == head + "-dirty"
+
+    outside = tmp_path / "plain"
+    outside.mkdir()
+    monkeypatch.delenv("GIT_DIR", raising=False)
+    monkeypatch.delenv("GIT_WORK_TREE", raising=False)
+    assert not any((folder / ".git").exists() for folder in outside.resolve().parents), \
+        "pytest's tmp_path lies inside a git work tree here: give it another --basetemp"
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("git was started outside a work tree")
+
+    monkeypatch.setattr(context.subprocess, "Popen", no_process)
+    assert context.source_metadata(outside) == {"source": outside.resolve().as_uri()}
+
+
 # ---- .dockerignore and the context -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("patterns,path,ignored", [

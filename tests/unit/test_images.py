@@ -11,7 +11,6 @@ import sys
 import tarfile
 from pathlib import Path
 
-import docker.errors
 import pytest
 from click.testing import CliRunner
 
@@ -279,7 +278,8 @@ def test_context_carries_nested_requirements_and_both_wheel_groups(tmp_path):
         with tarfile.open(fileobj=buf) as tar:
             wheels |= set(tar.getnames())
             dockerfile = tar.extractfile("Dockerfile").read().decode()
-        assert dockerfile.splitlines()[1:] == ["FROM scratch", 'COPY ["wmctl/", "/wmctl/"]']
+        assert dockerfile.splitlines()[1:] == ["FROM scratch", 'LABEL "io.wmctl.wheelhouse"="wheels"',
+                                               'COPY ["wmctl/", "/wmctl/"]']
     assert {"wmctl/wheelhouse-torch/torch-1.0-py3-none-any.whl",
             "wmctl/wheelhouse-torch/filelock-1.0-py3-none-any.whl",
             "wmctl/wheelhouse/six-1.0-py3-none-any.whl"} <= wheels
@@ -301,33 +301,32 @@ class RecordingReporter(Reporter):
         self.closed += 1
 
 
-class FakeImage:
-    def __init__(self, image_id):
-        self.id = image_id
-
-
 class FakeClient:
-    """Just enough of docker.DockerClient: images.get, api.tag/build/push."""
+    """Just enough of an engine: the build's ImageAPI (image_id, tag, build, list/remove) and the
+    SDK's api.push for a push."""
 
     def __init__(self, have=(), build_chunks=(), push_chunks=()):
         self.have = dict(have)
         self.build_chunks = list(build_chunks)
         self.push_chunks = list(push_chunks)
         self.tagged = []
-        self.images = self
         self.api = self
 
-    def get(self, ref):
-        if ref not in self.have:
-            raise docker.errors.ImageNotFound(f"no such image: {ref}")
-        return FakeImage(self.have[ref])
+    def image_id(self, ref):
+        return self.have.get(ref)
 
     def tag(self, image, repo, tag):
         self.tagged.append((image, f"{repo}:{tag}"))
 
-    def build(self, **kwargs):
-        kwargs["fileobj"].read()
+    def build(self, fileobj, **params):
+        fileobj.read()
         return iter(self.build_chunks)
+
+    def list_images(self, label):
+        return []
+
+    def remove_image(self, ref):
+        raise AssertionError(f"nothing may be removed here: {ref}")
 
     def push(self, repo, tag=None, stream=True, decode=True):
         return iter(self.push_chunks)
@@ -391,7 +390,7 @@ def test_wheel_build_failure_in_the_command_closes_the_reporter(tmp_path, monkey
     def broken_wheel(*args, **kwargs):
         raise BuildError("cannot build the wmctl wheel")
 
-    monkeypatch.setattr(engine, "get_client", lambda *a, **k: FakeClient())
+    monkeypatch.setattr(engine, "connect", lambda *a, **k: FakeClient())
     monkeypatch.setattr(progress, "make_reporter", make_reporter)
     monkeypatch.setattr(wheel, "build_wheel", broken_wheel)
     monkeypatch.setattr(wheel, "fingerprint", lambda *a, **k: "f" * 64)
