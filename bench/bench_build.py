@@ -1,6 +1,7 @@
 """Cold build vs code-only rebuild of the example image, against the engine's own one-layer rebuild.
 
-    python bench/bench_build.py [SPEC] [--online] [--rounds N]   (default examples/worldmodel/job.yaml, 5)
+    python bench/bench_build.py [SPEC] [--online] [--rounds N] [--no-bytecode]
+                                    (default examples/worldmodel/job.yaml, 5 rounds)
 
 Needs a Docker engine (.ci/start-dockerd.sh). The example is copied to a temp folder and built
 FROM the local test base image (tests/docker/baseimage.py; built first if missing), so no
@@ -9,7 +10,10 @@ image was built from (torch + numpy, about 200 MB: the field report's case, wher
 used to send the whole wheelhouse again); --online builds without one. "Cold" = --no-cache
 (every layer of the example image runs, wheels images included; the base image itself is not
 rebuilt). "Code-only" = one line appended to the training script, then `wmctl build-image`: the
-whole process's wall time, as a user sees it (start-up, spec, plan, engine, record).
+whole process's wall time, as a user sees it (start-up, spec, plan, engine, record). wmctl runs
+as an installed one does, from bytecode: the cold build writes it under a temporary
+PYTHONPYCACHEPREFIX, even where PYTHONDONTWRITEBYTECODE is set (as on the project's CI machines);
+--no-bytecode keeps the environment's setting, so every run compiles wmctl's modules again.
 
 Floor: what the engine itself needs for a one-layer rebuild with one changed file: `FROM <the
 cold-built image>` + `COPY train.py`, after the same kind of one-line change, timed in-process
@@ -108,6 +112,9 @@ def main() -> None:
         spec = work / spec_src.name
         pinned = wheel.build_wheel(Path(tmp))  # same runtime wheel for every build
         env = {**os.environ, "PYTHONPATH": str(REPO), wheel.ENV_WHEEL: str(pinned)}
+        if "--no-bytecode" not in argv:
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
         common = ["build-image", str(spec), "--tag", TAG, "--set", f"image.base={base}", "-q"]
         if wheelhouse is not None:
             common += ["--wheelhouse", str(wheelhouse)]
@@ -137,6 +144,9 @@ def main() -> None:
         print(f"offline build, wheelhouse {wheelhouse} ({wh_size / 2**20:.1f} MiB)")
     else:
         print("online build (no wheelhouse)")
+    print("wmctl from bytecode" if "--no-bytecode" not in argv
+          else f"wmctl bytecode as the environment has it (PYTHONDONTWRITEBYTECODE="
+               f"{os.environ.get('PYTHONDONTWRITEBYTECODE', '')!r})")
     med = statistics.median
     ratios = [o / f for o, f in zip(ours, floor, strict=True)]
     print(f"cold build (--no-cache):   {cold:7.2f} s")
