@@ -105,6 +105,26 @@ def wheels_image_digest(folder: str, hashes: dict[str, str], dockerfile: str) ->
     return h.hexdigest()
 
 
+def deps_digest(deps_dockerfile: str, requirements_files: list[tuple[str, Path]], wheel_hashes: dict[str, str],
+                wheel_fingerprint: str, build_args: dict[str, str], platform: str | None,
+                base_image_id: str | None = None) -> str:
+    """sha256 of everything that decides the dependency image (the Dockerfile's lines above its
+    split): its Dockerfile, the base image's id, the requirements files, the wheelhouse, the runtime
+    wheel, build args and platform; not the job's own files."""
+    h = hashlib.sha256()
+    for part in ("deps-dockerfile", deps_dockerfile, "base-id", base_image_id or ""):
+        h.update(part.encode("utf-8", "surrogateescape") + b"\0")
+    for rel, path in requirements_files:
+        h.update(f"requirements\0{rel}\0{_file_sha256(path)}\0".encode("utf-8", "surrogateescape"))
+    for name in sorted(wheel_hashes):
+        h.update(f"wheelhouse\0{name}\0{wheel_hashes[name]}\0".encode("utf-8", "surrogateescape"))
+    h.update(f"wheel\0{wheel_fingerprint}\0".encode())
+    for key in sorted(build_args):
+        h.update(f"arg\0{key}\0{build_args[key]}\0".encode("utf-8", "surrogateescape"))
+    h.update(f"platform\0{platform or ''}\0".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
 def content_digest(dockerfile_canonical: str, scan: ContextScan, requirements_files: list[tuple[str, Path]],
                    wheel_hashes: dict[str, str], wheel_fingerprint: str,
                    build_args: dict[str, str], platform: str | None, base_image_id: str | None = None) -> str:

@@ -49,6 +49,22 @@ if shutil.which("wmctl-bind") is None:
     sys.exit("wmctl: the wmctl-bind launcher is not on PATH after installing the wmctl wheel")
 print("wmctl", orchestrator.__version__, "torch", torch.__version__, "launcher", shutil.which("wmctl-bind"))"""
 
+# The line the rendered Dockerfile is split at: above it, the dependency image (everything but the
+# job's own code and labels), built once per its content; below it, the job's layers, built FROM
+# that image. A whole line of the template's own: no value from a spec or profile can make one
+# (they are single-line and quoted inside their instruction).
+DEPS_SPLIT = ("# ---- wmctl: the job's own layers. The lines above make the dependency image, built once "
+              "per their content; these are built FROM it.")
+
+
+def split_dockerfile(text: str) -> tuple[str, str]:
+    """(the dependency image's Dockerfile, the job's lines after it: no FROM yet)."""
+    head, sep, tail = text.partition("\n" + DEPS_SPLIT + "\n")
+    if not sep:
+        raise BuildError("internal: the rendered Dockerfile has no dependency-image split line")
+    return head + "\n", DEPS_SPLIT + "\n" + tail
+
+
 # A wheels image (offline builds): one group of the wheelhouse alone, FROM scratch, at the same
 # folder as in its build context. Built once per content; every job build copies from it. The
 # label marks it as wmctl's own: `build-image --prune-wheels` removes only images that carry it.
@@ -219,6 +235,7 @@ def render_dockerfile(inputs: DockerfileInputs, template_text: str | None = None
         torch_packages=list(inputs.torch_packages), pip_source=pip_source,
         system_packages=packages, optional_count=str(len(inputs.optional_packages)),
         offline_flag="1" if inputs.offline else "0", apt_script=APT_SCRIPT, check_script=CHECK_SCRIPT,
+        deps_split=DEPS_SPLIT,
         image_env=[list(kv) for kv in inputs.image_env], build_arg_names=list(inputs.build_arg_names),
         labels=[list(label) for label in inputs.labels],
     ))

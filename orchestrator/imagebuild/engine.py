@@ -79,17 +79,27 @@ def _add_file(tar: tarfile.TarFile, name: str, path: Path, mode: int | None = No
         tar.addfile(info)
 
 
-def write_context(plan: BuildPlan, wheel_path: Path, fileobj: IO[bytes]) -> int:
-    """Write the build context tar for ``plan`` to ``fileobj``; return the number of entries."""
+def write_deps_context(plan: BuildPlan, wheel_path: Path, fileobj: IO[bytes]) -> int:
+    """The dependency image's build context (its Dockerfile, the runtime wheel, the requirements
+    files; no code, no wheelhouse) to ``fileobj``; return the number of entries."""
     count = 0
     with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _add_bytes(tar, "Dockerfile", plan.dockerfile.encode("utf-8"))
+        _add_bytes(tar, "Dockerfile", plan.deps_dockerfile.encode("utf-8"))
         _add_file(tar, f"wmctl/wheels/{plan.wheel_name}", wheel_path, 0o644)
         count += 2
         for rel, path in plan.requirements_files:
             _add_file(tar, f"{REQUIREMENTS_DIR}/{rel}", path, 0o644)
             count += 1
         # No wheelhouse here: the Dockerfile copies it from the wheels image (write_wheels_context).
+    return count
+
+
+def write_code_context(plan: BuildPlan, fileobj: IO[bytes]) -> int:
+    """The job's own build context (its Dockerfile FROM the dependency image, and the code: what a
+    code-only rebuild sends) to ``fileobj``; return the number of entries."""
+    count = 1
+    with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        _add_bytes(tar, "Dockerfile", plan.code_dockerfile.encode("utf-8"))
         root = plan.context.root
         _add_bytes_dir(tar, "src")
         for entry in plan.context.entries:
@@ -210,18 +220,28 @@ def _build(plan: BuildPlan, wheel_path: Path, api: ImageAPI, reporter: Reporter,
             reporter.result(f"up to date: {plan.content_tag} ({existing[7:19]}); tagged {plan.tag}")
             return BuildResult(existing, plan.tags, True, [], time.monotonic() - t0)
 
-    wheels_built = []
-    for folder, ref in plan.wheels_images.items():
-        if no_cache or image_exists(api, ref) is None:
-            _build_wheels_image(plan, folder, ref, api, reporter, no_cache)
-            wheels_built.append(ref)
-    api = for_build(api, plan, pull)
+    wheels_built: list[str] = []
+    steps: list[Step] = []
+    if no_cache or image_exists(api, plan.deps_tag) is None:
+        for folder, ref in plan.wheels_images.items():
+            if no_cache or image_exists(api, ref) is None:
+                _build_wheels_image(plan, folder, ref, api, reporter, no_cache)
+                wheels_built.append(ref)
+        with tempfile.TemporaryFile(prefix="wmctl-deps-") as ctx:
+            write_deps_context(plan, wheel_path, ctx)
+            ctx.seek(0)
+            reporter.status(f"building the dependency image {plan.deps_tag} (once per its content)")
+            _deps_id, steps = _run_build(for_build(api, plan, pull), reporter, ctx, tag=plan.deps_tag,
+                                         no_cache=no_cache, pull=pull, build_args=plan.build_args,
+                                         platform=plan.platform, network_mode=network_mode)
     with tempfile.TemporaryFile(prefix="wmctl-context-") as ctx:
-        write_context(plan, wheel_path, ctx)
+        write_code_context(plan, ctx)
         ctx.seek(0)
-        reporter.status(f"sending build context to {os.environ.get('DOCKER_HOST') or 'the local engine'}")
-        image_id, steps = _run_build(api, reporter, ctx, tag=plan.tag, no_cache=no_cache, pull=pull,
-                                     build_args=plan.build_args, platform=plan.platform, network_mode=network_mode)
+        reporter.status(f"sending the code to {os.environ.get('DOCKER_HOST') or 'the local engine'}")
+        # FROM the dependency image the engine has: nothing to pull, no build arg to consume.
+        image_id, code_steps = _run_build(api, reporter, ctx, tag=plan.tag, no_cache=no_cache, pull=False,
+                                          build_args={}, platform=plan.platform, network_mode=network_mode)
+    steps += code_steps
     if not image_id.startswith("sha256:"):     # only "Successfully built <short id>" came: ask for the full one
         image_id = image_exists(api, image_id) or image_id
     _tag(api, image_id, plan.content_tag)

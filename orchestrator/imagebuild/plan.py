@@ -9,20 +9,30 @@ paths are checked against a fixed alphabet before rendering; every other value i
 JSON string inside an exec-form array (no shell, no Docker variable expansion for RUN) or as a
 double-quoted word with ``\\ " $`` escaped; control and line-separator characters are refused.
 
-Build context layout (the tar sent to the engine)::
+Two builds, split at the Dockerfile's ``DEPS_SPLIT`` line. The dependency image (every line
+above it: base, system packages, torch, requirements, the wmctl runtime, WORKDIR) is tagged
+``<repo>:wmctl-deps-<digest of those inputs>`` and built only when the engine lacks that tag; its
+context::
 
-    Dockerfile
+    Dockerfile                                      the lines above the split
     wmctl/wheels/wmctl-<version>-py3-none-any.whl   the runtime, same version as this CLI
     wmctl/req/<path in image.context>               image.requirements and the files it names
                                                     with -r/-c, at their context-relative paths
+
+The job's layers (labels, the code) are built FROM it; its context::
+
+    Dockerfile                                      FROM the dependency image + the lines below
     src/...                                         image.context minus .dockerignore
 
-Offline builds read image.wheelhouse from wheels images, not from this context: each group of
+So a code change sends the code alone, and the engine probes no dependency step at all (a
+cached ``COPY --from`` still reads and hashes every wheel it copies, on every build).
+
+Offline builds read image.wheelhouse from wheels images, not from a context: each group of
 wheels goes to the engine once, as ``wmctl/wheelhouse:<group>-<digest of its wheels>`` (``FROM
 scratch``; the torch step's wheels under /wmctl/wheelhouse-torch/, the rest under
-/wmctl/wheelhouse/), and the Dockerfile copies them with ``COPY --from=`` that image. A code
-change then sends only the code: a torch wheelhouse (hundreds of MB to GBs) is not tarred, sent
-and unpacked again; a new requirement's wheel makes a new deps image and leaves the torch one.
+/wmctl/wheelhouse/), and the dependency image copies them with ``COPY --from=`` that image: a
+torch wheelhouse (hundreds of MB to GBs) is not tarred, sent and unpacked again; a new
+requirement's wheel makes a new deps wheels image and leaves the torch one.
 """
 
 from __future__ import annotations
@@ -36,8 +46,8 @@ from ..errors import BuildError
 from ..runtime.protocol import ENV_VENDOR_PROFILE
 from .context import (REQUIREMENTS_DIR, WHEELHOUSE_DIR, WHEELHOUSE_TORCH_DIR, ContextScan, source_date,
                       scan_context, source_metadata)
-from .digest import content_digest, wheelhouse_hashes, wheels_image_digest
-from .dockerfile import WHEELS_DOCKERFILE, DockerfileInputs, render_dockerfile
+from .digest import content_digest, deps_digest, wheelhouse_hashes, wheels_image_digest
+from .dockerfile import WHEELS_DOCKERFILE, DockerfileInputs, render_dockerfile, split_dockerfile
 from .quoting import check_ident, check_ref, check_single_line
 from .requirements import inside, requirements_closure
 from .wheelhouse import torch_wheel_set, wheelhouse_files
@@ -57,6 +67,9 @@ class BuildPlan:
     tag: str                 # the user's tag (or wmctl/<name>:latest)
     content_tag: str         # same repository, tag wmctl-<digest>
     digest: str
+    # The dependency image (the Dockerfile's lines above its split), tagged by its own digest in
+    # the same repository: wmctl-deps-<digest>. The job's layers are built FROM it.
+    deps_tag: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     # image.requirements and the files it names: (path relative to the context, file)
     requirements_files: list[tuple[str, Path]] = field(default_factory=list)
@@ -71,6 +84,16 @@ class BuildPlan:
     @property
     def tags(self) -> list[str]:
         return [self.tag, self.content_tag]
+
+    @property
+    def deps_dockerfile(self) -> str:
+        """The dependency image's Dockerfile: every line above the split."""
+        return split_dockerfile(self.dockerfile)[0]
+
+    @property
+    def code_dockerfile(self) -> str:
+        """The job's own layers (labels, code), FROM the dependency image."""
+        return f"FROM {self.deps_tag}\n" + split_dockerfile(self.dockerfile)[1]
 
 
 # Where the wheels images live: one tag per wheelhouse content, shared by every job that uses it.
@@ -192,13 +215,16 @@ def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: s
     canonical = render_dockerfile(inputs)
     digest = content_digest(canonical, scan, requirements_files, wheel_hashes, wheel_fingerprint, args, platform,
                             base_image_id)
+    deps = deps_digest(split_dockerfile(canonical)[0], requirements_files, wheel_hashes, wheel_fingerprint, args,
+                       platform, base_image_id)
     labels = {**stable, **volatile}
     dockerfile = render_dockerfile(DockerfileInputs(**{**inputs.__dict__, "labels": tuple(labels.items())}))
     return BuildPlan(
         dockerfile=dockerfile, context=scan, requirements=requirements, wheelhouse=wh,
         wheelhouse_files=wh_files, wheel_name=wheel_name, wheel_fingerprint=wheel_fingerprint,
         build_args=args, platform=platform, tag=user_tag, content_tag=f"{repo}:wmctl-{digest[:12]}",
-        digest=digest, labels=labels, requirements_files=requirements_files, torch_wheels=torch_wheels,
+        digest=digest, deps_tag=f"{repo}:wmctl-deps-{deps[:12]}", labels=labels,
+        requirements_files=requirements_files, torch_wheels=torch_wheels,
         base=base, base_image_id=base_image_id, wheels_images=wheels_images,
     )
 
@@ -249,4 +275,6 @@ def context_summary(plan: BuildPlan, max_excluded: int = 20) -> str:
     lines.append("tags:")
     lines.append(f"  {plan.tag}")
     lines.append(f"  {plan.content_tag}   (content tag: unchanged context -> up to date, no rebuild)")
+    lines.append(f"  {plan.deps_tag}   (the dependency image: the lines above the split, built when the "
+                 "engine lacks it; the job's layers are built FROM it)")
     return "\n".join(lines)

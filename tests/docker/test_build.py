@@ -116,15 +116,8 @@ def test_code_only_change_reuses_dependency_layers(docker_client, base_image, tm
     spec = write_job(tmp_path / "job", base_image)
     first = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    (spec.parent / "train.py").write_text("print('train v2')\n")
-    second = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-
-    steps = steps_from_output(second.stdout)
-    code = next(i for i, (instr, _) in enumerate(steps) if instr.startswith("COPY") and '"src/"' in instr)
-    assert steps[code][1] is False, steps
-    # Every layer that installs something comes before the code and must be reused.
-    dependency = [(instr, cached) for instr, cached in steps[:code] if instr.startswith(("RUN", "COPY"))]
+    built = steps_from_output(first.stdout)
+    # Every layer that installs something went into the dependency image, before the code.
     kinds = {
         "torch": lambda i: i.startswith("RUN") and "torch==" in i,
         "requirements copy": lambda i: i.startswith("COPY") and "wmctl/req/" in i,
@@ -133,14 +126,27 @@ def test_code_only_change_reuses_dependency_layers(docker_client, base_image, tm
         "runtime wheel install": lambda i: i.startswith("RUN") and "--no-deps" in i,
         "check": lambda i: i.startswith("RUN") and "wmctl-bind" in i,
     }
+    code_from = next(i for i, (instr, _) in enumerate(built) if instr.startswith("FROM") and "wmctl-deps-" in instr)
     for kind, match in kinds.items():
-        assert [c for i, c in dependency if match(i)] == [True], (kind, steps)
-    uncached = [instr for instr, cached in dependency if not cached]
-    assert not uncached, uncached
-    # The code's COPY is the last step and the only one that ran: the labels come before it.
-    assert code == len(steps) - 1, steps
-    assert any(instr.startswith("LABEL") and cached for instr, cached in steps[:code]), steps
+        assert len([i for i, _ in built[:code_from] if match(i)]) == 1, (kind, built)
+    deps_ref = built[code_from][0].split(None, 1)[1]
+    deps_id = docker_client.images.get(deps_ref).id
+
+    (spec.parent / "train.py").write_text("print('train v2')\n")
+    second = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    steps = steps_from_output(second.stdout)
+    # Only the job's own layers were built, FROM the same dependency image: no dependency step ran
+    # or was even looked at; the labels were reused and the code's COPY is the one step that ran.
+    assert [instr.split(None, 1)[0] for instr, _ in steps] == ["FROM", "LABEL", "COPY"], steps
+    assert steps[0][0] == f"FROM {deps_ref}" and docker_client.images.get(deps_ref).id == deps_id
+    assert steps[1][1] is True and steps[2][1] is False and '"src/"' in steps[2][0], steps
+    assert not [instr for instr, _ in steps if any(match(instr) for match in kinds.values())]
     assert "train v2" in run_in_image(docker_client, tag, "python train.py")
+    # The new image is the old one's dependency layers plus one: the code.
+    old_layers = docker_client.images.get(deps_ref).attrs["RootFS"]["Layers"]
+    new_layers = docker_client.images.get(tag).attrs["RootFS"]["Layers"]
+    assert new_layers[:-1] == old_layers and len(new_layers) == len(old_layers) + 1
 
 
 def test_spec_in_a_subfolder_with_nested_requirements_builds_and_stays_up_to_date(docker_client, base_image,
@@ -308,7 +314,8 @@ def test_code_only_rebuild_does_not_send_the_wheelhouse_again(docker_client, bas
     assert [t for t, _, _ in recorder.sent] == [tag]
     names = recorder.sent[0][1]
     assert "src/train.py" in names and not [n for n in names if "wheelhouse" in n]
-    assert [n for n in names if n.endswith(".whl")] == [f"wmctl/wheels/{wheel.wheel_name()}"]
+    # Not even the runtime wheel: it is in the dependency image, which the code is built FROM.
+    assert set(names) == {"Dockerfile", "src"} | {n for n in names if n.startswith("src/")}
     assert run_in_image(docker_client, tag, "python train.py; python -c 'import six; print(six.__name__)'").split() \
         == ["train", "v2", "six"]
 

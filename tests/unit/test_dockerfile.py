@@ -142,6 +142,30 @@ def test_layer_order_dependencies_before_code(tmp_path):
     assert instructions(plan.dockerfile)[-1] == "COPY"
 
 
+def test_the_dependency_image_and_the_jobs_layers(tmp_path):
+    from orchestrator.imagebuild.dockerfile import DEPS_SPLIT
+
+    spec = write_spec(tmp_path / "job")
+    plan = plan_for(spec)
+    deps, code = plan.deps_dockerfile, plan.code_dockerfile
+    assert plan.dockerfile.count(DEPS_SPLIT) == 1
+    # Everything but the labels and the code makes the dependency image...
+    assert instructions(deps)[-1] == "WORKDIR" and "LABEL" not in instructions(deps)
+    assert '"src/"' not in deps and "torch==" in deps and "/tmp/wmctl/req/requirements.txt" in deps
+    # ...and the job's layers are built FROM it: labels, then the code.
+    assert instructions(code) == ["FROM", "LABEL", "COPY"]
+    assert code.startswith(f"FROM {plan.deps_tag}\n") and plan.deps_tag.startswith("wmctl/tiny:wmctl-deps-")
+    assert deps + code.split("\n", 1)[1] == plan.dockerfile
+    # A code change keeps the dependency image; a requirement, the base's id or a build arg does not.
+    (tmp_path / "job" / "train.py").write_text("print(2)\n")
+    again = plan_for(spec)
+    assert again.deps_tag == plan.deps_tag and again.content_tag != plan.content_tag
+    (tmp_path / "job" / "requirements.txt").write_text("numpy\nsix\n")
+    assert plan_for(spec).deps_tag != plan.deps_tag
+    assert plan_for(spec, base_image_id="sha256:" + "1" * 64).deps_tag != again.deps_tag
+    assert plan_for(spec, build_args={"X": "1"}).deps_tag != plan_for(spec, build_args={"X": "2"}).deps_tag
+
+
 def test_labels_do_not_change_with_the_code_or_the_clock(tmp_path, monkeypatch):
     # The LABEL step comes before the code: a build time or a content digest in it would make it
     # run again on every code change, a second uncached step beside the code's COPY.

@@ -262,14 +262,24 @@ def test_context_carries_nested_requirements_and_both_wheel_groups(tmp_path):
     runtime = tmp_path / "wmctl-0.1.0-py3-none-any.whl"
     runtime.write_bytes(b"wheel")
     buf = io.BytesIO()
-    engine.write_context(plan, runtime, buf)
+    engine.write_deps_context(plan, runtime, buf)
     buf.seek(0)
     with tarfile.open(fileobj=buf) as tar:
         names = set(tar.getnames())
+        assert tar.extractfile("Dockerfile").read().decode() == plan.deps_dockerfile
     assert {"wmctl/req/requirements.txt", "wmctl/req/reqs/base.txt", "wmctl/req/constraints.txt"} <= names
-    assert "wmctl/requirements.txt" not in names
+    assert f"wmctl/wheels/{plan.wheel_name}" in names and "wmctl/requirements.txt" not in names
+    assert not [n for n in names if n.startswith("src")]          # no code in the dependency image's context
     # The wheels travel in the wheels image's own context (sent once per wheelhouse), never in the job's.
     assert not [n for n in names if "wheelhouse" in n]
+    # The job's own context: its Dockerfile FROM the dependency image, and the code; nothing else.
+    buf = io.BytesIO()
+    engine.write_code_context(plan, buf)
+    buf.seek(0)
+    with tarfile.open(fileobj=buf) as tar:
+        code_names = set(tar.getnames())
+        assert tar.extractfile("Dockerfile").read().decode().startswith(f"FROM {plan.deps_tag}\n")
+    assert code_names == {"Dockerfile", "src"} | {f"src/{e.rel}" for e in plan.context.entries}
     wheels = set()
     for folder, count in (("wmctl/wheelhouse-torch", 2), ("wmctl/wheelhouse", 1)):
         buf = io.BytesIO()
