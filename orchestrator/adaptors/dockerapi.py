@@ -103,7 +103,11 @@ class _Response:
                 size_line = self.fh.readline(65537)
                 if not size_line:
                     return
-                size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+                try:
+                    size = int(size_line.split(b";", 1)[0].strip() or b"0", 16)
+                except ValueError:
+                    raise EngineUnavailable(f"the Docker engine at {where()} sent a malformed chunk: "
+                                            f"{size_line[:80]!r}", hint=ENGINE_HINT) from None
                 if size == 0:
                     return
                 data = self.fh.read(size)

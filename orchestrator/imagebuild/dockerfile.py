@@ -160,11 +160,15 @@ RENDER_CACHE_KEEP = 64
 def _renderer_identity() -> str:
     """What else decides the text: this module and the filters' code (a wmctl checkout may change
     them without a new version)."""
+    from .. import __version__
     from . import quoting
 
-    h = hashlib.sha256()
+    h = hashlib.sha256(__version__.encode())
     for path in (__file__, quoting.__file__):
-        h.update(Path(path).read_bytes())
+        try:
+            h.update(Path(path).read_bytes())
+        except OSError:      # no source beside the module: the version alone
+            h.update(b"?")
     return h.hexdigest()
 
 

@@ -147,6 +147,12 @@ def test_no_engine_at_the_socket_is_engine_unavailable_with_the_hint(tmp_path):
     assert "cannot reach the Docker engine" in info.value.message and "DOCKER_HOST" in (info.value.hint or "")
 
 
+def test_a_malformed_chunk_is_engine_unavailable_not_a_traceback(engine):
+    _server, api = engine(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
+    with pytest.raises(EngineUnavailable, match="malformed chunk"):
+        list(api.build(io.BytesIO(b"x"), tag="a:b"))
+
+
 def test_a_peer_that_does_not_speak_http_is_engine_unavailable(engine):
     _server, api = engine(b"SSH-2.0-OpenSSH_9.2\r\n")
     with pytest.raises(EngineUnavailable, match="not HTTP"):
