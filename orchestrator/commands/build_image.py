@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .. import __version__
 from ..errors import BuildError
+
+if TYPE_CHECKING:
+    from ..adaptors.dockerapi import ImageAPI
 
 
 def parse_build_args(items: tuple[str, ...]) -> dict[str, str]:
@@ -39,10 +42,10 @@ def load(spec_path: str, sets: tuple[str, ...] = ()):
 
 
 def plan(spec, profile, *, tag: str | None = None, build_args: tuple[str, ...] = (),
-         platform: str | None = None, wheelhouse: str | None = None, client=None):
-    """Plan the build (no wheel build). With a Docker ``client`` the base image's id on that engine
-    goes into the content digest; without one no engine is touched and the digest leaves the
-    base's identity out (the dry run's summary says so)."""
+         platform: str | None = None, wheelhouse: str | None = None, client: ImageAPI | None = None):
+    """Plan the build (no wheel build). With an engine ``client`` (``engine.connect()``) the base
+    image's id on that engine goes into the content digest; without one no engine is touched and
+    the digest leaves the base's identity out (the dry run's summary says so)."""
     from ..imagebuild import wheel
     from ..imagebuild.plan import plan_build
     from ..imagebuild.quoting import check_ref
@@ -64,11 +67,29 @@ def plan(spec, profile, *, tag: str | None = None, build_args: tuple[str, ...] =
 
 def prepare(spec_path: str, *, sets: tuple[str, ...] = (), tag: str | None = None,
             build_args: tuple[str, ...] = (), platform: str | None = None, wheelhouse: str | None = None,
-            client=None):
+            client: ImageAPI | None = None):
     """Load the spec and plan the build: (spec, plan)."""
     spec, profile = load(spec_path, sets)
     return spec, plan(spec, profile, tag=tag, build_args=build_args, platform=platform, wheelhouse=wheelhouse,
                       client=client)
+
+
+def _stale_wheels(api: ImageAPI, build, spec_path: str, prune: bool, quiet: bool) -> None:
+    """Say how many wheels images of other wheelhouses the engine keeps, or remove them (--prune-wheels)."""
+    import shlex
+
+    from ..imagebuild import engine
+    from ..imagebuild.plan import human_size
+
+    stale = engine.stale_wheels_images(api, build)
+    size = human_size(sum(int(i.get("Size") or 0) for i in stale))
+    if prune:
+        removed = engine.prune_wheels_images(api, stale)
+        click.echo(f"removed {removed} wheels image(s) of other wheelhouses ({size})")
+    elif stale and not quiet:
+        click.echo(f"note: {len(stale)} wheels image(s) of other wheelhouses ({size}) are kept on the engine; "
+                   f"`wmctl build-image {shlex.quote(spec_path)} --prune-wheels` removes them (a build that needs one "
+                   "again sends its wheels again)")
 
 
 @click.command(name="build-image", context_settings={"help_option_names": ["-h", "--help"]})
@@ -81,12 +102,15 @@ def prepare(spec_path: str, *, sets: tuple[str, ...] = (), tag: str | None = Non
 @click.option("--platform", help="Target platform passed to the engine, e.g. linux/amd64.")
 @click.option("--wheelhouse", type=click.Path(file_okay=False),
               help="Offline build: every pip install reads only this folder (overrides image.wheelhouse).")
+@click.option("--prune-wheels", is_flag=True,
+              help="Remove the wheels images of other wheelhouses that wmctl made (offline builds leave one "
+                   "per dependency change); never an image wmctl did not label.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the result (and errors).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override a spec field, e.g. --set image.tag=x.")
 def command(spec_path: str, dry_run: bool, tag: str | None, push: bool, no_cache: bool,
-            build_args: tuple[str, ...], platform: str | None, wheelhouse: str | None, quiet: bool,
-            sets: tuple[str, ...]) -> None:
+            build_args: tuple[str, ...], platform: str | None, wheelhouse: str | None, prune_wheels: bool,
+            quiet: bool, sets: tuple[str, ...]) -> None:
     """Render the Dockerfile from the vendor profile and build (and push) the image."""
     from ..imagebuild.plan import context_summary
 
@@ -103,19 +127,24 @@ def command(spec_path: str, dry_run: bool, tag: str | None, push: bool, no_cache
 
     from ..imagebuild import engine, progress, record, wheel
 
-    client = engine.get_client()
-    build = plan(spec, profile, **options, client=client)
+    api = engine.connect()
+    build = plan(spec, profile, **options, client=api)
     with progress.make_reporter(quiet) as reporter:
         wheel_path = wheel.build_wheel()
         # An offline build gets no network at all: the air-gapped promise is checked, not assumed.
-        result = engine.build_image(build, wheel_path, client=client, reporter=reporter, no_cache=no_cache,
+        result = engine.build_image(build, wheel_path, client=api, reporter=reporter, no_cache=no_cache,
                                     network_mode="none" if build.wheelhouse is not None else None)
+    # Listing images costs the engine a walk over all of them (~0.1 s here): done when this build
+    # made a wheels image (a dependency change, which leaves the previous one behind), or asked.
+    if result.wheels_built or prune_wheels:
+        _stale_wheels(api, build, spec_path, prune_wheels, quiet)
     entry = {
         "tag": build.tag, "content_tag": build.content_tag, "image_id": result.image_id,
         "spec_hash": spec.spec_hash(), "vendor": spec.image.vendor, "wmctl_version": __version__,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if push:
+        client = engine.get_client()
         with progress.make_reporter(quiet) as reporter:
             digest = engine.push_image(build.tag, client=client, reporter=reporter)
         engine.push_image(build.content_tag, client=client, reporter=progress.Reporter(quiet=True))

@@ -127,12 +127,34 @@ def scan_context(root: Path, extra_excluded: Iterable[str] = ()) -> ContextScan:
 
 # ---- metadata --------------------------------------------------------------------------------
 
-def _git(root: Path, *args: str) -> str | None:
+def _in_git_work_tree(root: Path) -> bool:
+    """Could git find a repository for ``root``? (A .git folder or file there or above, or the
+    environment naming one.) Without one, no git process is started: each costs a fork and an
+    exec on every build."""
+    if os.environ.get("GIT_DIR") or os.environ.get("GIT_WORK_TREE"):
+        return True
+    here = Path(root).resolve()
+    return any((folder / ".git").exists() for folder in (here, *here.parents))
+
+
+def _git_start(root: Path, *args: str) -> subprocess.Popen[str] | None:
     try:
-        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
+        return subprocess.Popen(["git", "-C", str(root), *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+    except OSError:
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _git_output(proc: subprocess.Popen[str] | None) -> str | None:
+    if proc is None:
+        return None
+    try:
+        out, _ = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return None
+    return out if proc.returncode == 0 else None
 
 
 def strip_userinfo(url: str) -> str:
@@ -142,17 +164,33 @@ def strip_userinfo(url: str) -> str:
 
 
 def source_metadata(root: Path) -> dict[str, str]:
-    remote = _git(root, "config", "--get", "remote.origin.url")
-    rev = _git(root, "rev-parse", "HEAD")
-    meta = {"source": strip_userinfo(remote) if remote else Path(root).resolve().as_uri()}
-    if rev:
-        dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
-        meta["revision"] = rev + ("-dirty" if dirty else "")
+    """The source label (the origin remote without credentials, else the folder's file:// URI)
+    and the revision (HEAD, ``-dirty`` with uncommitted changes to tracked files). The two git
+    calls run side by side; none runs outside a git work tree."""
+    meta = {"source": Path(root).resolve().as_uri()}
+    if not _in_git_work_tree(root):
+        return meta
+    remote_proc = _git_start(root, "config", "--get", "remote.origin.url")
+    # One call for both: the v2 header names HEAD's commit, and any entry line is a change.
+    status_proc = _git_start(root, "status", "--porcelain=v2", "--branch", "--untracked-files=no")
+    remote = (_git_output(remote_proc) or "").strip()
+    status = _git_output(status_proc)
+    if remote:
+        meta["source"] = strip_userinfo(remote)
+    if status is not None:
+        lines = status.splitlines()
+        rev = next((ln.split()[2] for ln in lines if ln.startswith("# branch.oid ") and len(ln.split()) == 3), "")
+        if re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", rev):
+            dirty = any(ln and not ln.startswith("#") for ln in lines)
+            meta["revision"] = rev + ("-dirty" if dirty else "")
     return meta
 
 
-def created_timestamp() -> str:
+def source_date() -> str | None:
+    """SOURCE_DATE_EPOCH as an RFC 3339 time (reproducible builds pin the image's created label
+    with it), or None when it is unset or not a number of seconds."""
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    when = (_dt.datetime.fromtimestamp(int(epoch), _dt.timezone.utc) if epoch and epoch.isdigit()
-            else _dt.datetime.now(_dt.timezone.utc))
-    return when.replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    if not (epoch and epoch.isdigit()):
+        return None
+    when = _dt.datetime.fromtimestamp(int(epoch), _dt.timezone.utc)
+    return when.isoformat().replace("+00:00", "Z")

@@ -33,7 +33,8 @@ RACY_S = 2.0
 T = TypeVar("T")
 
 
-def _cache_path(name: str) -> Path:
+def cache_path(name: str) -> Path:
+    """``name`` in wmctl's cache folder (WMCTL_CACHE_DIR, else $XDG_CACHE_HOME/wmctl or ~/.cache/wmctl)."""
     root = os.environ.get("WMCTL_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "wmctl")
     return Path(root) / name
@@ -61,8 +62,8 @@ def by_stamp(cache_file: str, paths: list[Path], compute: Callable[[Path], T],
              clock: Callable[[], float] = time.time) -> list[T]:
     """``compute(path)`` for each path (a JSON value), from the cache file when the file is
     unchanged since (same device, inode, size, mtime and ctime)."""
-    cache_path = _cache_path(cache_file)
-    cache = _load_cache(cache_path)
+    cache_path_ = cache_path(cache_file)
+    cache = _load_cache(cache_path_)
     out: list[T] = []
     changed = False
     now = clock()
@@ -80,7 +81,7 @@ def by_stamp(cache_file: str, paths: list[Path], compute: Callable[[Path], T],
             cache[key] = [stamp, value]
             changed = True
     if changed:
-        _save_cache(cache_path, cache)
+        _save_cache(cache_path_, cache)
     return out
 
 
@@ -94,13 +95,33 @@ def wheelhouse_hashes(wheelhouse: Path, wheelhouse_files: list[tuple[str, int]],
     return dict(zip(rels, hashes, strict=True))
 
 
-def wheels_image_digest(folder: str, hashes: dict[str, str]) -> str:
-    """The identity of one wheels image: its folder and every wheel's name and content. Same
-    wheels, same image, whatever job or folder they came from."""
+def wheels_image_digest(folder: str, hashes: dict[str, str], dockerfile: str) -> str:
+    """The identity of one wheels image: the Dockerfile that makes it, its folder and every
+    wheel's name and content. Same wheels, same image, whatever job or folder they came from."""
     h = hashlib.sha256()
-    h.update(f"{folder}\0".encode("utf-8", "surrogateescape"))
+    h.update(f"{dockerfile}\0{folder}\0".encode("utf-8", "surrogateescape"))
     for rel in sorted(hashes):
         h.update(f"{rel}\0{hashes[rel]}\0".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
+def deps_digest(deps_dockerfile: str, requirements_files: list[tuple[str, Path]], wheel_hashes: dict[str, str],
+                wheel_fingerprint: str, build_args: dict[str, str], platform: str | None,
+                base_image_id: str | None = None) -> str:
+    """sha256 of everything that decides the dependency image (the Dockerfile's lines above its
+    split): its Dockerfile, the base image's id, the requirements files, the wheelhouse, the runtime
+    wheel, build args and platform; not the job's own files."""
+    h = hashlib.sha256()
+    for part in ("deps-dockerfile", deps_dockerfile, "base-id", base_image_id or ""):
+        h.update(part.encode("utf-8", "surrogateescape") + b"\0")
+    for rel, path in requirements_files:
+        h.update(f"requirements\0{rel}\0{_file_sha256(path)}\0".encode("utf-8", "surrogateescape"))
+    for name in sorted(wheel_hashes):
+        h.update(f"wheelhouse\0{name}\0{wheel_hashes[name]}\0".encode("utf-8", "surrogateescape"))
+    h.update(f"wheel\0{wheel_fingerprint}\0".encode())
+    for key in sorted(build_args):
+        h.update(f"arg\0{key}\0{build_args[key]}\0".encode("utf-8", "surrogateescape"))
+    h.update(f"platform\0{platform or ''}\0".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 

@@ -1,5 +1,8 @@
-"""The engine side of a build: the context tar, the Docker SDK build with its progress, push.
-The SDK loads through ``adaptors.docker``."""
+"""The engine side of a build: the context tar, the build with its progress, push.
+
+Builds talk to the engine through ``adaptors.dockerapi`` (an ``ImageAPI``): plain HTTP on the
+local socket when nothing needs a registry, the Docker SDK otherwise (a remote engine, a base
+image the engine must pull with the user's credentials). Pushes use the SDK (``adaptors.docker``)."""
 
 from __future__ import annotations
 
@@ -15,10 +18,11 @@ from pathlib import Path
 from typing import IO, Any, Iterable
 
 from ..adaptors import docker as sdk
+from ..adaptors.dockerapi import EngineAPIError, ImageAPI, SdkImages, SocketImages, local_socket
 from ..errors import BuildError, EngineUnavailable
 from .context import REQUIREMENTS_DIR, WHEELHOUSE_DIR, WHEELHOUSE_TORCH_DIR
-from .dockerfile import WHEELS_DOCKERFILE
-from .plan import BuildPlan, split_tag
+from .dockerfile import WHEELS_DOCKERFILE, WHEELS_LABEL
+from .plan import WHEELS_IMAGE_REPO, BuildPlan, split_tag
 from .progress import ANSI_RE, MISSING_WHEEL_RE, NO_VERSION_RE, Reporter, STEP_RE, Step, TAIL_LINES, short
 
 
@@ -35,6 +39,21 @@ def get_client(timeout: int = 600) -> Any:
         raise EngineUnavailable(f"cannot reach the Docker engine at {sdk.where()}: {exc}",
                                 hint=sdk.ENGINE_HINT) from None
     return client
+
+
+def connect() -> ImageAPI:
+    """The engine the Docker environment names, for a build: its local socket without the SDK
+    when it is local (DOCKER_HOST unset or unix://), else through the SDK (``get_client``)."""
+    path = local_socket()
+    return SocketImages(path) if path is not None else SdkImages(get_client())
+
+
+def for_build(api: ImageAPI, plan: BuildPlan, pull: bool) -> ImageAPI:
+    """The API to build ``plan`` with: the engine pulls a base image it lacks (or every base with
+    ``pull``) with the registry credentials only the SDK sends, so that build goes through it."""
+    if isinstance(api, SocketImages) and (pull or not plan.base_image_id):
+        return SdkImages(get_client())
+    return api
 
 
 # ---- build context ---------------------------------------------------------------------------------
@@ -60,17 +79,27 @@ def _add_file(tar: tarfile.TarFile, name: str, path: Path, mode: int | None = No
         tar.addfile(info)
 
 
-def write_context(plan: BuildPlan, wheel_path: Path, fileobj: IO[bytes]) -> int:
-    """Write the build context tar for ``plan`` to ``fileobj``; return the number of entries."""
+def write_deps_context(plan: BuildPlan, wheel_path: Path, fileobj: IO[bytes]) -> int:
+    """The dependency image's build context (its Dockerfile, the runtime wheel, the requirements
+    files; no code, no wheelhouse) to ``fileobj``; return the number of entries."""
     count = 0
     with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _add_bytes(tar, "Dockerfile", plan.dockerfile.encode("utf-8"))
+        _add_bytes(tar, "Dockerfile", plan.deps_dockerfile.encode("utf-8"))
         _add_file(tar, f"wmctl/wheels/{plan.wheel_name}", wheel_path, 0o644)
         count += 2
         for rel, path in plan.requirements_files:
             _add_file(tar, f"{REQUIREMENTS_DIR}/{rel}", path, 0o644)
             count += 1
         # No wheelhouse here: the Dockerfile copies it from the wheels image (write_wheels_context).
+    return count
+
+
+def write_code_context(plan: BuildPlan, fileobj: IO[bytes]) -> int:
+    """The job's own build context (its Dockerfile FROM the dependency image, and the code: what a
+    code-only rebuild sends) to ``fileobj``; return the number of entries."""
+    count = 1
+    with tarfile.open(fileobj=fileobj, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        _add_bytes(tar, "Dockerfile", plan.code_dockerfile.encode("utf-8"))
         root = plan.context.root
         _add_bytes_dir(tar, "src")
         for entry in plan.context.entries:
@@ -110,6 +139,7 @@ class BuildResult:
     up_to_date: bool
     steps: list[Step] = field(default_factory=list)
     seconds: float = 0.0
+    wheels_built: list[str] = field(default_factory=list)   # wheels images this build had to make
 
 
 def _failure(steps: list[Step], message: str, tail: Iterable[str]) -> BuildError:
@@ -152,83 +182,98 @@ def _lines(chunks: Iterable[dict[str, Any]]):
         yield ("line", ANSI_RE.sub("", buf))
 
 
-def image_exists(client, ref: str) -> str | None:
+def image_exists(api: ImageAPI, ref: str) -> str | None:
     """The engine's image id for ``ref``, or None when the engine does not have it."""
-    docker_errors = sdk.errors()[0]
-
     try:
-        return client.images.get(ref).id
-    except docker_errors.ImageNotFound:
-        return None
+        return api.image_id(ref)
+    except EngineAPIError as exc:
+        raise BuildError(f"the Docker engine could not look up image {ref}: {exc.explanation}") from None
 
 
-def build_image(plan: BuildPlan, wheel_path: Path, *, client=None, reporter: Reporter | None = None,
-                no_cache: bool = False, network_mode: str | None = None, pull: bool = False) -> BuildResult:
+def _tag(api: ImageAPI, image: str, ref: str) -> None:
+    repo, tag = split_tag(ref)
+    try:
+        api.tag(image, repo, tag)
+    except EngineAPIError as exc:
+        raise BuildError(f"the Docker engine could not tag {image[:19]} as {ref}: {exc.explanation}") from None
+
+
+def build_image(plan: BuildPlan, wheel_path: Path, *, client: ImageAPI | None = None,
+                reporter: Reporter | None = None, no_cache: bool = False, network_mode: str | None = None,
+                pull: bool = False) -> BuildResult:
     """Build ``plan`` (or report it up to date). Raises BuildError with the failing step.
     The reporter is closed on every way out, so a live spinner never outlives the build."""
     reporter = reporter or Reporter()
     try:
-        return _build(plan, wheel_path, client or get_client(), reporter, no_cache, network_mode, pull)
+        return _build(plan, wheel_path, client or connect(), reporter, no_cache, network_mode, pull)
     finally:
         reporter.close()
 
 
-def _build(plan: BuildPlan, wheel_path: Path, client, reporter: Reporter, no_cache: bool,
+def _build(plan: BuildPlan, wheel_path: Path, api: ImageAPI, reporter: Reporter, no_cache: bool,
            network_mode: str | None, pull: bool) -> BuildResult:
     t0 = time.monotonic()
     if not no_cache:
-        existing = image_exists(client, plan.content_tag)
+        existing = image_exists(api, plan.content_tag)
         if existing:
-            repo, tag = split_tag(plan.tag)
-            client.api.tag(existing, repo, tag)
+            _tag(api, existing, plan.tag)
             reporter.result(f"up to date: {plan.content_tag} ({existing[7:19]}); tagged {plan.tag}")
             return BuildResult(existing, plan.tags, True, [], time.monotonic() - t0)
 
-    for folder, ref in plan.wheels_images.items():
-        if no_cache or image_exists(client, ref) is None:
-            _build_wheels_image(plan, folder, ref, client, reporter, no_cache)
+    wheels_built: list[str] = []
+    steps: list[Step] = []
+    if no_cache or image_exists(api, plan.deps_tag) is None:
+        for folder, ref in plan.wheels_images.items():
+            if no_cache or image_exists(api, ref) is None:
+                _build_wheels_image(plan, folder, ref, api, reporter, no_cache)
+                wheels_built.append(ref)
+        with tempfile.TemporaryFile(prefix="wmctl-deps-") as ctx:
+            write_deps_context(plan, wheel_path, ctx)
+            ctx.seek(0)
+            reporter.status(f"building the dependency image {plan.deps_tag} (once per its content)")
+            _deps_id, steps = _run_build(for_build(api, plan, pull), reporter, ctx, tag=plan.deps_tag,
+                                         no_cache=no_cache, pull=pull, build_args=plan.build_args,
+                                         platform=plan.platform, network_mode=network_mode)
     with tempfile.TemporaryFile(prefix="wmctl-context-") as ctx:
-        write_context(plan, wheel_path, ctx)
+        write_code_context(plan, ctx)
         ctx.seek(0)
-        reporter.status(f"sending build context to {os.environ.get('DOCKER_HOST') or 'the local engine'}")
-        image_id, steps = _run_build(client, reporter, ctx, tag=plan.tag, no_cache=no_cache, pull=pull,
-                                     build_args=plan.build_args, platform=plan.platform, network_mode=network_mode)
-    repo, tag = split_tag(plan.content_tag)
-    client.api.tag(image_id, repo, tag)
-    image_id = client.images.get(image_id).id
+        reporter.status(f"sending the code to {os.environ.get('DOCKER_HOST') or 'the local engine'}")
+        # FROM the dependency image the engine has: nothing to pull, no build arg to consume.
+        image_id, code_steps = _run_build(api, reporter, ctx, tag=plan.tag, no_cache=no_cache, pull=False,
+                                          build_args={}, platform=plan.platform, network_mode=network_mode)
+    steps += code_steps
+    if not image_id.startswith("sha256:"):     # only "Successfully built <short id>" came: ask for the full one
+        image_id = image_exists(api, image_id) or image_id
+    _tag(api, image_id, plan.content_tag)
     seconds = time.monotonic() - t0
     cached = sum(1 for s in steps if s.cached)
     reporter.result(f"built {image_id[7:19]} in {seconds:.1f}s ({cached}/{len(steps)} steps cached): "
                     + ", ".join(plan.tags))
-    return BuildResult(image_id, plan.tags, False, steps, seconds)
+    return BuildResult(image_id, plan.tags, False, steps, seconds, wheels_built)
 
 
-def _build_wheels_image(plan: BuildPlan, folder: str, ref: str, client, reporter: Reporter, no_cache: bool) -> None:
+def _build_wheels_image(plan: BuildPlan, folder: str, ref: str, api: ImageAPI, reporter: Reporter,
+                        no_cache: bool) -> None:
     """Send one group of the wheelhouse to the engine once, as ``ref`` (FROM scratch, no network)."""
     with tempfile.TemporaryFile(prefix="wmctl-wheels-") as ctx:
         count = write_wheels_context(plan, folder, ctx)
         ctx.seek(0)
         reporter.status(f"sending {count} wheels of the wheelhouse as {ref}, once per content")
-        _run_build(client, reporter, ctx, tag=ref, no_cache=no_cache, pull=False, build_args={},
+        _run_build(api, reporter, ctx, tag=ref, no_cache=no_cache, pull=False, build_args={},
                    platform=plan.platform, network_mode="none")
 
 
-def _run_build(client, reporter: Reporter, ctx: IO[bytes], *, tag: str, no_cache: bool,  # noqa: C901 (one pass over the stream)
-               pull: bool, build_args: dict[str, str], platform: str | None,
+def _run_build(api: ImageAPI, reporter: Reporter, ctx: IO[bytes], *, tag: str,  # noqa: C901 (one pass over the stream)
+               no_cache: bool, pull: bool, build_args: dict[str, str], platform: str | None,
                network_mode: str | None) -> tuple[str, list[Step]]:
     """One engine build of the context tar ``ctx``, its steps reported: (image id, steps)."""
-    docker_errors = sdk.errors()[0]
-
     steps: list[Step] = []
     tail: deque[str] = deque(maxlen=TAIL_LINES)
     image_id = None
     pull_status: dict[str, str] = {}
     try:
-        stream = client.api.build(
-            fileobj=ctx, custom_context=True, dockerfile="Dockerfile", tag=tag, rm=True,
-            forcerm=True, nocache=no_cache, pull=pull, buildargs=build_args or None,
-            platform=platform, network_mode=network_mode, decode=True,
-        )
+        stream = api.build(ctx, tag=tag, no_cache=no_cache, pull=pull, build_args=build_args or None,
+                           platform=platform, network_mode=network_mode)
         for kind, item in _lines(stream):
             if kind == "line":
                 match = STEP_RE.match(item)
@@ -257,13 +302,51 @@ def _run_build(client, reporter: Reporter, ctx: IO[bytes], *, tag: str, no_cache
                 if pull_status.get(key) != item["status"]:
                     pull_status[key] = item["status"]
                     reporter.status(f"{key + ': ' if key else ''}{item['status']}")
-    except docker_errors.APIError as exc:
-        raise _failure(steps, exc.explanation or str(exc), tail) from None
-    except docker_errors.DockerException as exc:
-        raise EngineUnavailable(f"the Docker engine failed during the build: {exc}") from None
+    except EngineAPIError as exc:
+        raise _failure(steps, exc.explanation, tail) from None
     if image_id is None:
         raise _failure(steps, "the engine ended the build without an image id", tail)
     return image_id, steps
+
+
+# ---- wheels images of other wheelhouses --------------------------------------------------------------
+
+def _our_wheels_tags(image: dict[str, Any]) -> list[str]:
+    return [t for t in image.get("RepoTags") or [] if t.startswith(WHEELS_IMAGE_REPO + ":")]
+
+
+def stale_wheels_images(api: ImageAPI, plan: BuildPlan) -> list[dict[str, Any]]:
+    """The wheels images wmctl made (its label, its repository, or no tag left at all) that this
+    build does not use: each dependency change leaves one behind. A job image does not need them
+    once built (COPY --from copied the wheels); a later build of another wheelhouse sends its own
+    again."""
+    keep = set(plan.wheels_images.values())
+    try:
+        found = api.list_images(WHEELS_LABEL)
+    except EngineAPIError as exc:
+        raise BuildError(f"the Docker engine could not list the wheels images: {exc.explanation}") from None
+    stale = []
+    for image in found:
+        tags = [t for t in image.get("RepoTags") or [] if t != "<none>:<none>"]
+        ours = _our_wheels_tags(image)
+        if (ours or not tags) and not keep.intersection(tags):
+            stale.append(image)
+    return stale
+
+
+def prune_wheels_images(api: ImageAPI, images: list[dict[str, Any]]) -> int:
+    """Remove wmctl's tags of these wheels images (an image with no tag left goes with them; one
+    someone else tagged too keeps that tag): the number of images handled."""
+    done = 0
+    for image in images:
+        refs = _our_wheels_tags(image) or [str(image.get("Id", ""))]
+        try:
+            for ref in refs:
+                api.remove_image(ref)
+        except EngineAPIError as exc:
+            raise BuildError(f"the Docker engine could not remove {refs[0]}: {exc.explanation}") from None
+        done += 1
+    return done
 
 
 # ---- push ------------------------------------------------------------------------------------------------

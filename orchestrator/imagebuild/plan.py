@@ -9,20 +9,30 @@ paths are checked against a fixed alphabet before rendering; every other value i
 JSON string inside an exec-form array (no shell, no Docker variable expansion for RUN) or as a
 double-quoted word with ``\\ " $`` escaped; control and line-separator characters are refused.
 
-Build context layout (the tar sent to the engine)::
+Two builds, split at the Dockerfile's ``DEPS_SPLIT`` line. The dependency image (every line
+above it: base, system packages, torch, requirements, the wmctl runtime, WORKDIR) is tagged
+``<repo>:wmctl-deps-<digest of those inputs>`` and built only when the engine lacks that tag; its
+context::
 
-    Dockerfile
+    Dockerfile                                      the lines above the split
     wmctl/wheels/wmctl-<version>-py3-none-any.whl   the runtime, same version as this CLI
     wmctl/req/<path in image.context>               image.requirements and the files it names
                                                     with -r/-c, at their context-relative paths
+
+The job's layers (labels, the code) are built FROM it; its context::
+
+    Dockerfile                                      FROM the dependency image + the lines below
     src/...                                         image.context minus .dockerignore
 
-Offline builds read image.wheelhouse from wheels images, not from this context: each group of
+So a code change sends the code alone, and the engine probes no dependency step at all (a
+cached ``COPY --from`` still reads and hashes every wheel it copies, on every build).
+
+Offline builds read image.wheelhouse from wheels images, not from a context: each group of
 wheels goes to the engine once, as ``wmctl/wheelhouse:<group>-<digest of its wheels>`` (``FROM
 scratch``; the torch step's wheels under /wmctl/wheelhouse-torch/, the rest under
-/wmctl/wheelhouse/), and the Dockerfile copies them with ``COPY --from=`` that image. A code
-change then sends only the code: a torch wheelhouse (hundreds of MB to GBs) is not tarred, sent
-and unpacked again; a new requirement's wheel makes a new deps image and leaves the torch one.
+/wmctl/wheelhouse/), and the dependency image copies them with ``COPY --from=`` that image: a
+torch wheelhouse (hundreds of MB to GBs) is not tarred, sent and unpacked again; a new
+requirement's wheel makes a new deps wheels image and leaves the torch one.
 """
 
 from __future__ import annotations
@@ -34,10 +44,10 @@ from typing import Any
 
 from ..errors import BuildError
 from ..runtime.protocol import ENV_VENDOR_PROFILE
-from .context import (REQUIREMENTS_DIR, WHEELHOUSE_DIR, WHEELHOUSE_TORCH_DIR, ContextScan, created_timestamp,
+from .context import (REQUIREMENTS_DIR, WHEELHOUSE_DIR, WHEELHOUSE_TORCH_DIR, ContextScan, source_date,
                       scan_context, source_metadata)
-from .digest import content_digest, wheelhouse_hashes, wheels_image_digest
-from .dockerfile import DockerfileInputs, render_dockerfile
+from .digest import content_digest, deps_digest, wheelhouse_hashes, wheels_image_digest
+from .dockerfile import WHEELS_DOCKERFILE, DockerfileInputs, render_dockerfile, split_dockerfile
 from .quoting import check_ident, check_ref, check_single_line
 from .requirements import inside, requirements_closure
 from .wheelhouse import torch_wheel_set, wheelhouse_files
@@ -57,6 +67,9 @@ class BuildPlan:
     tag: str                 # the user's tag (or wmctl/<name>:latest)
     content_tag: str         # same repository, tag wmctl-<digest>
     digest: str
+    # The dependency image (the Dockerfile's lines above its split), tagged by its own digest in
+    # the same repository: wmctl-deps-<digest>. The job's layers are built FROM it.
+    deps_tag: str = ""
     labels: dict[str, str] = field(default_factory=dict)
     # image.requirements and the files it names: (path relative to the context, file)
     requirements_files: list[tuple[str, Path]] = field(default_factory=list)
@@ -71,6 +84,16 @@ class BuildPlan:
     @property
     def tags(self) -> list[str]:
         return [self.tag, self.content_tag]
+
+    @property
+    def deps_dockerfile(self) -> str:
+        """The dependency image's Dockerfile: every line above the split."""
+        return split_dockerfile(self.dockerfile)[0]
+
+    @property
+    def code_dockerfile(self) -> str:
+        """The job's own layers (labels, code), FROM the dependency image."""
+        return f"FROM {self.deps_tag}\n" + split_dockerfile(self.dockerfile)[1]
 
 
 # Where the wheels images live: one tag per wheelhouse content, shared by every job that uses it.
@@ -154,10 +177,16 @@ def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: s
     for folder, group, wanted in ((WHEELHOUSE_TORCH_DIR, "torch", torch_wheels), (WHEELHOUSE_DIR, "deps", dep_wheels)):
         if wanted:
             hashes = {rel: wheel_hashes[rel] for rel in wanted}
-            wheels_images[folder] = f"{WHEELS_IMAGE_REPO}:{group}-{wheels_image_digest(folder, hashes)}"
+            identity = wheels_image_digest(folder, hashes, WHEELS_DOCKERFILE)
+            wheels_images[folder] = f"{WHEELS_IMAGE_REPO}:{group}-{identity}"
 
     meta = source if source is not None else source_metadata(root)
-    volatile = {"org.opencontainers.image.created": created or created_timestamp(),
+    # Labels sit before the code (templates/Dockerfile.j2), so none may change with every build:
+    # the build time is the image's own Created field, and a created label is set only when the
+    # caller pins it (``created``, or SOURCE_DATE_EPOCH for reproducible builds). These two are
+    # left out of the content digest: the same content with a new commit is still up to date.
+    created = created or source_date()
+    volatile = {**({"org.opencontainers.image.created": created} if created else {}),
                 **({"org.opencontainers.image.revision": meta["revision"]} if meta.get("revision") else {})}
     stable = {
         "org.opencontainers.image.source": meta["source"],
@@ -186,18 +215,21 @@ def plan_build(spec: Any, profile: Any, *, wheel_name: str, wheel_fingerprint: s
     canonical = render_dockerfile(inputs)
     digest = content_digest(canonical, scan, requirements_files, wheel_hashes, wheel_fingerprint, args, platform,
                             base_image_id)
-    labels = {**stable, "io.wmctl.content-digest": digest[:12], **volatile}
+    deps = deps_digest(split_dockerfile(canonical)[0], requirements_files, wheel_hashes, wheel_fingerprint, args,
+                       platform, base_image_id)
+    labels = {**stable, **volatile}
     dockerfile = render_dockerfile(DockerfileInputs(**{**inputs.__dict__, "labels": tuple(labels.items())}))
     return BuildPlan(
         dockerfile=dockerfile, context=scan, requirements=requirements, wheelhouse=wh,
         wheelhouse_files=wh_files, wheel_name=wheel_name, wheel_fingerprint=wheel_fingerprint,
         build_args=args, platform=platform, tag=user_tag, content_tag=f"{repo}:wmctl-{digest[:12]}",
-        digest=digest, labels=labels, requirements_files=requirements_files, torch_wheels=torch_wheels,
+        digest=digest, deps_tag=f"{repo}:wmctl-deps-{deps[:12]}", labels=labels,
+        requirements_files=requirements_files, torch_wheels=torch_wheels,
         base=base, base_image_id=base_image_id, wheels_images=wheels_images,
     )
 
 
-def _human(n: float) -> str:
+def human_size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -209,7 +241,7 @@ def context_summary(plan: BuildPlan, max_excluded: int = 20) -> str:
     scan = plan.context
     lines = [
         f"context: {scan.root}",
-        f"  files: {len(scan.files)} ({_human(scan.total_size)}), sent as src/ -> image WORKDIR",
+        f"  files: {len(scan.files)} ({human_size(scan.total_size)}), sent as src/ -> image WORKDIR",
         f"  .dockerignore: {scan.ignore_source}; excluded: {len(scan.excluded)}",
     ]
     for rel in scan.excluded[:max_excluded]:
@@ -224,12 +256,12 @@ def context_summary(plan: BuildPlan, max_excluded: int = 20) -> str:
     if plan.wheelhouse is not None:
         size = sum(s for _, s in plan.wheelhouse_files)
         lines.append(f"  wheelhouse (offline build, pip --no-index): {plan.wheelhouse} "
-                     f"({len(plan.wheelhouse_files)} files, {_human(size)}; stays in the image's layers)")
+                     f"({len(plan.wheelhouse_files)} files, {human_size(size)}; stays in the image's layers)")
         for ref in plan.wheels_images.values():
             lines.append(f"    sent once, as {ref} (built when the engine lacks it); the build copies from it")
         if plan.torch_wheels:
             torch_size = sum(s for rel, s in plan.wheelhouse_files if rel in plan.torch_wheels)
-            lines.append(f"    for the torch step: {len(plan.torch_wheels)} files ({_human(torch_size)}); "
+            lines.append(f"    for the torch step: {len(plan.torch_wheels)} files ({human_size(torch_size)}); "
                          "the rest is copied just before the requirements step")
     if plan.base_image_id:
         lines.append(f"  base image: {plan.base} ({plan.base_image_id[7:19]}), its id is part of the content digest")
@@ -243,4 +275,6 @@ def context_summary(plan: BuildPlan, max_excluded: int = 20) -> str:
     lines.append("tags:")
     lines.append(f"  {plan.tag}")
     lines.append(f"  {plan.content_tag}   (content tag: unchanged context -> up to date, no rebuild)")
+    lines.append(f"  {plan.deps_tag}   (the dependency image: the lines above the split, built when the "
+                 "engine lacks it; the job's layers are built FROM it)")
     return "\n".join(lines)

@@ -22,18 +22,20 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.metadata
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..errors import BuildError
+
+if TYPE_CHECKING:
+    import importlib.metadata
 
 DIST_NAME = "wmctl"
 _SOURCE_DIRS = ("orchestrator", "templates", "images", "manifests")
@@ -66,6 +68,8 @@ def locate() -> WheelSource:
     pyproject = root / "pyproject.toml"
     if pyproject.is_file() and f'name = "{DIST_NAME}"' in pyproject.read_text(encoding="utf-8"):
         return WheelSource("source", root)
+    import importlib.metadata   # some 30 modules (email, csv, ...): only an installed wmctl needs it
+
     try:
         dist = importlib.metadata.distribution(DIST_NAME)
     except importlib.metadata.PackageNotFoundError:
@@ -194,6 +198,7 @@ def _record_line(name: str, data: bytes) -> str:
 
 
 def _repack_installed(source: WheelSource, out_dir: Path) -> Path:
+    import zipfile
     files = _installed_files(source)
     dist_info = next((n.split("/", 1)[0] for n, _ in files if n.split("/", 1)[0].endswith(".dist-info")), None)
     if dist_info is None:

@@ -4,7 +4,6 @@ does not re-run the torch install)."""
 from __future__ import annotations
 
 import re
-import zipfile
 from pathlib import Path
 from typing import Sequence
 
@@ -22,6 +21,8 @@ def _dist_name(text: str) -> str | None:
 def _wheel_requires(path: Path) -> list[str] | None:
     """Every Requires-Dist name of a wheel, markers and extras ignored (over-including is safe:
     it only moves a wheel into the torch layer). None when the file is not a readable wheel."""
+    import zipfile   # a code-only rebuild reads these from the cache (by_stamp), not the wheels
+
     try:
         with zipfile.ZipFile(path) as zf:
             meta = next((n for n in zf.namelist()

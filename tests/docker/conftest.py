@@ -202,6 +202,10 @@ def run_wmctl(*args: str, cwd: Path, timeout: int = 900, env: dict | None = None
                           text=True, timeout=timeout, env=full_env)
 
 
+# Tests that make wheels images (offline builds) and the one that prunes them (`build-image
+# --prune-wheels` removes every wheels image wmctl labelled but the build's own) share one worker.
+WHEELS_IMAGES = "docker-wheels-images"
+
 # The modules that use _no_stale_runs (faults, lifecycle, logs, pasted run line; each names it in
 # its pytestmark's usefixtures) with the shared ``image`` and ``home`` below: each sweeps the
 # others' runs at its start and end, so under pytest-xdist they share one worker, one module after

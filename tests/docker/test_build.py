@@ -6,6 +6,7 @@ Requirements the base already satisfies (numpy) need no network; wheelhouse buil
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import shutil
@@ -16,7 +17,8 @@ import pytest
 
 from orchestrator import __version__
 
-from .conftest import REPO_ROOT, run_wmctl
+from ..unit.test_dockerfile import make_wheel
+from .conftest import REPO_ROOT, WHEELS_IMAGES, run_wmctl
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
 
@@ -69,6 +71,7 @@ def run_in_image(client, image: str, script: str) -> str:
 
 def test_build_image_carries_runtime_launcher_labels_and_torch(docker_client, base_image, tmp_path, tag):
     spec = write_job(tmp_path / "job", base_image)
+    started = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
     result = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -89,7 +92,11 @@ def test_build_image_carries_runtime_launcher_labels_and_torch(docker_client, ba
     assert labels["io.wmctl.version"] == __version__
     assert re.fullmatch(r"[0-9a-f]{12}", labels["io.wmctl.spec-hash"])
     assert labels["org.opencontainers.image.source"]
-    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", labels["org.opencontainers.image.created"])
+    # The build time is the image's own Created field, not a label: a label that changes with
+    # every build would be a second step to run on every code change.
+    assert "org.opencontainers.image.created" not in labels
+    created = datetime.datetime.fromisoformat(docker_client.images.get(tag).attrs["Created"][:19] + "+00:00")
+    assert started <= created <= datetime.datetime.now(datetime.timezone.utc)
 
     record = json.loads((spec.parent / ".wmctl" / "images.json").read_text())["tiny"]
     assert record["tag"] == tag
@@ -109,15 +116,8 @@ def test_code_only_change_reuses_dependency_layers(docker_client, base_image, tm
     spec = write_job(tmp_path / "job", base_image)
     first = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    (spec.parent / "train.py").write_text("print('train v2')\n")
-    second = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-
-    steps = steps_from_output(second.stdout)
-    code = next(i for i, (instr, _) in enumerate(steps) if instr.startswith("COPY") and '"src/"' in instr)
-    assert steps[code][1] is False, steps
-    # Every layer that installs something comes before the code and must be reused.
-    dependency = [(instr, cached) for instr, cached in steps[:code] if instr.startswith(("RUN", "COPY"))]
+    built = steps_from_output(first.stdout)
+    # Every layer that installs something went into the dependency image, before the code.
     kinds = {
         "torch": lambda i: i.startswith("RUN") and "torch==" in i,
         "requirements copy": lambda i: i.startswith("COPY") and "wmctl/req/" in i,
@@ -126,11 +126,27 @@ def test_code_only_change_reuses_dependency_layers(docker_client, base_image, tm
         "runtime wheel install": lambda i: i.startswith("RUN") and "--no-deps" in i,
         "check": lambda i: i.startswith("RUN") and "wmctl-bind" in i,
     }
+    code_from = next(i for i, (instr, _) in enumerate(built) if instr.startswith("FROM") and "wmctl-deps-" in instr)
     for kind, match in kinds.items():
-        assert [c for i, c in dependency if match(i)] == [True], (kind, steps)
-    uncached = [instr for instr, cached in dependency if not cached]
-    assert not uncached, uncached
+        assert len([i for i, _ in built[:code_from] if match(i)]) == 1, (kind, built)
+    deps_ref = built[code_from][0].split(None, 1)[1]
+    deps_id = docker_client.images.get(deps_ref).id
+
+    (spec.parent / "train.py").write_text("print('train v2')\n")
+    second = run_wmctl("build-image", str(spec), "--tag", tag, cwd=tmp_path)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    steps = steps_from_output(second.stdout)
+    # Only the job's own layers were built, FROM the same dependency image: no dependency step ran
+    # or was even looked at; the labels were reused and the code's COPY is the one step that ran.
+    assert [instr.split(None, 1)[0] for instr, _ in steps] == ["FROM", "LABEL", "COPY"], steps
+    assert steps[0][0] == f"FROM {deps_ref}" and docker_client.images.get(deps_ref).id == deps_id
+    assert steps[1][1] is True and steps[2][1] is False and '"src/"' in steps[2][0], steps
+    assert not [instr for instr, _ in steps if any(match(instr) for match in kinds.values())]
     assert "train v2" in run_in_image(docker_client, tag, "python train.py")
+    # The new image is the old one's dependency layers plus one: the code.
+    old_layers = docker_client.images.get(deps_ref).attrs["RootFS"]["Layers"]
+    new_layers = docker_client.images.get(tag).attrs["RootFS"]["Layers"]
+    assert new_layers[:-1] == old_layers and len(new_layers) == len(old_layers) + 1
 
 
 def test_spec_in_a_subfolder_with_nested_requirements_builds_and_stays_up_to_date(docker_client, base_image,
@@ -185,6 +201,7 @@ def test_broken_requirement_fails_naming_the_step(docker_client, base_image, tmp
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.xdist_group(WHEELS_IMAGES)
 def test_wheelhouse_build_with_no_network(docker_client, base_image, tmp_path, tag):
     from orchestrator.imagebuild import engine, progress, wheel
     from orchestrator.commands.build_image import prepare
@@ -199,12 +216,13 @@ def test_wheelhouse_build_with_no_network(docker_client, base_image, tmp_path, t
     assert plan.wheelhouse == wh.resolve()
     assert "--no-index" in plan.dockerfile
     reporter = progress.Reporter(quiet=True)
-    result = engine.build_image(plan, wheel.build_wheel(), client=docker_client, reporter=reporter,
+    result = engine.build_image(plan, wheel.build_wheel(), client=engine.connect(), reporter=reporter,
                                 network_mode="none")
     assert not result.up_to_date
     assert run_in_image(docker_client, tag, "python -c 'import six; print(six.__version__)'").strip()
 
 
+@pytest.mark.xdist_group(WHEELS_IMAGES)
 def test_wheelhouse_build_names_the_missing_wheel(docker_client, base_image, tmp_path, tag):
     spec = write_job(tmp_path / "job", base_image, requirements="six\n")
     wh = tmp_path / "wheelhouse"
@@ -236,28 +254,28 @@ def test_example_spec_builds_from_local_base(docker_client, base_image, tmp_path
 
 
 class ContextRecorder:
-    """The real engine's API, with every build context it is sent kept (tar member names, bytes)."""
+    """The real engine's API (engine.connect()), with every build context it is sent kept (tar
+    member names, bytes)."""
 
     def __init__(self, api):
         self._api = api
         self.sent: list[tuple[str, list[str], int]] = []   # (tag, member names, context bytes)
 
-    def build(self, *, fileobj, tag, **kwargs):
+    def build(self, fileobj, **params):
         import io
         import tarfile
 
         data = fileobj.read()
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            self.sent.append((tag, tar.getnames(), len(data)))
-        return self._api.build(fileobj=io.BytesIO(data), tag=tag, **kwargs)
+            self.sent.append((params["tag"], tar.getnames(), len(data)))
+        return self._api.build(io.BytesIO(data), **params)
 
     def __getattr__(self, name):
         return getattr(self._api, name)
 
 
+@pytest.mark.xdist_group(WHEELS_IMAGES)
 def test_code_only_rebuild_does_not_send_the_wheelhouse_again(docker_client, base_image, tmp_path, tag):
-    from types import SimpleNamespace
-
     from orchestrator.commands.build_image import prepare
     from orchestrator.imagebuild import engine, progress, wheel
 
@@ -267,13 +285,12 @@ def test_code_only_rebuild_does_not_send_the_wheelhouse_again(docker_client, bas
     assert filled.returncode == 0, filled.stderr
     wheel_names = sorted(p.name for p in wh.iterdir())
     assert wheel_names
-    recorder = ContextRecorder(docker_client.api)
-    client = SimpleNamespace(api=recorder, images=docker_client.images)
+    recorder = ContextRecorder(engine.connect())
     runtime = wheel.build_wheel()
 
     def build():
-        _spec, plan = prepare(str(spec), tag=tag, wheelhouse=str(wh), client=docker_client)
-        result = engine.build_image(plan, runtime, client=client, reporter=progress.Reporter(quiet=True),
+        _spec, plan = prepare(str(spec), tag=tag, wheelhouse=str(wh), client=recorder)
+        result = engine.build_image(plan, runtime, client=recorder, reporter=progress.Reporter(quiet=True),
                                     network_mode="none")
         assert not result.up_to_date
         return plan
@@ -282,7 +299,7 @@ def test_code_only_rebuild_does_not_send_the_wheelhouse_again(docker_client, bas
     # The wheels went in a wheels image of their own (sent now, or by an earlier build of the same
     # wheels: the tag is their content), never in the job's context.
     wheels_tags = set(first.wheels_images.values())
-    assert wheels_tags and all(engine.image_exists(docker_client, ref) for ref in wheels_tags)
+    assert wheels_tags and all(engine.image_exists(recorder, ref) for ref in wheels_tags)
     for sent_tag, names, _ in recorder.sent:
         if sent_tag in wheels_tags:
             assert sorted(n.rsplit("/", 1)[-1] for n in names if n.endswith(".whl")) == wheel_names
@@ -297,6 +314,85 @@ def test_code_only_rebuild_does_not_send_the_wheelhouse_again(docker_client, bas
     assert [t for t, _, _ in recorder.sent] == [tag]
     names = recorder.sent[0][1]
     assert "src/train.py" in names and not [n for n in names if "wheelhouse" in n]
-    assert [n for n in names if n.endswith(".whl")] == [f"wmctl/wheels/{wheel.wheel_name()}"]
+    # Not even the runtime wheel: it is in the dependency image, which the code is built FROM.
+    assert set(names) == {"Dockerfile", "src"} | {n for n in names if n.startswith("src/")}
     assert run_in_image(docker_client, tag, "python train.py; python -c 'import six; print(six.__name__)'").split() \
         == ["train", "v2", "six"]
+
+
+def _scratch_image(client, tag: str, labels: dict[str, str]) -> str:
+    """A tiny image FROM scratch with ``labels``, tagged ``tag``: a stand-in for an old wheels image."""
+    import io
+    import tarfile
+
+    dockerfile = "FROM scratch\n" + "".join(f'LABEL "{k}"="{v}"\n' for k, v in labels.items()) + \
+        'COPY ["a.whl", "/wmctl/wheelhouse/a.whl"]\n'
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in (("Dockerfile", dockerfile.encode()), ("a.whl", uuid.uuid4().bytes)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    buf.seek(0)
+    image, _ = client.images.build(fileobj=buf, custom_context=True, tag=tag, rm=True)
+    return image.id
+
+
+@pytest.mark.xdist_group(WHEELS_IMAGES)
+def test_stale_wheels_images_are_counted_and_pruned_only_when_wmctl_made_them(docker_client, base_image,
+                                                                              tmp_path, tag):
+    spec = write_job(tmp_path / "job", base_image, requirements="six\n")
+    wh = tmp_path / "wheelhouse"
+    assert run_wmctl("wheelhouse", str(spec), "--dir", str(wh), "--no-torch", cwd=tmp_path).returncode == 0
+    first = run_wmctl("build-image", str(spec), "--tag", tag, "--wheelhouse", str(wh), cwd=tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    ours = [i for i in docker_client.images.list(name="wmctl/wheelhouse")
+            if i.labels.get("io.wmctl.wheelhouse") == "wheels"]
+    used = {t for i in ours for t in i.tags}
+    assert used, "the build's wheels image carries no wmctl label"
+
+    suffix = uuid.uuid4().hex[:12]
+    old = f"wmctl/wheelhouse:deps-old{suffix}"                   # an earlier wheelhouse's, wmctl's label
+    foreign = f"wmctl/wheelhouse:deps-foreign{suffix}"           # same repository, no wmctl label
+    shared = f"wmctl-test/kept-{suffix}:v1"                      # wmctl's label, someone else's tag as well
+    made = [_scratch_image(docker_client, old, {"io.wmctl.wheelhouse": "wheels"}),
+            _scratch_image(docker_client, foreign, {"team": "x"})]
+    shared_id = _scratch_image(docker_client, shared, {"io.wmctl.wheelhouse": "wheels"})
+    docker_client.api.tag(shared_id, "wmctl/wheelhouse", f"deps-shared{suffix}")
+    try:
+        # Up to date: no image is listed (that walk costs the engine), so nothing is said.
+        same = run_wmctl("build-image", str(spec), "--tag", tag, "--wheelhouse", str(wh), cwd=tmp_path)
+        assert "up to date" in same.stdout and "note:" not in same.stdout, same.stdout
+        # A dependency change makes a new wheels image and leaves the first build's behind: said.
+        make_wheel(wh, f"extra{suffix}")
+        changed = run_wmctl("build-image", str(spec), "--tag", tag, "--wheelhouse", str(wh), cwd=tmp_path)
+        assert changed.returncode == 0, changed.stdout[-3000:] + changed.stderr[-3000:]
+        note = re.search(r"note: (\d+) wheels image\(s\) of other wheelhouses .* --prune-wheels", changed.stdout)
+        assert note and int(note.group(1)) >= 3, changed.stdout
+        current = {t for i in docker_client.images.list(name="wmctl/wheelhouse") for t in i.tags
+                   if i.labels.get("io.wmctl.wheelhouse")} - used - {old, f"wmctl/wheelhouse:deps-shared{suffix}"}
+        assert current, "the dependency change made no new wheels image"
+
+        pruned = run_wmctl("build-image", str(spec), "--tag", tag, "--wheelhouse", str(wh), "--prune-wheels",
+                           cwd=tmp_path)
+        assert pruned.returncode == 0, pruned.stdout[-3000:] + pruned.stderr[-3000:]
+        assert re.search(r"removed \d+ wheels image\(s\)", pruned.stdout), pruned.stdout
+        tags = {t for i in docker_client.images.list() for t in i.tags}
+        assert old not in tags and f"wmctl/wheelhouse:deps-shared{suffix}" not in tags
+        assert not (used - current) & tags                 # the first build's deps image went too
+        assert foreign in tags and shared in tags          # not wmctl's, or tagged by someone else too
+        assert current <= tags                             # the build's own wheels images stay
+        again = run_wmctl("build-image", str(spec), "--tag", tag, "--wheelhouse", str(wh), "--prune-wheels",
+                          cwd=tmp_path)
+        assert "removed 0 wheels image(s)" in again.stdout and "up to date" in again.stdout
+    finally:
+        for ref in (old, foreign, shared):
+            if ref in {t for i in docker_client.images.list() for t in i.tags}:
+                docker_client.images.remove(ref, force=True)
+        import docker.errors
+
+        for image_id in made:
+            try:
+                docker_client.images.remove(image_id, force=True)
+            except docker.errors.ImageNotFound:       # already gone with its tag
+                pass

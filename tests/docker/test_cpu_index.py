@@ -16,7 +16,7 @@ import pytest
 
 from ..unit.simpleindex import CPU_TORCH, CUDA_TORCH, cpu_and_default_indexes
 from .baseimage import ROOTFS_TAG
-from .conftest import run_wmctl
+from .conftest import WHEELS_IMAGES, run_wmctl
 from .test_build import run_in_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(600)]
@@ -31,6 +31,7 @@ def tag(docker_client):
             docker_client.images.remove(t, force=True)
 
 
+@pytest.mark.xdist_group(WHEELS_IMAGES)
 def test_offline_build_installs_the_cpu_torch_the_index_served(docker_client, base_image, tmp_path, tag,
                                                                monkeypatch):
     job = tmp_path / "job"

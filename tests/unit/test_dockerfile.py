@@ -135,10 +135,54 @@ def test_layer_order_dependencies_before_code(tmp_path):
     code = at(lambda ln: ln.startswith("COPY ") and '"src/"' in ln)
     label = at(lambda ln: ln.startswith("LABEL "))
     assert frm == 0
-    assert frm < torch < req_copy < req_run < wheel_copy < wheel_run < workdir < code < label
+    assert frm < torch < req_copy < req_run < wheel_copy < wheel_run < workdir < label < code
     # Only the requirements file is copied before the dependency install, not the code.
     assert sum(1 for ln in lines if ln.startswith("COPY ")) == 3
-    assert instructions(plan.dockerfile)[-1] == "LABEL"
+    # The code is the last step: a code change runs that one step and no other.
+    assert instructions(plan.dockerfile)[-1] == "COPY"
+
+
+def test_the_dependency_image_and_the_jobs_layers(tmp_path):
+    from orchestrator.imagebuild.dockerfile import DEPS_SPLIT
+
+    spec = write_spec(tmp_path / "job")
+    plan = plan_for(spec)
+    deps, code = plan.deps_dockerfile, plan.code_dockerfile
+    assert plan.dockerfile.count(DEPS_SPLIT) == 1
+    # Everything but the labels and the code makes the dependency image...
+    assert instructions(deps)[-1] == "WORKDIR" and "LABEL" not in instructions(deps)
+    assert '"src/"' not in deps and "torch==" in deps and "/tmp/wmctl/req/requirements.txt" in deps
+    # ...and the job's layers are built FROM it: labels, then the code.
+    assert instructions(code) == ["FROM", "LABEL", "COPY"]
+    assert code.startswith(f"FROM {plan.deps_tag}\n") and plan.deps_tag.startswith("wmctl/tiny:wmctl-deps-")
+    assert deps + code.split("\n", 1)[1] == plan.dockerfile
+    # A code change keeps the dependency image; a requirement, the base's id or a build arg does not.
+    (tmp_path / "job" / "train.py").write_text("print(2)\n")
+    again = plan_for(spec)
+    assert again.deps_tag == plan.deps_tag and again.content_tag != plan.content_tag
+    (tmp_path / "job" / "requirements.txt").write_text("numpy\nsix\n")
+    assert plan_for(spec).deps_tag != plan.deps_tag
+    assert plan_for(spec, base_image_id="sha256:" + "1" * 64).deps_tag != again.deps_tag
+    assert plan_for(spec, build_args={"X": "1"}).deps_tag != plan_for(spec, build_args={"X": "2"}).deps_tag
+
+
+def test_labels_do_not_change_with_the_code_or_the_clock(tmp_path, monkeypatch):
+    # The LABEL step comes before the code: a build time or a content digest in it would make it
+    # run again on every code change, a second uncached step beside the code's COPY.
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    spec = write_spec(tmp_path / "job")
+    first = plan_for(spec, created=None)
+    (tmp_path / "job" / "train.py").write_text("print(2)\n")
+    second = plan_for(spec, created=None)
+    assert first.digest != second.digest
+    label_lines = [[ln for ln in p.dockerfile.splitlines() if ln.startswith(("LABEL", "      \""))]
+                   for p in (first, second)]
+    assert label_lines[0] and label_lines[0] == label_lines[1]
+    assert "org.opencontainers.image.created" not in first.labels
+    assert second.digest[:12] not in second.dockerfile
+    # SOURCE_DATE_EPOCH pins the created label (reproducible builds): the same on every build.
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1767225600")
+    assert plan_for(spec, created=None).labels["org.opencontainers.image.created"] == "2026-01-01T00:00:00Z"
 
 
 def test_runtime_wheel_installed_without_dependencies_and_checked(tmp_path):
@@ -364,6 +408,42 @@ def test_build_args_are_declared_and_validated(tmp_path):
 def test_source_label_drops_credentials():
     assert strip_userinfo("https://user:tok@github.com/x/y.git") == "https://github.com/x/y.git"
     assert strip_userinfo("git@github.com:x/y.git") == "git@github.com:x/y.git"
+
+
+def test_source_metadata_from_a_real_repository_and_no_git_outside_one(tmp_path, monkeypatch):
+    from orchestrator.imagebuild import context
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@x", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@x"}
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
+
+    git("init", "-q")
+    git("remote", "add", "origin", "https://user:tok@example.com/team/wm.git")
+    (repo / "train.py").write_text("print(1)\n")
+    git("add", "train.py")
+    git("commit", "-qm", "one")
+    head = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (repo / "untracked.txt").write_text("not a change to the commit\n")
+    assert context.source_metadata(repo) == {"source": "https://example.com/team/wm.git", "revision": head}
+    (repo / "train.py").write_text("print(2)\n")
+    assert context.source_metadata(repo)["revision"] == head + "-dirty"
+
+    outside = tmp_path / "plain"
+    outside.mkdir()
+    monkeypatch.delenv("GIT_DIR", raising=False)
+    monkeypatch.delenv("GIT_WORK_TREE", raising=False)
+    assert not any((folder / ".git").exists() for folder in outside.resolve().parents), \
+        "pytest's tmp_path lies inside a git work tree here: give it another --basetemp"
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("git was started outside a work tree")
+
+    monkeypatch.setattr(context.subprocess, "Popen", no_process)
+    assert context.source_metadata(outside) == {"source": outside.resolve().as_uri()}
 
 
 # ---- .dockerignore and the context -------------------------------------------------------------------------

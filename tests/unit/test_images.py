@@ -11,7 +11,6 @@ import sys
 import tarfile
 from pathlib import Path
 
-import docker.errors
 import pytest
 from click.testing import CliRunner
 
@@ -263,14 +262,24 @@ def test_context_carries_nested_requirements_and_both_wheel_groups(tmp_path):
     runtime = tmp_path / "wmctl-0.1.0-py3-none-any.whl"
     runtime.write_bytes(b"wheel")
     buf = io.BytesIO()
-    engine.write_context(plan, runtime, buf)
+    engine.write_deps_context(plan, runtime, buf)
     buf.seek(0)
     with tarfile.open(fileobj=buf) as tar:
         names = set(tar.getnames())
+        assert tar.extractfile("Dockerfile").read().decode() == plan.deps_dockerfile
     assert {"wmctl/req/requirements.txt", "wmctl/req/reqs/base.txt", "wmctl/req/constraints.txt"} <= names
-    assert "wmctl/requirements.txt" not in names
+    assert f"wmctl/wheels/{plan.wheel_name}" in names and "wmctl/requirements.txt" not in names
+    assert not [n for n in names if n.startswith("src")]          # no code in the dependency image's context
     # The wheels travel in the wheels image's own context (sent once per wheelhouse), never in the job's.
     assert not [n for n in names if "wheelhouse" in n]
+    # The job's own context: its Dockerfile FROM the dependency image, and the code; nothing else.
+    buf = io.BytesIO()
+    engine.write_code_context(plan, buf)
+    buf.seek(0)
+    with tarfile.open(fileobj=buf) as tar:
+        code_names = set(tar.getnames())
+        assert tar.extractfile("Dockerfile").read().decode().startswith(f"FROM {plan.deps_tag}\n")
+    assert code_names == {"Dockerfile", "src"} | {f"src/{e.rel}" for e in plan.context.entries}
     wheels = set()
     for folder, count in (("wmctl/wheelhouse-torch", 2), ("wmctl/wheelhouse", 1)):
         buf = io.BytesIO()
@@ -279,7 +288,8 @@ def test_context_carries_nested_requirements_and_both_wheel_groups(tmp_path):
         with tarfile.open(fileobj=buf) as tar:
             wheels |= set(tar.getnames())
             dockerfile = tar.extractfile("Dockerfile").read().decode()
-        assert dockerfile.splitlines()[1:] == ["FROM scratch", 'COPY ["wmctl/", "/wmctl/"]']
+        assert dockerfile.splitlines()[1:] == ["FROM scratch", 'LABEL "io.wmctl.wheelhouse"="wheels"',
+                                               'COPY ["wmctl/", "/wmctl/"]']
     assert {"wmctl/wheelhouse-torch/torch-1.0-py3-none-any.whl",
             "wmctl/wheelhouse-torch/filelock-1.0-py3-none-any.whl",
             "wmctl/wheelhouse/six-1.0-py3-none-any.whl"} <= wheels
@@ -301,33 +311,32 @@ class RecordingReporter(Reporter):
         self.closed += 1
 
 
-class FakeImage:
-    def __init__(self, image_id):
-        self.id = image_id
-
-
 class FakeClient:
-    """Just enough of docker.DockerClient: images.get, api.tag/build/push."""
+    """Just enough of an engine: the build's ImageAPI (image_id, tag, build, list/remove) and the
+    SDK's api.push for a push."""
 
     def __init__(self, have=(), build_chunks=(), push_chunks=()):
         self.have = dict(have)
         self.build_chunks = list(build_chunks)
         self.push_chunks = list(push_chunks)
         self.tagged = []
-        self.images = self
         self.api = self
 
-    def get(self, ref):
-        if ref not in self.have:
-            raise docker.errors.ImageNotFound(f"no such image: {ref}")
-        return FakeImage(self.have[ref])
+    def image_id(self, ref):
+        return self.have.get(ref)
 
     def tag(self, image, repo, tag):
         self.tagged.append((image, f"{repo}:{tag}"))
 
-    def build(self, **kwargs):
-        kwargs["fileobj"].read()
+    def build(self, fileobj, **params):
+        fileobj.read()
         return iter(self.build_chunks)
+
+    def list_images(self, label):
+        return []
+
+    def remove_image(self, ref):
+        raise AssertionError(f"nothing may be removed here: {ref}")
 
     def push(self, repo, tag=None, stream=True, decode=True):
         return iter(self.push_chunks)
@@ -391,7 +400,7 @@ def test_wheel_build_failure_in_the_command_closes_the_reporter(tmp_path, monkey
     def broken_wheel(*args, **kwargs):
         raise BuildError("cannot build the wmctl wheel")
 
-    monkeypatch.setattr(engine, "get_client", lambda *a, **k: FakeClient())
+    monkeypatch.setattr(engine, "connect", lambda *a, **k: FakeClient())
     monkeypatch.setattr(progress, "make_reporter", make_reporter)
     monkeypatch.setattr(wheel, "build_wheel", broken_wheel)
     monkeypatch.setattr(wheel, "fingerprint", lambda *a, **k: "f" * 64)
