@@ -103,7 +103,7 @@ def timeline_trial(*, beat: bool, backoff_s: float, grace_period: float = 40.0,
     import threading
 
     from orchestrator.runtime.protocol import format_progress
-    from orchestrator.spec import from_dict
+    from orchestrator.specload import from_dict
     from orchestrator.state import LocalRunStore, RunRecord
     from orchestrator import supervisor
     from orchestrator.backends.kubernetes import engine

@@ -24,8 +24,10 @@ from .errors import OptionError, RunCancelled, RunExists, RunFailed, SpecError, 
 from .plan import AttemptContext, Plan
 from .runs import engine_of, remove, status
 from .runtime.protocol import ENV_RUN_STORE, ENV_WATCHER_OBJECT
-from .spec import JobSpec, from_dict, load_spec, profile_problems
-from .spec import warnings as spec_warnings
+from .spec import JobSpec
+from .speccheck import profile_problems
+from .speccheck import warnings as spec_warnings
+from .specload import from_dict, load_spec
 from .state import RunRecord, RunStore, list_runs, open_store
 from .vendors import VendorProfile, load_profile
 from .watchview import WatchView

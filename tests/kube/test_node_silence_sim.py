@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator.backends.kubernetes.engine import DEAD_PEER_GRACE_S, KubernetesBackend
 from orchestrator.runtime.protocol import format_progress
-from orchestrator.spec import from_dict
+from orchestrator.specload import from_dict
 from orchestrator.state import LocalRunStore as RunStore
 from orchestrator.state import RunRecord
 from orchestrator.supervisor import Supervisor, SupervisorOptions

@@ -76,7 +76,9 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.imagebuild", 3),
     ("orchestrator.plot", 3),            # run pictures: pure plot data, a text chart, matplotlib drawing
     # the ground floor: spec types, names and paths, vendor profiles, run state
-    ("orchestrator.spec", 2),
+    ("orchestrator.spec", 2),             # the spec's types and limits
+    ("orchestrator.specload", 2),         # YAML, overrides and --set flags -> a checked JobSpec
+    ("orchestrator.speccheck", 2),        # the spec's checks: problems naming the field and the fix
     ("orchestrator.validate", 2),
     ("orchestrator.yamlsafe", 2),        # the strict, bounded loader of what users write
     ("orchestrator.imageref", 2),        # image references: distribution/reference's grammar

@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.launch import nproc_per_node
-from orchestrator.spec import apply_overrides, load_spec, parse_set_flags, parse_spec
+from orchestrator.specload import apply_overrides, load_spec, parse_set_flags, parse_spec
 from orchestrator.vendors import load_profile
 
 from .helpers import DATA, check_backend, full_spec, spec_from

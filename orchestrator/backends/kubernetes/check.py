@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 
-from ...spec import ANNOTATIONS_MAX_BYTES, ANNOTATIONS_WMCTL_RESERVE, ENV_NAME, JobSpec, _is_dns_subdomain
+from ...spec import ANNOTATIONS_MAX_BYTES, ANNOTATIONS_WMCTL_RESERVE, JobSpec
+from ...speccheck import ENV_NAME, is_dns_subdomain
 from ...validate import Problems
 
 # A qualified name (label and annotation keys, resource names): an optional DNS-subdomain prefix
@@ -102,7 +103,7 @@ def _secret_env_problems(spec: JobSpec) -> Problems:
             out.append((path, "WMCTL_* variables are set by wmctl"))
         elif var in spec.env:
             out.append((path, f"env.{var} sets it too; keep one"))
-        if not _is_dns_subdomain(ref.secret or ""):
+        if not is_dns_subdomain(ref.secret or ""):
             out.append((f"{path}.secret", f"{ref.secret!r} is not a Secret name: lowercase letters, digits, '-' "
                         "and '.'"))
         if not SECRET_KEY.fullmatch(ref.key or "") or len(ref.key) > 253:
