@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.runs", 6),            # what a run is and what can be asked of it (status, list, cancel, ...)
     ("orchestrator.logview", 6),         # `wmctl logs`: the library's logs, across nodes and attempts
     ("orchestrator.supervisor", 5),
+    ("orchestrator.tracker", 5),         # what an attempt's observations add up to: the supervisor's verdict
     ("orchestrator.reconcile", 5),       # a run nobody watches: read from its backend, handed back to a watcher
     ("orchestrator.timeline", 5),        # `wmctl describe`: a run's events, from its folder
     ("orchestrator.display", 5),
