@@ -86,6 +86,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.vendors", 2),
     ("orchestrator.plan", 2),
     ("orchestrator.state", 2),
+    ("orchestrator.storehook", 2),       # which module keeps run state: the registry answers, state asks
     ("orchestrator.serialize", 2),
     ("orchestrator.labels", 2),
     ("orchestrator.resources", 2),
