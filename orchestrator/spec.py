@@ -6,7 +6,9 @@ one from YAML (``load_spec``) and either returns a complete, checked ``JobSpec``
 holds those checks. Neither touches an engine.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: loading resolves every field's type
+# (validate.field_types), and resolving a string annotation compiles it, in every process that
+# loads a spec. Written as objects, the annotations come with the module's cached bytecode.
 
 import dataclasses
 import hashlib

@@ -17,7 +17,7 @@ from typing import Any
 from .errors import SpecError
 from .spec import JobSpec
 from .speccheck import check
-from .validate import Problems, build
+from .validate import Problems, build, field_types
 
 
 def load_spec(path: str | Path, overrides: dict[str, Any] | None = None,
@@ -57,7 +57,7 @@ def parse_spec(text: str, overrides: dict[str, Any] | None = None, *, source_dir
 @lru_cache(maxsize=None)
 def _text_maps(cls: type, prefix: tuple[str, ...] = ()) -> tuple[tuple[str, ...], ...]:
     """Paths of the spec's string-to-string maps (env, labels, build args, ...)."""
-    hints = typing.get_type_hints(cls)
+    hints = field_types(cls)
     out: list[tuple[str, ...]] = []
     for f in dataclasses.fields(cls):
         tp = hints[f.name]

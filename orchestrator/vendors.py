@@ -4,7 +4,8 @@ Adding a vendor is one YAML file (and its golden renders), no code. Facts that c
 verified are listed in the file's ``unverified`` field so a wrong one is a one-line fix.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: loading a profile resolves every field's type, and a
+# string annotation would be compiled to do so (see spec.py).
 
 import functools
 import os

@@ -59,6 +59,25 @@ def test_bad_quantity_and_duration_name_their_field():
     assert "16Gi" in p["resources.memory"] and "30s" in p["restart.backoff"]
 
 
+@pytest.mark.parametrize("text,size", [
+    # whole numbers, read as int: exact at any length
+    ("16Gi", 16 * 2**30), ("0016Gi", 16 * 2**30), ("9223372036854775807", 2**63 - 1), ("7Ei", 7 * 2**60),
+    (" 64 M ", 64 * 10**6),
+    # fractions, read as Decimal: exact where a float is not
+    ("1.5Gi", 3 * 2**29), ("0.000000001Ei", 1152921504), ("1.000000000000000001Ei", 2**60 + 1),
+    ("2.5", 2),
+])
+def test_sizes_are_read_exactly(text, size):
+    from orchestrator.validate import parse_quantity
+
+    assert parse_quantity(text) == size
+
+
+@pytest.mark.parametrize("text", ["8Ei", "9223372036854775808", "9" * 40, "9" * 40 + ".5Ki"])
+def test_sizes_past_int64_are_refused(text):
+    assert "too large" in problems_of({"resources": {"memory": text, "shm": "64Mi"}})["resources.memory"]
+
+
 @pytest.mark.parametrize("text,seconds", [
     # Go/Kubernetes forms, parsed by durationpy
     ("1m30s", 90.0), ("1h", 3600.0), ("250ms", 0.25), ("1h2m3.5s", 3723.5), ("+90s", 90.0), ("2h0m0s", 7200.0),
