@@ -21,20 +21,22 @@ from .validate import INT32_MAX, Invalid, Problems, join, parse_duration, parse_
 if TYPE_CHECKING:
     from .vendors import VendorProfile
 
-DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-CPULIST = re.compile(r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$")
-DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# The patterns the checks match with, as text: re compiles (and keeps) each one the first time a
+# check uses it, so a spec without NFS volumes, say, never compiles NFS_SERVER.
+DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+CPULIST = r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # The same alphabet dockerfile.check_image_path enforces at build time; checked at load so a
 # spec that renders also builds (tests/unit/test_spec.py keeps the two in step).
-IMAGE_PATH = re.compile(r"^/[A-Za-z0-9._\-/]*$")
+IMAGE_PATH = r"^/[A-Za-z0-9._\-/]*$"
 # An NFS server is a host name or an address: a comma would add Docker mount options (rw,exec,suid).
-NFS_SERVER = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
-                        r"[A-Za-z0-9])?)*\.?|[0-9A-Fa-f:.]+|\[[0-9A-Fa-f:.]+\])$")
+NFS_SERVER = (r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
+              r"[A-Za-z0-9])?)*\.?|[0-9A-Fa-f:.]+|\[[0-9A-Fa-f:.]+\])$")
 # Env names that usually hold credentials: plain values there end up in manifests and `docker inspect`.
-SECRET_ENV = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)($|_)|"
-                        r"_KEY$", re.IGNORECASE)
-DOCKER_USER = re.compile(r"(\d{1,10}|[a-z_][a-z0-9_-]{0,31})(:(\d{1,10}|[a-z_][a-z0-9_-]{0,31}))?")
+SECRET_ENV = (r"(?i)(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)($|_)|"
+              r"_KEY$")
+DOCKER_USER = r"(\d{1,10}|[a-z_][a-z0-9_-]{0,31})(:(\d{1,10}|[a-z_][a-z0-9_-]{0,31}))?"
 
 
 # ---- the host -------------------------------------------------------------------------------------
@@ -75,7 +77,7 @@ def profile_problems(spec: JobSpec, profile: VendorProfile) -> Problems:
 
 def warnings(spec: JobSpec) -> list[str]:
     """Legal but probably unwise: said once, on stderr, at load."""
-    secret = sorted(k for k, v in spec.env.items() if v and SECRET_ENV.search(str(k)))
+    secret = sorted(k for k, v in spec.env.items() if v and re.search(SECRET_ENV, str(k)))
     if not secret:
         return []
     return [f"env {', '.join(secret)} look like credentials: plain env values are visible in the rendered "
@@ -116,10 +118,10 @@ def _check_image(spec: JobSpec, problems: Problems, profile_names: list[str] | N
         if not re.fullmatch(r"[a-z0-9][a-z0-9+.\-]*(=[A-Za-z0-9.+~:\-]+)?", pkg):
             problems.append((f"image.system_packages[{i}]", f"{pkg!r} is not a Debian package name"))
     for key in spec.image.build_args:
-        if not ENV_NAME.fullmatch(key):
+        if not re.fullmatch(ENV_NAME, key):
             problems.append((f"image.build_args.{key}", "build arg names are letters, digits and _"))
     workdir = spec.image.workdir
-    if not IMAGE_PATH.fullmatch(workdir) or ".." in workdir.split("/"):
+    if not re.fullmatch(IMAGE_PATH, workdir) or ".." in workdir.split("/"):
         problems.append(("image.workdir", f"{workdir!r} must be an absolute path inside the image of letters, "
                          "digits and . _ - / without '..' (build-image bakes it into the Dockerfile), "
                          "e.g. /workspace"))
@@ -148,7 +150,7 @@ def _check_workdir(spec: JobSpec, problems: Problems) -> None:
 
 def _check_env(spec: JobSpec, problems: Problems) -> None:
     for key, value in spec.env.items():
-        if not ENV_NAME.fullmatch(str(key)):
+        if not re.fullmatch(ENV_NAME, str(key)):
             problems.append((f"env.{key}", "environment variable names are letters, digits and _, not starting "
                              "with a digit"))
         if value is not None and "\x00" in value:
@@ -199,20 +201,20 @@ def _check_lifecycle(spec: JobSpec, problems: Problems) -> None:
 
 def _check_docker(spec: JobSpec, problems: Problems) -> None:
     for i, cpus in enumerate(spec.docker.cpusets):
-        if not CPULIST.fullmatch(cpus):
+        if not re.fullmatch(CPULIST, cpus):
             problems.append((f"docker.cpusets[{i}]", f"{cpus!r} is not a CPU list like 0-15 or 0,2,4"))
     if spec.docker.cpusets and len(spec.docker.cpusets) != spec.nodes:
         problems.append(("docker.cpusets", f"give one CPU list per node ({spec.nodes}), got "
                          f"{len(spec.docker.cpusets)}"))
     user = spec.docker.user
-    if user not in ("auto", "image") and not (isinstance(user, str) and DOCKER_USER.fullmatch(user)):
+    if user not in ("auto", "image") and not (isinstance(user, str) and re.fullmatch(DOCKER_USER, user)):
         problems.append(("docker.user", f"{user!r} is not auto, image, UID[:GID] or NAME[:GROUP] "
                          "(e.g. 1000:1000); auto runs containers as you, so host folders stay yours"))
 
 
 def _check_name(spec: JobSpec, problems: Problems) -> None:
     name = spec.name
-    if not isinstance(name, str) or not DNS_LABEL.fullmatch(name):
+    if not isinstance(name, str) or not re.fullmatch(DNS_LABEL, name):
         problems.append(("name", f"{name!r} is not a valid run name: use lowercase letters, digits and '-', "
                          "starting with a letter and ending with a letter or digit (it becomes Kubernetes "
                          "object names and hostnames)"))
@@ -272,7 +274,7 @@ def _check_volumes(spec: JobSpec, problems: Problems) -> None:
     mounts: dict[str, int] = {}
     for i, vol in enumerate(spec.volumes):
         path = f"volumes[{i}]"
-        if not DNS_LABEL.fullmatch(vol.name or ""):
+        if not re.fullmatch(DNS_LABEL, vol.name or ""):
             problems.append((join(path, "name"), f"{vol.name!r} must be a DNS label (lowercase letters, digits, '-')"))
         elif vol.name.startswith(RESERVED_VOLUME_PREFIX):
             problems.append((join(path, "name"), f"{vol.name!r}: names starting with {RESERVED_VOLUME_PREFIX!r} are "
@@ -340,7 +342,7 @@ def _check_plain_text(value: str | None, path: str, problems: Problems) -> None:
 
 
 def _check_nfs(nfs: NfsSource, path: str, problems: Problems) -> None:
-    if not NFS_SERVER.fullmatch(nfs.server or ""):
+    if not re.fullmatch(NFS_SERVER, nfs.server or ""):
         problems.append((join(path, "server"), f"{nfs.server[:60]!r} is not a host name or IP address; give only "
                          "the server (e.g. nfs.example.com or 10.0.0.5): mount options are not accepted here"))
     _check_plain_text(nfs.path, join(path, "path"), problems)
@@ -352,7 +354,7 @@ def _check_nfs(nfs: NfsSource, path: str, problems: Problems) -> None:
 
 
 def is_dns_subdomain(value: str) -> bool:
-    return len(value) <= 253 and bool(DNS_SUBDOMAIN.fullmatch(value))
+    return len(value) <= 253 and bool(re.fullmatch(DNS_SUBDOMAIN, value))
 
 
 def normalize_mount(mount: str) -> str:
@@ -367,14 +369,14 @@ def _check_affinity(spec: JobSpec, problems: Problems) -> None:
         for rank, cpus in spec.affinity.items():
             if rank < 0:
                 problems.append((f"affinity.{rank}", "local ranks start at 0"))
-            if not isinstance(cpus, str) or not CPULIST.fullmatch(cpus):
+            if not isinstance(cpus, str) or not re.fullmatch(CPULIST, cpus):
                 problems.append((f"affinity.{rank}", f"{cpus!r} is not a CPU list like 0-15 or 0,2,4"))
 
 
 def _check_kubernetes(spec: JobSpec, problems: Problems) -> None:
     k = spec.kubernetes
-    if len(k.namespace) > K8S_NAME_MAX or (
-            not DNS_LABEL.fullmatch(k.namespace) and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", k.namespace)):
+    if len(k.namespace) > K8S_NAME_MAX or not (
+            re.fullmatch(DNS_LABEL, k.namespace) or re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", k.namespace)):
         problems.append(("kubernetes.namespace", f"{k.namespace!r} is not a valid namespace name"))
     _check_cluster_domain(spec, problems)
     label_key = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -412,7 +414,7 @@ def _check_kubernetes(spec: JobSpec, problems: Problems) -> None:
 
 def _check_cluster_domain(spec: JobSpec, problems: Problems) -> None:
     domain = spec.kubernetes.cluster_domain
-    if len(domain) > 253 or not DNS_SUBDOMAIN.fullmatch(domain) or any(len(p) > 63 for p in domain.split(".")):
+    if len(domain) > 253 or not re.fullmatch(DNS_SUBDOMAIN, domain) or any(len(p) > 63 for p in domain.split(".")):
         problems.append(("kubernetes.cluster_domain", f"{domain!r} is not a DNS name; give the cluster's DNS "
                          "domain (kubelet --cluster-domain), e.g. cluster.local"))
         return
