@@ -41,12 +41,16 @@ TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 @dataclass
 class NfsSource:
+    """An NFS export as a volume's source: the server (a host name or address) and the exported path."""
+
     server: str
     path: str
 
 
 @dataclass
 class EmptyDirSource:
+    """A scratch folder that lives as long as the node's container or pod (``Memory``: a tmpfs)."""
+
     medium: Literal["", "Memory"] = ""
     size_limit: Union[str, int, None] = None
 
@@ -57,6 +61,8 @@ class EmptyDirSource:
 
 @dataclass
 class Volume:
+    """One mount in every node: its name, where it mounts, and exactly one source."""
+
     name: str
     mount: str
     read_only: bool = False
@@ -79,6 +85,8 @@ class Volume:
 
 @dataclass
 class ImageSpec:
+    """The image the job runs in: the vendor profile, the base, what is installed, the context, the tag."""
+
     vendor: str = "cpu"
     base: str | None = None
     requirements: str | None = None
@@ -92,6 +100,8 @@ class ImageSpec:
 
 @dataclass
 class Resources:
+    """What each node gets: CPUs, memory and /dev/shm."""
+
     cpu: float | None = None
     memory: Union[str, int, None] = None
     shm: Union[str, int] = "16Gi"  # the field report: 64 MB crashed the DataLoader, 16 GB fixed it
@@ -107,6 +117,8 @@ class Resources:
 
 @dataclass
 class CheckpointSpec:
+    """Where the job's checkpoints go, every how many steps, and how many are kept."""
+
     dir: str | None = None
     every_steps: int = 200
     keep: int = 3
@@ -114,6 +126,8 @@ class CheckpointSpec:
 
 @dataclass
 class RestartSpec:
+    """How a failed attempt is retried, and the timeouts that say a node is lost or a job hangs."""
+
     max_attempts: int = 3
     backoff: Union[str, float] = "30s"
     exclude_failed_nodes: bool = True
@@ -150,6 +164,8 @@ class RestartSpec:
 
 @dataclass
 class RendezvousSpec:
+    """torchrun's c10d rendezvous: its port, and how long nodes wait for each other."""
+
     port: int = 29500
     join_timeout: Union[str, float] = "10m"   # c10d default is 600 s
     # How long a node's agent waits for the c10d store on pod 0 (torch's read_timeout, 60 s by
@@ -176,6 +192,8 @@ class SecretKeyRef:
 
 @dataclass
 class KubernetesSpec:
+    """Where and how the job's pods run on Kubernetes."""
+
     namespace: str = "default"
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, Any]] = field(default_factory=list)
@@ -207,6 +225,8 @@ class KubernetesSpec:
 
 @dataclass
 class DockerSpec:
+    """How the job's containers run on a Docker host."""
+
     network: str | None = None            # default: a private network per run
     cpusets: list[str] = field(default_factory=list)  # per node; default: split when nodes share a host
     runtime: str | None = None            # overrides the vendor profile's runtime
@@ -218,11 +238,15 @@ class DockerSpec:
 
 @dataclass
 class LocalSpec:
+    """Settings of the local backend (processes on this machine)."""
+
     master_port: int | None = None        # default: a free port the OS picks (not rendezvous.port)
 
 
 @dataclass
 class JobSpec:
+    """A job spec: what runs, on how many nodes, in which image, and how it recovers."""
+
     name: str
     command: list[str]
     image: ImageSpec = field(default_factory=ImageSpec)

@@ -22,6 +22,8 @@ from .validate import Problems, build, index_url_problem
 
 @dataclass(frozen=True)
 class DeviceRequest:
+    """One ``--gpus``-style device request of `docker run` (a driver and its capabilities)."""
+
     driver: str = ""
     capabilities: list[list[str]] = field(default_factory=lambda: [["gpu"]])
 
@@ -45,6 +47,8 @@ class DockerExposure:
 
 @dataclass(frozen=True)
 class KubernetesExposure:
+    """What a pod needs beside the device plugin's resource: env and host mounts."""
+
     env: dict[str, str] = field(default_factory=dict)
     host_mounts: list[str] = field(default_factory=list)   # hostPath mounts the device plugin does not add
 
@@ -64,6 +68,8 @@ class RuntimeSection:
 
 @dataclass(frozen=True)
 class VendorProfile:
+    """An accelerator vendor, read from images/<vendor>.yaml: its devices, image and runtime facts."""
+
     name: str
     display_name: str
     accelerator: bool

@@ -163,6 +163,8 @@ class AttemptRef:
 
 @dataclass(frozen=True)
 class Event:
+    """Something that happened to a node of an attempt (``kind``: one of the event kinds above)."""
+
     kind: str
     time: float = field(default_factory=time.time)
     node: int | None = None            # node index within the attempt
@@ -178,6 +180,8 @@ class Event:
 
 @dataclass(frozen=True)
 class NodeStatus:
+    """A node's current phase as the supervisor sees it, whatever the backend."""
+
     node: int
     phase: str
     host: str | None = None
