@@ -110,10 +110,10 @@ def timeline_trial(*, beat: bool, backoff_s: float, grace_period: float = 40.0,
     import threading
 
     from orchestrator.runtime.protocol import format_progress
-    from orchestrator.spec import from_dict
+    from orchestrator.specload import from_dict
     from orchestrator.state import LocalRunStore, RunRecord
     from orchestrator import supervisor
-    from orchestrator.backends.kubernetes import engine
+    from orchestrator.backends.kubernetes import teardown
     from orchestrator.vendors import load_profile
     from orchestrator.watchview import EchoView
 
@@ -160,8 +160,8 @@ def timeline_trial(*, beat: bool, backoff_s: float, grace_period: float = 40.0,
     # The product's own waits are scaled like Kubernetes' durations: the supervisor's poll
     # (POLL_INTERVAL_S) and the teardown's wait for the old pods (GONE_POLL_S) are real seconds in
     # a real cluster, so here they are Kubernetes seconds too (restored in the finally below).
-    gone_poll_s = engine.GONE_POLL_S
-    engine.GONE_POLL_S = gone_poll_s * S
+    gone_poll_s = teardown.GONE_POLL_S
+    teardown.GONE_POLL_S = gone_poll_s * S
     sup = supervisor.Supervisor(spec, load_profile("cpu"), backend, store, record,
                                 EchoView(lambda ln: lines.append((time.time(), ln))),
                                 supervisor.SupervisorOptions(auto_resume=True,
@@ -219,7 +219,7 @@ def timeline_trial(*, beat: bool, backoff_s: float, grace_period: float = 40.0,
         thread.join(timeout=60)          # attempt 1 completes: the supervisor returns
         return {k: v / S for k, v in out.items()}
     finally:
-        engine.GONE_POLL_S = gone_poll_s
+        teardown.GONE_POLL_S = gone_poll_s
         stop.set()
         backend.close()
         cluster.stop()

@@ -24,7 +24,7 @@ from typing import Any
 from orchestrator.backends.kubernetes import render, teardown
 from orchestrator.backends.kubernetes.engine import KubernetesBackend
 from orchestrator.runtime.protocol import format_progress
-from orchestrator.spec import from_dict
+from orchestrator.specload import from_dict
 from orchestrator.state import LocalRunStore, RunRecord
 from orchestrator import supervisor
 from orchestrator.vendors import load_profile

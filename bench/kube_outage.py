@@ -28,7 +28,7 @@ SHUTTING_DOWN_S = 5.0
 
 
 def outage_trial(outage_s: float) -> dict[str, float | str]:
-    from orchestrator.spec import from_dict
+    from orchestrator.specload import from_dict
     from orchestrator.state import LocalRunStore, RunRecord
     from orchestrator.supervisor import Supervisor, SupervisorOptions
     from orchestrator.vendors import load_profile

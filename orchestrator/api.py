@@ -22,16 +22,19 @@ from .backends.base import Backend, BackendOptions
 from .imagebuild.record import RECORD_FILE, pinned_ref
 from .errors import BackendError, OptionError, RunCancelled, RunExists, RunFailed, SpecError, WmctlError
 from .plan import AttemptContext, Plan
-from .runs import engine_of, remove, status
 from .runtime.protocol import ENV_RUN_STORE, ENV_WATCHER_OBJECT
-from .spec import JobSpec, from_dict, load_spec, profile_problems
-from .spec import warnings as spec_warnings
-from .state import RunRecord, RunStore, list_runs, open_store
+from .spec import JobSpec
+from .speccheck import profile_problems
+from .speccheck import warnings as spec_warnings
+from .specload import from_dict, load_spec
 from .vendors import VendorProfile, load_profile
-from .watchview import WatchView
 
-if TYPE_CHECKING:   # loaded by the functions that supervise: a dry run never needs it
+# Run state (state, runs) and watching (watchview, supervisor) load in the functions that record,
+# watch or supervise a run: load_job and dryrun, all a dry run calls, need none of them.
+if TYPE_CHECKING:
+    from .state import RunRecord, RunStore
     from .supervisor import Supervisor  # noqa: F401
+    from .watchview import WatchView
 
 Echo = Callable[[str], None]
 
@@ -121,6 +124,8 @@ def _resume_source(engine: Backend[Any], value: str, run: str) -> tuple[str | No
     checkpoint folder; anything else is a path. Returns (path, problem)."""
     if value == run:
         return None, "a run resumes from its own checkpoints already; name another run or a folder"
+    from .state import list_runs, open_store
+
     store = open_store(value)
     if store.exists():
         other, _ = job_of(store.load())
@@ -193,6 +198,8 @@ def dryrun(job: Job, backend: str, *, auto_resume: bool = False, context: str | 
 def schedule(request: SubmitRequest, *, watch: bool, view: WatchView, replace: bool = False) -> int:
     """Record the run and submit its planned attempt 0; with ``watch``, supervise it to the end.
     Returns the exit code (0, or RunFailed's when the run failed)."""
+    from .state import RunRecord, open_store
+
     job, engine = request.job, request.backend
     if not type(engine).submits:
         engine.close()
@@ -317,6 +324,9 @@ def check_in_cluster(request: SubmitRequest) -> dict[str, str]:
 
 def start_cluster_watcher(run: str) -> str:
     """Start ``run``'s watcher where the run lives (after ``check_in_cluster`` and ``schedule``)."""
+    from .runs import engine_of
+    from .state import open_store
+
     record = open_store(run).load()
     job, _ = job_of(record)
     engine = engine_of(record)
@@ -336,6 +346,9 @@ def retire_cluster_watcher(run: str) -> str | None:
     restart it (a note saying so), else None."""
     if not in_cluster_watcher():
         return None
+    from .runs import engine_of
+    from .state import open_store
+
     record = open_store(run).load()
     if record.status == "running":
         return None
@@ -351,6 +364,8 @@ def spawn_watcher(run: str, *, auto_resume: bool, wait_s: float = 20.0) -> int:
     run folder's watcher log), and wait until it holds the lease. Returns its pid."""
     import subprocess
     import sys
+
+    from .state import open_store
 
     store = open_store(run)
     log = store.watcher_log()
@@ -380,6 +395,8 @@ def _clear_the_name(store: RunStore, engine: Backend[Any], echo: Echo, *, replac
     then that run is deleted first (its record and what it left on the backend; never its
     checkpoints). A run that has not ended is never replaced. Objects of that name that no record
     here knows are someone else's: refused, never adopted and never deleted."""
+    from .runs import remove, status
+
     if store.exists():
         view = status(store.run)
         old = view.record
@@ -454,6 +471,9 @@ def _supervise(store: RunStore, record: RunRecord, job: Job, engine: Backend[Any
 
 def watch(run: str, *, auto_resume: bool | None, view: WatchView) -> int:
     """Supervise a recorded run from where it is (adopting a running attempt)."""
+    from .runs import engine_of
+    from .state import open_store
+
     store = open_store(run)
     store.load()                        # no such run: said before the lease is taken
     # Leased before the record is read: a reader reconciling the run is waited for, and what it

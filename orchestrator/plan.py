@@ -67,6 +67,8 @@ R = TypeVar("R", bound=Request)
 
 @dataclass
 class Plan(Generic[R]):
+    """What one attempt submits on one backend: the request and its resources, printable as they are."""
+
     backend: str
     run: str
     attempt: int

@@ -18,7 +18,8 @@ from .errors import EngineUnavailable
 from .joberror import with_job_error
 from .spec import JobSpec
 from .state import AttemptRecord, RunRecord, RunStore
-from .supervisor import AttemptTracker, never_started
+from .supervisor import never_started
+from .tracker import AttemptTracker
 
 
 # How long `status` looks at a run nobody watches before it answers with what it saw.

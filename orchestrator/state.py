@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
-from . import layout
+from . import layout, storehook
 from .errors import OptionError, RecordDamaged, RunExists, RunNotFound
 from .runtime.protocol import ENV_RUN_STORE
 
@@ -478,24 +478,13 @@ class LocalRunStore(RunStore):
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-# Which module keeps run state for a WMCTL_RUN_STORE name: set by the backend
-# registry (a backend declares its ``run_store``), so this layer never imports the backends.
-_store_resolver: Callable[[str], "tuple[str | None, list[str]]"] | None = None
-
-
-def set_store_resolver(resolver: Callable[[str], "tuple[str | None, list[str]]"]) -> None:
-    """``resolver(name)`` -> (module path or None, every name that offers a store)."""
-    global _store_resolver
-    _store_resolver = resolver
-
-
 def _store_module() -> Any:
     """Where run state is kept: this machine's files (WMCTL_RUN_STORE unset), or the module a
     backend declares as its ``run_store`` (WMCTL_RUN_STORE=<backend name>)."""
     kind = (os.environ.get(ENV_RUN_STORE) or "").strip().lower()
     if not kind:
         return None
-    module, offered = _store_resolver(kind) if _store_resolver is not None else (None, [])
+    module, offered = storehook.resolve(kind)     # the backend registry's answer
     if module is None:
         raise OptionError(f"{ENV_RUN_STORE}={kind!r} names no run store",
                           hint=f"use one of: {', '.join(offered) or 'none'}, or unset it to keep run state "

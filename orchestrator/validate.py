@@ -1,5 +1,5 @@
 """Small building blocks for validating the job spec (durationpy, Go's duration syntax, is their
-one dependency).
+one dependency, loaded only for a duration of more than one term such as 1m30s).
 
 Plain dataclasses plus these helpers instead of pydantic: the spec stays readable, every
 error names its field path and the fix, and the CLI avoids ~150 ms of import time (the
@@ -9,30 +9,29 @@ dry-run budget is 250 ms for the whole process).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import types
 import typing
-from decimal import Decimal
 from typing import Any, Literal, Union, get_args, get_origin
-
-import durationpy
 
 Problems = list[tuple[str, str]]
 
-_QUANTITY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTPE]i?|k|m)?\s*$")
+# Patterns as text: re compiles (and keeps) each one when it is first used.
+_QUANTITY = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTPE]i?|k|m)?\s*$"
 _FACTORS = {
     None: 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
 }
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION = r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)?\s*$"
 _DURATION_FACTORS = {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 # Go's (and so Kubernetes') duration units. durationpy also reads d, w, mm and y, which Go does not:
 # a spec value should mean the same to wmctl as to kubectl, so those are refused.
 _GO_UNITS = ("h", "m", "s", "ms", "us", "µs", "μs", "ns")
-_GO_TERM = re.compile(r"([0-9.]+)([^0-9.]*)")
+_GO_TERM = r"([0-9.]+)([^0-9.]*)"
 _DURATION_FORMS = "write it like 30s, 1m30s, 250ms or 1h"
-_INTEGER = re.compile(r"^\s*-?[0-9]+\s*$")   # ASCII digits only: int() refuses '²' that isdigit() accepts
+_INTEGER = r"^\s*-?[0-9]+\s*$"   # ASCII digits only: int() refuses '²' that isdigit() accepts
 
 INT32_MAX = 2**31 - 1
 # Kubernetes stores quantities as int64; Docker's shm_size and memory limits are int64 bytes too.
@@ -64,11 +63,16 @@ def parse_quantity(value: Any) -> int:
         return _bounded_quantity(int(value), value)
     if not isinstance(value, str):
         raise Invalid(f"expected a size such as 16Gi or 512Mi, got {type(value).__name__}")
-    m = _QUANTITY.match(value)
+    m = re.match(_QUANTITY, value)
     if not m or m.group(2) == "m":
         raise Invalid(f"{value!r} is not a size; write it like 16Gi, 512Mi or 64G")
-    # Decimal, not float: exact for '9223372036854775807', and hundreds of digits cannot overflow.
-    return _bounded_quantity(int(Decimal(m.group(1)) * _FACTORS[m.group(2)]), value)
+    digits, factor = m.group(1), _FACTORS[m.group(2)]
+    if "." not in digits:       # a whole number: exact in int, however many digits
+        return _bounded_quantity(int(digits) * factor, value)
+    # Decimal, not float: exact for '1.000000000000000001Ei'. Loaded here, for a fraction only.
+    from decimal import Decimal
+
+    return _bounded_quantity(int(Decimal(digits) * factor), value)
 
 
 def _bounded_quantity(n: int, given: Any) -> int:
@@ -89,7 +93,7 @@ def parse_duration(value: Any) -> float:
         # Compared before float(): a huge int would overflow the conversion itself.
         seconds = float(value) if value <= MAX_DURATION_S else math.inf
     elif isinstance(value, str):
-        m = _DURATION.match(value)      # a number of seconds, or one term (30s, 1.5 m, 250ms)
+        m = re.match(_DURATION, value)      # a number of seconds, or one term (30s, 1.5 m, 250ms)
         seconds = float(m.group(1)) * _DURATION_FACTORS[m.group(2)] if m else _go_duration(value)
     else:
         raise Invalid(f"expected a duration such as 30s or 5m, got {type(value).__name__}")
@@ -104,10 +108,12 @@ def _go_duration(value: str) -> float:
     text = value.strip()
     if text.startswith("-"):
         raise Invalid(f"{value!r}: a duration cannot be negative")
-    for _, unit in _GO_TERM.findall(text.lstrip("+")):
+    for _, unit in re.findall(_GO_TERM, text.lstrip("+")):
         if unit not in _GO_UNITS:
             what = f"unknown unit {unit!r}" if unit else "a number without its unit"
             raise Invalid(f"{value!r} is not a duration ({what}); use h, m, s, ms, us or ns: {_DURATION_FORMS}")
+    import durationpy   # the one form that needs it: a single term such as 30s is read above
+
     try:
         return durationpy.from_str(text).total_seconds()
     except (OverflowError, ValueError) as exc:     # DurationError is a ValueError; older ones leak both
@@ -220,7 +226,7 @@ def convert(tp: Any, value: Any, path: str, problems: Problems) -> Any:  # noqa:
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, str) and _INTEGER.match(value):
+        if isinstance(value, str) and re.match(_INTEGER, value):
             return int(value)
         problems.append((path, f"expected an integer, got {_describe(value)}"))
         return None
@@ -282,6 +288,14 @@ def _describe(value: Any) -> str:
     return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
 
 
+@functools.cache
+def field_types(cls: type) -> dict[str, Any]:
+    """The resolved type of each field of dataclass ``cls``, worked out once per class (a spec of
+    ten volumes resolved Volume's ten times). An annotation written as text is compiled to be
+    resolved: spec.py and vendors.py write theirs as objects."""
+    return typing.get_type_hints(cls)
+
+
 def build(cls: type, data: Any, path: str, problems: Problems) -> Any:
     """Build dataclass ``cls`` from a mapping; unknown keys and bad values become problems."""
     if data is None:
@@ -289,7 +303,7 @@ def build(cls: type, data: Any, path: str, problems: Problems) -> Any:
     if not isinstance(data, dict):
         problems.append((path or "(top level)", f"expected a mapping, got {_describe(data)}"))
         return cls() if _all_defaults(cls) else None
-    hints = typing.get_type_hints(cls)
+    hints = field_types(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
     for key, value in data.items():

@@ -4,7 +4,8 @@ Adding a vendor is one YAML file (and its golden renders), no code. Facts that c
 verified are listed in the file's ``unverified`` field so a wrong one is a one-line fix.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: loading a profile resolves every field's type, and a
+# string annotation would be compiled to do so (see spec.py).
 
 import functools
 import os
@@ -21,6 +22,8 @@ from .validate import Problems, build, index_url_problem
 
 @dataclass(frozen=True)
 class DeviceRequest:
+    """One ``--gpus``-style device request of `docker run` (a driver and its capabilities)."""
+
     driver: str = ""
     capabilities: list[list[str]] = field(default_factory=lambda: [["gpu"]])
 
@@ -44,6 +47,8 @@ class DockerExposure:
 
 @dataclass(frozen=True)
 class KubernetesExposure:
+    """What a pod needs beside the device plugin's resource: env and host mounts."""
+
     env: dict[str, str] = field(default_factory=dict)
     host_mounts: list[str] = field(default_factory=list)   # hostPath mounts the device plugin does not add
 
@@ -73,6 +78,8 @@ class RuntimeSection:
 
 @dataclass(frozen=True)
 class VendorProfile:
+    """An accelerator vendor, read from images/<vendor>.yaml: its devices, image and runtime facts."""
+
     name: str
     display_name: str
     accelerator: bool

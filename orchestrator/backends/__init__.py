@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import BackendError, OptionError, SpecError
 from ..plan import AttemptContext, HostFacts, Plan
 from ..validate import Problems
-from ..state import set_store_resolver
+from ..storehook import set_store_resolver
 from .base import LOG_OPTION_FLAGS, Backend, BackendOptions, LogQuery
 
 # name -> module whose BACKEND is the backend class; the first is the default.

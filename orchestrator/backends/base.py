@@ -21,7 +21,6 @@ from ..runtime.protocol import parse_progress, run_checkpoint_dir
 from ..plan import AttemptContext, HostFacts, Plan, R
 from ..serialize import dump
 from ..spec import JobSpec
-from ..state import open_store
 from ..vendors import VendorProfile
 
 # Node phases as the supervisor sees them, whatever the backend.
@@ -164,6 +163,8 @@ class AttemptRef:
 
 @dataclass(frozen=True)
 class Event:
+    """Something that happened to a node of an attempt (``kind``: one of the event kinds above)."""
+
     kind: str
     time: float = field(default_factory=time.time)
     node: int | None = None            # node index within the attempt
@@ -179,6 +180,8 @@ class Event:
 
 @dataclass(frozen=True)
 class NodeStatus:
+    """A node's current phase as the supervisor sees it, whatever the backend."""
+
     node: int
     phase: str
     host: str | None = None
@@ -243,6 +246,8 @@ def kept_log(ref: "AttemptRef", node: int, query: "LogQuery") -> list[str] | Non
     """The lines ``logs`` serves of a node whose attempt wmctl tore down (teardown kept its tail in
     the run folder: the containers or pods, and their output, are gone or going), narrowed by
     ``query`` (``kept_lines``); None while nothing was kept, so the engine reads the node itself."""
+    from ..state import open_store
+
     archived = open_store(ref.run).archived_log(ref.attempt, node)
     return None if archived is None else kept_lines(archived, query, what=ref.attempt_name)
 

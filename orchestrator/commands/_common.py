@@ -56,7 +56,7 @@ def spec_options(func: Callable) -> Callable:
 
 def overrides_from(set_flags: tuple[str, ...], nodes: int | None, image_tag: str | None,
                    vendor: str | None, namespace: str | None) -> dict[str, Any]:
-    from ..spec import parse_set_flags
+    from ..specload import parse_set_flags
 
     overrides = parse_set_flags(set_flags)
     for key, value in (("nodes", nodes), ("image.tag", image_tag), ("image.vendor", vendor),

@@ -34,7 +34,7 @@ def parse_build_args(items: tuple[str, ...]) -> dict[str, str]:
 
 def load(spec_path: str, sets: tuple[str, ...] = ()):
     """The validated spec and its vendor profile (no engine)."""
-    from ..spec import load_spec, parse_set_flags
+    from ..specload import load_spec, parse_set_flags
     from ..vendors import load_profile
 
     spec = load_spec(spec_path, parse_set_flags(sets))

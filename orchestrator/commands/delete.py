@@ -35,7 +35,7 @@ def _on_this_machine(record, where: str) -> str:
     if not here or not record.spec:
         return where
     from ..errors import SpecError
-    from ..spec import from_dict
+    from ..specload import from_dict
 
     try:
         spec = from_dict(record.spec, source_dir=Path(record.source_dir or "."))

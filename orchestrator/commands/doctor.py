@@ -89,7 +89,7 @@ def _kubernetes(vendor: str | None, context: str | None, kubeconfig: str | None,
     from ..adaptors.kubernetes import load_api_client, single_try
     from ..backends.kubernetes.doctor import check_cluster, report_json
     from ..runtime.preflight import counts, format_text
-    from ..spec import load_spec
+    from ..specload import load_spec
     from ..vendors import load_profile
 
     spec = load_spec(spec_path) if spec_path else None

@@ -107,7 +107,7 @@ def command(spec_path: str, directory: str | None, python_version: str | None, p
     """Fill a wheelhouse folder for offline (air-gapped) image builds."""
     from ..imagebuild.quoting import check_single_line
     from ..imagebuild.requirements import requirements_closure
-    from ..spec import load_spec, parse_set_flags
+    from ..specload import load_spec, parse_set_flags
     from ..vendors import load_profile
 
     spec = load_spec(spec_path, parse_set_flags(sets))

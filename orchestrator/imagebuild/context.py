@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..errors import BuildError
-from ..spec import folder_problem
+from ..speccheck import folder_problem
 from .ignore import IgnorePattern, is_ignored, parse_dockerignore
 
 

@@ -26,6 +26,8 @@ class VendorUnknown(ValueError):
 
 @dataclass(frozen=True)
 class RuntimeProfile:
+    """The part of a vendor profile the job's runtime reads (handed over as WMCTL_VENDOR_PROFILE)."""
+
     name: str
     torch_module: str | None = None          # torch.<module> holds the devices; None: no accelerator
     torch_plugin: str | None = None          # the import that registers that module

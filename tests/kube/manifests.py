@@ -78,7 +78,7 @@ def rendered_plan(run: str, attempt: int, *, nodes: int = 2, excluded_nodes: tup
     """The lead's real renderer (orchestrator/backends/kubernetes/render.py) for a small CPU job."""
     from orchestrator.plan import AttemptContext
     from orchestrator.backends.kubernetes.render import render_kubernetes
-    from orchestrator.spec import from_dict
+    from orchestrator.specload import from_dict
     from orchestrator.vendors import load_profile
 
     data: dict[str, Any] = {"name": run, "image": {"vendor": "cpu", "tag": image}, "nodes": nodes,

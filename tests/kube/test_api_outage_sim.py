@@ -19,7 +19,7 @@ from orchestrator.adaptors.kubernetes import single_try
 from orchestrator.backends.kubernetes import client as kc
 from orchestrator.backends.kubernetes.engine import KubernetesBackend
 from orchestrator.errors import CredentialsRejected
-from orchestrator.spec import from_dict
+from orchestrator.specload import from_dict
 from orchestrator.state import LocalRunStore as RunStore
 from orchestrator.state import RunRecord
 from orchestrator.supervisor import Supervisor, SupervisorOptions

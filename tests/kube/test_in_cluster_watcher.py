@@ -267,7 +267,7 @@ def test_start_watcher_without_a_watcher_image_names_the_field(tmp_path):
     missing, before anything is created in the cluster: no API client is ever needed."""
     from orchestrator.backends.kubernetes.engine import KubernetesBackend
     from orchestrator.errors import SpecError
-    from orchestrator.spec import load_spec
+    from orchestrator.specload import load_spec
 
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump({"name": "x", "image": {"vendor": "cpu", "tag": "r.example.com/wm:1"},

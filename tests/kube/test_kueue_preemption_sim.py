@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client as k8s
 
 from orchestrator.backends.kubernetes.engine import KubernetesBackend
-from orchestrator.spec import from_dict
+from orchestrator.specload import from_dict
 from orchestrator.state import LocalRunStore as RunStore
 from orchestrator.state import RunRecord
 from orchestrator.supervisor import Supervisor, SupervisorOptions

@@ -14,7 +14,7 @@ from kubernetes import client as k8s
 
 from orchestrator.backends.kubernetes.classify import kueue_wait
 from orchestrator.backends.kubernetes.engine import KubernetesBackend
-from orchestrator.spec import from_dict
+from orchestrator.specload import from_dict
 from orchestrator.state import LocalRunStore as RunStore
 from orchestrator.state import RunRecord
 from orchestrator.supervisor import Supervisor, SupervisorOptions

@@ -17,9 +17,10 @@ from typing import Any, Iterator
 
 import pytest
 
-from orchestrator.backends.kubernetes.engine import DEAD_PEER_GRACE_S, KubernetesBackend
+from orchestrator.backends.kubernetes.engine import KubernetesBackend
+from orchestrator.backends.kubernetes.teardown import DEAD_PEER_GRACE_S
 from orchestrator.runtime.protocol import format_progress
-from orchestrator.spec import from_dict
+from orchestrator.specload import from_dict
 from orchestrator.state import LocalRunStore as RunStore
 from orchestrator.state import RunRecord
 from orchestrator.supervisor import Supervisor, SupervisorOptions

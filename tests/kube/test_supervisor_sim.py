@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 
 from orchestrator.backends.kubernetes.engine import KubernetesBackend
-from orchestrator.spec import from_dict
+from orchestrator.specload import from_dict
 from orchestrator.state import LocalRunStore as RunStore
 from orchestrator.state import RunRecord
 from orchestrator.supervisor import Supervisor, SupervisorOptions

@@ -120,7 +120,7 @@ def test_resume_from_a_step_folder_and_from_nothing(tmp_path: Path) -> None:
 def test_job_sees_run_scoped_checkpoint_dir_spec_hash_and_resume_from(tmp_path: Path) -> None:
     from orchestrator.launch import job_env
     from orchestrator.plan import AttemptContext
-    from orchestrator.spec import from_dict
+    from orchestrator.specload import from_dict
     from orchestrator.vendors import load_profile
 
     spec = from_dict({"name": "wm", "command": ["python", "train.py"],
@@ -136,7 +136,7 @@ def test_job_sees_run_scoped_checkpoint_dir_spec_hash_and_resume_from(tmp_path: 
 def test_local_plan_notes_and_creates_the_folder_the_job_is_handed(tmp_path: Path) -> None:
     from orchestrator import backends
     from orchestrator.plan import AttemptContext, HostFacts
-    from orchestrator.spec import from_dict
+    from orchestrator.specload import from_dict
     from orchestrator.vendors import load_profile
 
     spec = from_dict({"name": "wm", "command": ["python", "train.py"], "checkpoint": {"dir": "ckpt"}},

@@ -16,7 +16,7 @@ import yaml
 
 from orchestrator.imagebuild.plan import plan_build
 from orchestrator.plan import AttemptContext, HostFacts
-from orchestrator.spec import from_dict
+from orchestrator.specload import from_dict
 from orchestrator.vendors import available_profiles, load_profile
 
 from .fakesysfs import FakeSysfs

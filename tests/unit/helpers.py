@@ -8,7 +8,8 @@ from typing import Any
 from orchestrator import backends
 from orchestrator.layout import wmctl_home
 from orchestrator.plan import AttemptContext, HostFacts, Plan
-from orchestrator.spec import JobSpec, from_dict, load_spec
+from orchestrator.spec import JobSpec
+from orchestrator.specload import from_dict, load_spec
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = Path(__file__).parent.parent / "golden"

@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.runs", 6),            # what a run is and what can be asked of it (status, list, cancel, ...)
     ("orchestrator.logview", 6),         # `wmctl logs`: the library's logs, across nodes and attempts
     ("orchestrator.supervisor", 5),
+    ("orchestrator.tracker", 5),         # what an attempt's observations add up to: the supervisor's verdict
     ("orchestrator.reconcile", 5),       # a run nobody watches: read from its backend, handed back to a watcher
     ("orchestrator.timeline", 5),        # `wmctl describe`: a run's events, from its folder
     ("orchestrator.display", 5),
@@ -81,13 +82,16 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.imagebuild", 3),
     ("orchestrator.plot", 3),            # run pictures: pure plot data, a text chart, matplotlib drawing
     # the ground floor: spec types, names and paths, vendor profiles, run state
-    ("orchestrator.spec", 2),
+    ("orchestrator.spec", 2),             # the spec's types and limits
+    ("orchestrator.specload", 2),         # YAML, overrides and --set flags -> a checked JobSpec
+    ("orchestrator.speccheck", 2),        # the spec's checks: problems naming the field and the fix
     ("orchestrator.validate", 2),
     ("orchestrator.yamlsafe", 2),        # the strict, bounded loader of what users write
     ("orchestrator.imageref", 2),        # image references: distribution/reference's grammar
     ("orchestrator.vendors", 2),
     ("orchestrator.plan", 2),
     ("orchestrator.state", 2),
+    ("orchestrator.storehook", 2),       # which module keeps run state: the registry answers, state asks
     ("orchestrator.serialize", 2),
     ("orchestrator.labels", 2),
     ("orchestrator.resources", 2),

@@ -149,6 +149,28 @@ def test_help_and_dry_run_import_no_heavy_sdk():
         assert not loaded, f"{args} imported {loaded}"
 
 
+# What a Kubernetes dry run only renders without (issue 21: its speed against the import floor,
+# bench/bench_dryrun.py): the engine's rooms that reach a cluster, run state, watching and
+# supervising load when a run is submitted; decimal and durationpy when a spec's size has a
+# fraction or a duration has more than one term.
+NOT_FOR_A_DRY_RUN = (
+    "orchestrator.backends.kubernetes.apply", "orchestrator.backends.kubernetes.observe",
+    "orchestrator.backends.kubernetes.podlogs", "orchestrator.backends.kubernetes.teardown",
+    "orchestrator.backends.kubernetes.record", "orchestrator.backends.kubernetes.watch",
+    "orchestrator.backends.kubernetes.nodewatch", "orchestrator.backends.kubernetes.classify",
+    "orchestrator.state", "orchestrator.runs", "orchestrator.watchview", "orchestrator.supervisor",
+    "orchestrator.tracker", "decimal", "durationpy", "docker", "kubernetes", "torch")
+
+
+@pytest.mark.parametrize("args", [["submit", FULL, "--dry-run", "-b", "kubernetes"],
+                                  ["render", FULL, "-b", "kubernetes"]])
+def test_a_kubernetes_dry_run_loads_only_what_rendering_needs(args):
+    mods = _modules_after(args)
+    assert "orchestrator.backends.kubernetes.render" in mods     # it did render
+    loaded = sorted(m for m in mods if m in NOT_FOR_A_DRY_RUN or m.split(".")[0] in ("docker", "kubernetes", "torch"))
+    assert not loaded, f"{args} imported {loaded}"
+
+
 @pytest.mark.parametrize("line,field", [
     ("resources: {cpu: .inf}", "resources.cpu"),
     ("resources: {cpu: .nan}", "resources.cpu"),

@@ -18,7 +18,7 @@ from orchestrator.imagebuild.ignore import is_ignored, parse_dockerignore
 from orchestrator.imagebuild.plan import context_summary, plan_build
 from orchestrator.imagebuild.quoting import dq
 from orchestrator.errors import BuildError, WmctlError
-from orchestrator.spec import load_spec
+from orchestrator.specload import load_spec
 from orchestrator.vendors import available_profiles, load_profile
 
 REPO = Path(__file__).resolve().parents[2]

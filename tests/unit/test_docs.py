@@ -30,7 +30,8 @@ import pytest
 import yaml
 
 from orchestrator.cli import cli, main
-from orchestrator.spec import JobSpec, load_spec
+from orchestrator.spec import JobSpec
+from orchestrator.specload import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

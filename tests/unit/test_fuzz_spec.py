@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from orchestrator.backends import names
 from orchestrator.errors import SpecError
 from orchestrator.plan import AttemptContext
-from orchestrator.spec import JobSpec, parse_spec
+from orchestrator.spec import JobSpec
+from orchestrator.specload import parse_spec
 from orchestrator.vendors import available_profiles, load_profile
 
 from .helpers import check_backend, render_plan, spec_from

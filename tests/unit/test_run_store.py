@@ -9,7 +9,7 @@ import pytest
 import yaml
 from orchestrator import api
 from orchestrator.errors import RecordDamaged
-from orchestrator.spec import from_dict
+from orchestrator.specload import from_dict
 from orchestrator.state import RECORD_VERSION, LocalRunStore, RunRecord
 
 from .helpers import DATA, full_spec

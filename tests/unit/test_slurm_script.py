@@ -24,7 +24,7 @@ from orchestrator import backends
 from orchestrator.backends.slurm import classify
 from orchestrator.errors import OptionError, SpecError
 from orchestrator.plan import AttemptContext, HostFacts
-from orchestrator.spec import load_spec
+from orchestrator.specload import load_spec
 from orchestrator.vendors import load_profile
 
 HOSTILE_ARGS = ["a b", "it's", 'say "hi"', "$(touch PWNED_ARG)", "`touch PWNED_TICK`", "*", "~", "$HOME",

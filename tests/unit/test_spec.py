@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.errors import SpecError
 from orchestrator.launch import nproc_per_node
-from orchestrator.spec import apply_overrides, load_spec, parse_set_flags, parse_spec
+from orchestrator.specload import apply_overrides, load_spec, parse_set_flags, parse_spec
 from orchestrator.vendors import load_profile
 
 from .helpers import DATA, check_backend, full_spec, spec_from
@@ -57,6 +57,25 @@ def test_tiny_shm_is_rejected():
 def test_bad_quantity_and_duration_name_their_field():
     p = problems_of({"resources": {"memory": "lots"}, "restart": {"backoff": "soon"}})
     assert "16Gi" in p["resources.memory"] and "30s" in p["restart.backoff"]
+
+
+@pytest.mark.parametrize("text,size", [
+    # whole numbers, read as int: exact at any length
+    ("16Gi", 16 * 2**30), ("0016Gi", 16 * 2**30), ("9223372036854775807", 2**63 - 1), ("7Ei", 7 * 2**60),
+    (" 64 M ", 64 * 10**6),
+    # fractions, read as Decimal: exact where a float is not
+    ("1.5Gi", 3 * 2**29), ("0.000000001Ei", 1152921504), ("1.000000000000000001Ei", 2**60 + 1),
+    ("2.5", 2),
+])
+def test_sizes_are_read_exactly(text, size):
+    from orchestrator.validate import parse_quantity
+
+    assert parse_quantity(text) == size
+
+
+@pytest.mark.parametrize("text", ["8Ei", "9223372036854775808", "9" * 40, "9" * 40 + ".5Ki"])
+def test_sizes_past_int64_are_refused(text):
+    assert "too large" in problems_of({"resources": {"memory": text, "shm": "64Mi"}})["resources.memory"]
 
 
 @pytest.mark.parametrize("text,seconds", [

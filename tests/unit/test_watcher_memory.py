@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from orchestrator import failures as F
 from orchestrator.backends import base as b
-from orchestrator.supervisor import AttemptTracker
+from orchestrator.tracker import AttemptTracker
 
 
 def test_a_tracker_fed_many_progress_events_holds_a_bounded_number():

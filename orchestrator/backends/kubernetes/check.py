@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import re
 
-from ...spec import ANNOTATIONS_MAX_BYTES, ANNOTATIONS_WMCTL_RESERVE, ENV_NAME, JobSpec, _is_dns_subdomain
+from ...spec import ANNOTATIONS_MAX_BYTES, ANNOTATIONS_WMCTL_RESERVE, JobSpec
+from ...speccheck import ENV_NAME, is_dns_subdomain
 from ...validate import Problems
 
+# Patterns as text: re compiles (and keeps) each one when a check first uses it.
 # A qualified name (label and annotation keys, resource names): an optional DNS-subdomain prefix
 # and '/', then a name of at most 63 characters (apimachinery/pkg/util/validation IsQualifiedName).
-QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                            r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+QUALIFIED_NAME = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                  r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 # A resource.Quantity without sign or exponent (what a user writes: 1, 8Gi, 500m, 1.5G).
-QUANTITY = re.compile(r"^(\d+(\.\d+)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$")
+QUANTITY = r"^(\d+(\.\d+)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?$"
 # Native resources a spec may add beside cpu/memory (resources.cpu/.memory set those).
-NATIVE_EXTRA = re.compile(r"^(hugepages-\d+(Ki|Mi|Gi)|ephemeral-storage)$")
-SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")        # core/v1 validation: IsConfigMapKey
-CAPABILITY = re.compile(r"^[A-Z][A-Z0-9_]*$")
+NATIVE_EXTRA = r"^(hugepages-\d+(Ki|Mi|Gi)|ephemeral-storage)$"
+SECRET_KEY = r"^[-._a-zA-Z0-9]+$"        # core/v1 validation: IsConfigMapKey
+CAPABILITY = r"^[A-Z][A-Z0-9_]*$"
 # PodSecurity "baseline" allows adding only these (pod-security-admission policy
 # check_capabilities_baseline.go); anything else needs a privileged namespace.
 BASELINE_CAPABILITIES = frozenset({"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
@@ -38,7 +40,7 @@ def pod_problems(spec: JobSpec, device_resource: str | None = None) -> Problems:
     out = _annotation_problems(spec) + _resource_problems(spec, device_resource)
     for i, cap in enumerate(spec.kubernetes.capabilities):
         bare = cap[4:] if isinstance(cap, str) and cap.startswith("CAP_") else cap
-        if not isinstance(bare, str) or not CAPABILITY.fullmatch(bare):
+        if not isinstance(bare, str) or not re.fullmatch(CAPABILITY, bare):
             out.append((f"kubernetes.capabilities[{i}]", f"{cap!r} is not a Linux capability name like IPC_LOCK"))
     return out + _secret_env_problems(spec)
 
@@ -47,7 +49,7 @@ def _annotation_problems(spec: JobSpec) -> Problems:
     k = spec.kubernetes
     out: Problems = []
     for key in k.pod_annotations:
-        if not QUALIFIED_NAME.fullmatch(key):
+        if not re.fullmatch(QUALIFIED_NAME, key):
             out.append((f"kubernetes.pod_annotations.{key}", "not a valid annotation key (an optional DNS prefix "
                         "and '/', then letters, digits, - _ .), e.g. sidecar.istio.io/inject"))
         elif key.startswith("wmctl.io/"):
@@ -71,13 +73,13 @@ def _resource_problems(spec: JobSpec, device_resource: str | None) -> Problems:
         if device_resource and name == device_resource:
             out.append((path, "this is the vendor's device resource; set accelerators_per_node instead"))
             continue
-        native = bool(NATIVE_EXTRA.fullmatch(name))
-        if not native and ("/" not in name or not QUALIFIED_NAME.fullmatch(name)):
+        native = bool(re.fullmatch(NATIVE_EXTRA, name))
+        if not native and ("/" not in name or not re.fullmatch(QUALIFIED_NAME, name)):
             out.append((path, "not a resource name: an extended resource has a domain, e.g. "
                         "rdma/hca_shared_devices_a or nvidia.com/mig-1g.10gb; native ones are hugepages-2Mi, "
                         "hugepages-1Gi, ephemeral-storage"))
             continue
-        if not QUANTITY.fullmatch(qty or ""):
+        if not re.fullmatch(QUANTITY, qty or ""):
             out.append((path, f"{qty!r} is not a quantity like 1, 8Gi or 500m"))
         elif not native and not name.endswith(".kubernetes.io") and not qty.isdigit():
             # core/v1 validation: extended resources must be whole numbers
@@ -96,16 +98,16 @@ def _secret_env_problems(spec: JobSpec) -> Problems:
     out: Problems = []
     for var, ref in spec.kubernetes.secret_env.items():
         path = f"kubernetes.secret_env.{var}"
-        if not ENV_NAME.fullmatch(var):
+        if not re.fullmatch(ENV_NAME, var):
             out.append((path, "not an environment variable name (letters, digits, _; not starting with a digit)"))
         elif var.startswith("WMCTL_"):
             out.append((path, "WMCTL_* variables are set by wmctl"))
         elif var in spec.env:
             out.append((path, f"env.{var} sets it too; keep one"))
-        if not _is_dns_subdomain(ref.secret or ""):
+        if not is_dns_subdomain(ref.secret or ""):
             out.append((f"{path}.secret", f"{ref.secret!r} is not a Secret name: lowercase letters, digits, '-' "
                         "and '.'"))
-        if not SECRET_KEY.fullmatch(ref.key or "") or len(ref.key) > 253:
+        if not re.fullmatch(SECRET_KEY, ref.key or "") or len(ref.key) > 253:
             out.append((f"{path}.key", f"{ref.key!r} is not a Secret key: letters, digits, '-', '_' and '.'"))
     return out
 

@@ -13,16 +13,16 @@ This is the Backend face; the work is done in rooms, one job each:
   nodes so the next attempt is not blocked; graceful stops; cut_grace.
 
 The Kubernetes client comes through ``adaptors.kubernetes``, loaded on first use, so the CLI's
---help and dry runs never load it.
+--help and dry runs never load it. The rooms load when a backend object is made: a dry run
+(``render``, ``check``, ``document``, all class-level) needs only render.py and check.py.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from ... import labels as L
 from ...errors import BackendError, CredentialsRejected, SpecError
 from ...plan import AttemptContext, HostFacts, Plan
 from ...serialize import dump
@@ -30,17 +30,37 @@ from ...spec import JobSpec
 from ...vendors import VendorProfile
 from .. import base as b
 from ..base import AttemptRef, Observation
-from .apply import Applier, plan_manifests
 from .check import pod_problems, volume_problems
-from .client import Contact, call_json
-from .cluster import ATTEMPT_LABEL, RUN_LABEL, Cluster, api_error
-from .observe import Observer
-from .podlogs import LOG_READ_TIMEOUT_S, PodLogs
-from .record import Attempt, Key
+from .client import Contact
+from .cluster import Cluster
 from .render import KubernetesRequest, render_kubernetes
-from .teardown import DEAD_PEER_GRACE_S, Teardown
 
-__all__ = ["DEAD_PEER_GRACE_S", "KubernetesBackend", "plan_manifests"]
+if TYPE_CHECKING:
+    from .apply import Applier
+    from .observe import Observer
+    from .podlogs import PodLogs
+    from .record import Attempt, Key
+    from .teardown import Teardown
+
+__all__ = ["KubernetesBackend"]
+
+
+class _Rooms:
+    """The rooms that reach the cluster, sharing one ``Cluster``. They load (and with them the
+    watches, the log followers and the failure classifier) when a backend object first needs
+    one: a dry run, which only renders, loads none of them."""
+
+    def __init__(self, cluster: Cluster, watch_timeout: int, force_delete_lost: bool,
+                 log_read_timeout: float | None):
+        from .apply import Applier
+        from .observe import Observer
+        from .podlogs import LOG_READ_TIMEOUT_S, PodLogs
+        from .teardown import Teardown
+
+        self.apply = Applier(cluster)
+        self.podlogs = PodLogs(cluster, LOG_READ_TIMEOUT_S if log_read_timeout is None else log_read_timeout)
+        self.observe = Observer(cluster, self.podlogs, watch_timeout)
+        self.teardown = Teardown(cluster, self.apply, self.podlogs, force_delete_lost)
 
 
 class KubernetesBackend(b.Backend[KubernetesRequest]):
@@ -83,16 +103,38 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
                  kubeconfig: str | None = None, in_cluster: bool | None = None,
                  namespace: str = "default", watch_timeout: int = 30,
                  force_delete_lost: bool = True, contact: Contact | None = None,
-                 log_read_timeout: float = LOG_READ_TIMEOUT_S):
+                 log_read_timeout: float | None = None):
         self.cluster = Cluster(api_client, context=context, kubeconfig=kubeconfig, in_cluster=in_cluster,
                                namespace=namespace)
         self.contact = contact or Contact()          # poll() notices an API outage (client.Contact)
-        self._apply = Applier(self.cluster)
-        self._podlogs = PodLogs(self.cluster, log_read_timeout)
-        self._observe = Observer(self.cluster, self._podlogs, watch_timeout)
-        self._teardown = Teardown(self.cluster, self._apply, self._podlogs, force_delete_lost)
+        self._settings = (watch_timeout, force_delete_lost, log_read_timeout)
+        self._made: _Rooms | None = None             # the rooms, made on first use: a dry run makes none
+        self._rooms_lock = threading.Lock()
         self._attempts: dict[Key, Attempt] = {}      # (run, attempt, namespace) -> its one record
         self._lock = threading.Lock()
+
+    def _rooms(self) -> _Rooms:
+        with self._rooms_lock:
+            if self._made is None:
+                watch_timeout, force_delete_lost, log_read_timeout = self._settings
+                self._made = _Rooms(self.cluster, watch_timeout, force_delete_lost, log_read_timeout)
+            return self._made
+
+    @property
+    def _apply(self) -> Applier:
+        return self._rooms().apply
+
+    @property
+    def _podlogs(self) -> PodLogs:
+        return self._rooms().podlogs
+
+    @property
+    def _observe(self) -> Observer:
+        return self._rooms().observe
+
+    @property
+    def _teardown(self) -> Teardown:
+        return self._rooms().teardown
 
     @property
     def namespace(self) -> str:
@@ -105,6 +147,8 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
     # --- the per-attempt record --------------------------------------------------------------
     def _record(self, ref: AttemptRef) -> Attempt:
         """The attempt's record, made if new (nothing is watched yet)."""
+        from .record import Attempt
+
         key = (ref.run, ref.attempt, self.cluster.ns(ref))
         with self._lock:
             found = self._attempts.get(key)
@@ -122,6 +166,9 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
 
     # --- submit --------------------------------------------------------------------------
     def submit(self, plan: Plan[KubernetesRequest]) -> AttemptRef:
+        from .apply import plan_manifests
+        from .cluster import ATTEMPT_LABEL, RUN_LABEL
+
         manifests = plan_manifests(plan)
         jobs = [m for m in manifests if m.get("kind") == "Job"]
         if len(jobs) != 1:
@@ -166,6 +213,10 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         yield from self._podlogs.lines(ref, node, follow, query, self._record(ref).container)
 
     def attempts(self, run: str) -> list[AttemptRef]:
+        from ... import labels as L
+        from .client import call_json
+        from .cluster import ATTEMPT_LABEL
+
         ns = self.namespace
         jobs = call_json(self.cluster.batch().list_namespaced_job, namespace=ns,
                          label_selector=L.selector(run),
@@ -192,6 +243,10 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         a watcher elsewhere, sharing no run folder with this machine, reads it from the cluster
         and never resubmits. Best effort: a Job already gone, or a patch this user may not make,
         leaves the teardown to say what happened."""
+        from ... import labels as L
+        from .client import call_json
+        from .cluster import api_error
+
         ns = self.cluster.ns(ref)
         body = {"metadata": {"annotations": {L.CANCEL_REQUESTED: json.dumps(intent, sort_keys=True)}}}
         try:

@@ -32,6 +32,8 @@ NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreacha
 
 @dataclass(frozen=True)
 class KubernetesRequest(Request):
+    """A Kubernetes plan's request: the namespace its objects go to."""
+
     namespace: str
 
 

@@ -23,7 +23,8 @@ from ... import layout
 from ...errors import BackendError, RunNotFound, SpecError, WmctlError
 from ...plan import AttemptContext, HostFacts, Plan
 from ...runtime.protocol import ENV_LOCAL_TAG, run_checkpoint_dir
-from ...spec import JobSpec, context_problems
+from ...spec import JobSpec
+from ...speccheck import context_problems
 from ...state import open_store
 from ...vendors import VendorProfile
 from .. import base as b

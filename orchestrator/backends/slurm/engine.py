@@ -15,7 +15,8 @@ from ...errors import BackendError
 from ...plan import AttemptContext, HostFacts, Plan
 from ...runtime.protocol import run_checkpoint_dir
 from ...serialize import dump
-from ...spec import JobSpec, context_problems
+from ...spec import JobSpec
+from ...speccheck import context_problems
 from ...vendors import VendorProfile
 from .. import base as b
 from ..local.render import local_checkpoint_dir

@@ -22,7 +22,8 @@ from ...errors import OptionError, SpecError
 from ...launch import accelerators_per_node, job_env, torchrun_args
 from ...plan import AttemptContext, HostFacts, Plan, Request
 from ...runtime.protocol import ENV_NODE_NAME, run_checkpoint_dir
-from ...spec import ENV_NAME, JobSpec
+from ...spec import JobSpec
+from ...speccheck import ENV_NAME
 from ...templating import Verbatim, render_shell_template, shell_word
 from ...vendors import VendorProfile
 from ..host_paths import host_path_source
@@ -74,7 +75,7 @@ def render_slurm(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, hos
     srun_options, launch, torchrun = _step(spec, profile, ctx, host, home, notes)
     env = job_env(spec, profile, ctx, checkpoint_dir=_checkpoint_dir(spec, home),
                   backend_env=dict(profile.docker.env) if container != "none" else None)
-    bad = [k for k in env if not ENV_NAME.fullmatch(k)]
+    bad = [k for k in env if not re.fullmatch(ENV_NAME, k)]
     if bad:
         raise SpecError([(f"env.{bad[0]}", "not an environment variable name (letters, digits, _)")])
     script_path = attempt_dir / SCRIPT_FILE
