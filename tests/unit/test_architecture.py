@@ -59,7 +59,8 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends.kubernetes.client", 4),
     ("orchestrator.backends.kubernetes.watch", 4),
     ("orchestrator.backends.kubernetes.nodewatch", 4),
-    ("orchestrator.backends.slurm.engine", 4),          # the Backend face (its engine is still to come)
+    ("orchestrator.backends.slurm.engine", 4),          # the Backend face: sbatch, poll, scancel
+    ("orchestrator.backends.slurm.tools", 4),           # Slurm's client tools, run and parsed
     # pure planning: renderers, checks, classifiers, and what they share
     ("orchestrator.backends.base", 3),
     ("orchestrator.backends.host_paths", 3),
@@ -74,7 +75,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends.kubernetes.classify", 3),
     ("orchestrator.backends.slurm.render", 3),          # the sbatch script and command line
     ("orchestrator.backends.slurm.check", 3),           # the slurm: section, and what #SBATCH lines may hold
-    ("orchestrator.backends.slurm.classify", 3),        # the job's own exit records -> events
+    ("orchestrator.backends.slurm.classify", 3),        # exit records, job states, reasons -> events
     ("orchestrator.launch", 3),
     ("orchestrator.templating", 3),
     ("orchestrator.imagebuild", 3),
