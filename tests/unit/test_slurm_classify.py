@@ -67,7 +67,10 @@ def test_a_request_bigger_than_the_partition_stops_at_once_with_the_fix():
     assert ev is not None
     failure = F.classify_event(ev)
     assert failure is not None and failure.kind == F.UNSCHEDULABLE
-    assert "nodes: ask for no more nodes than the partition holds (3)" in failure.evidence
+    assert "nodes: 4 nodes asked, the partition holds 3" in failure.evidence
+    assert "4 nodes asked" in C.pending_event("PartitionConfig", nodes=4, partition_nodes=3).message
+    # the same reason for another cause says what else to check
+    assert "slurm.gres" in C.pending_event("PartitionConfig", nodes=2, partition_nodes=3).message
     assert F.decide(failure) == F.STOP
     # ... unless nodes were excluded: then it is retried with none excluded (never exclude so many
     # nodes that the partition cannot hold the job)

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ...runtime.protocol import PREEMPTED_EXIT_CODE
 from .. import base as b
 
 KILLED_EXIT = 128 + 9    # what bash reports for a process SIGKILLed (128 + the signal's number)
@@ -65,6 +66,18 @@ def node_exited(end: NodeEnd) -> b.Event:
                    reason=reason, message=f"torchrun exited with {end.exit_code}{how} on {end.host}")
 
 
+# A worker's own words when a peer's end broke its connection (gloo's TCP pairs, NCCL's proxy, the
+# c10d store): it failed because of another node, not by itself.
+_PEER_BROKE = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe|"
+                         r"remote process exited or there was a network error|"
+                         r"DistNetworkError|failed to recv, got 0 bytes", re.I)
+
+
+def peer_broke(exit_code: int, lines: list[str]) -> bool:
+    """Did a node fail (not 0, not the preemption's 83) because a peer's connection broke?"""
+    return exit_code not in (0, PREEMPTED_EXIT_CODE) and any(_PEER_BROKE.search(line) for line in lines)
+
+
 def _object(text: str) -> dict[str, Any] | None:
     try:
         data = json.loads(text)
@@ -114,6 +127,9 @@ NEVER_CLEARS: dict[str, str] = {
     "QOSNotAllowed": "slurm.qos: the partition does not take this QOS",
     "DependencyNeverSatisfied": "slurm.extra_options: the --dependency can never be satisfied",
 }
+# Reasons a request too big for its partition is given (22.05 here: PartitionConfig first, with
+# --exclusive; PartitionNodeLimit otherwise): the node count is named when it is the cause.
+SIZE_REASONS = frozenset({"PartitionNodeLimit", "PartitionConfig"})
 # Per-job maximums (of a QOS or association): the same request never fits them.
 _PER_JOB_LIMIT = ("QOSMax", "AssocMax", "MaxCpuPerAccount", "MaxGRESPerAccount")
 _PER_JOB_SUFFIXES = ("PerJobLimit", "PerJob", "MiniJobLimit", "PerNodeLimit")
@@ -130,6 +146,11 @@ def pending_event(reason: str, *, nodes: int, partition_nodes: int | None = None
     NODE_WAITING (needs a person: restart.pending_timeout), or NODE_UNPLACEABLE (never clears:
     the run stops at once, the fix in its message)."""
     word = reason_word(reason)
+    if word in SIZE_REASONS and partition_nodes and nodes > partition_nodes:
+        return b.Event(b.NODE_UNPLACEABLE, reason=word,
+                       message=f"Slurm will never start it as asked (pending reason {reason}): nodes: {nodes} nodes "
+                               f"asked, the partition holds {partition_nodes}; ask for no more nodes than the "
+                               f"partition holds ({partition_nodes}), or choose another partition (slurm.partition)")
     if word in NEVER_CLEARS or (word.startswith(_PER_JOB_LIMIT) and word.endswith(_PER_JOB_SUFFIXES)):
         room = f" ({partition_nodes})" if partition_nodes else ""
         fix = NEVER_CLEARS.get(word, "a per-job limit of the QOS or association: ask for less (nodes, "

@@ -46,6 +46,12 @@ SLURM_EVERY_S = 1.0            # how often poll asks Slurm (the files are read e
 NODES_EVERY_S = 2.0            # ... and about the allocation's nodes
 READ_CHUNK_BYTES = 1 << 20
 GRACEFUL_WAIT_DEFAULT_S = 90.0
+# A node that failed because a peer's connection broke (its own words say so) while the peer wrote
+# no exit record: the peer gets this long to write one before it counts as dead (its node script
+# was killed with it). A live node whose workers saw the same break records its end in about a
+# second; the first failure seen is held meanwhile, so the root cause is the dead node.
+PEER_WAIT_S = 3.0
+TAIL_BYTES = 64 * 1024
 
 
 @dataclass
@@ -59,6 +65,7 @@ class _Node:
     output_at: dict[int, float] = field(default_factory=dict)
     end: C.NodeEnd | None = None
     lost: bool = False
+    held: tuple[b.Event, float] | None = None      # its failing exit, waiting for the others' (PEER_WAIT_S)
 
 
 @dataclass
@@ -134,7 +141,7 @@ class SlurmBackend(b.Backend[SlurmRequest]):
         if job_file.exists():
             return ref                  # submitted already (a second watcher, a restart): adopted
         req.attempt_dir.mkdir(parents=True, exist_ok=True)
-        found = self._job_by_name(req.job_name)
+        found = self._job_by_name(req)
         if found is None:
             req.script_path.write_text(req.script)
             out = self.tools.run(list(req.sbatch_argv))
@@ -148,13 +155,27 @@ class SlurmBackend(b.Backend[SlurmRequest]):
                                "submitted": time.time()})
         return ref
 
-    def _job_by_name(self, job_name: str) -> str | None:
-        """A job of this user already carrying the attempt's name (a submit whose job.json was
-        never written): ``squeue -h -t all -u USER -n NAME -o %i``."""
+    def _job_by_name(self, req: SlurmRequest) -> str | None:
+        """A job already submitted for this attempt whose job.json was never written (the watcher
+        died between sbatch and the write): this user's job of the attempt's name running this
+        very script file, submitted after it was written. ``squeue -h -t all -u USER -n NAME -o
+        '%i|%o|%V'`` (man squeue: %o the command, %V the submit time)."""
+        try:
+            written = req.script_path.stat().st_mtime
+        except FileNotFoundError:
+            return None             # the script is written before sbatch runs: nothing was submitted
         user = os.environ.get("USER") or str(os.getuid())
-        out = self.tools.run(["squeue", "-h", "-t", "all", "-u", user, "-n", job_name, "-o", "%i"])
-        ids = out.stdout.split() if out.returncode == 0 else []
-        return ids[-1] if ids else None
+        out = self.tools.run(["squeue", "-h", "-t", "all", "-u", user, "-n", req.job_name, "-o", "%i|%o|%V"])
+        for line in reversed(out.stdout.splitlines() if out.returncode == 0 else []):
+            job_id, _, rest = line.partition("|")
+            command, _, submitted = rest.partition("|")
+            try:
+                at = time.mktime(time.strptime(submitted.strip(), "%Y-%m-%dT%H:%M:%S"))
+            except ValueError:
+                continue
+            if command.strip() == str(req.script_path) and at >= int(written) - 1:
+                return job_id.strip()
+        return None
 
     # -- observe ---------------------------------------------------------------------------------
     def _watch(self, ref: b.AttemptRef) -> _Watch:
@@ -177,11 +198,38 @@ class SlurmBackend(b.Backend[SlurmRequest]):
                 if n.end is not None:
                     events += self._read_log(n)      # what it wrote before its end comes first
                     n.host = n.host or n.end.host
-                    events.append(C.node_exited(n.end))
+                    ev = C.node_exited(n.end)
+                    if C.peer_broke(n.end.exit_code, _tail(n.log)) and \
+                            any(m.end is None and not m.lost for m in w.nodes if m is not n):
+                        n.held = (ev, now)
+                    else:
+                        events.append(ev)
+        events += self._release_held(w, now)
         if now - w.asked_at >= SLURM_EVERY_S and not w.gone:
             w.asked_at = now
             events += self._ask_slurm(w, now)
         return b.Observation(events, [self._status(w, n) for n in w.nodes])
+
+    def _release_held(self, w: _Watch, now: float) -> list[b.Event]:
+        """A held failure goes out once every other node has ended, or after PEER_WAIT_S with
+        the nodes still silent called lost (first: the root cause)."""
+        out: list[b.Event] = []
+        for n in w.nodes:
+            if n.held is None:
+                continue
+            ev, since = n.held
+            quiet = [m for m in w.nodes if m is not n and m.end is None and not m.lost]
+            if quiet and now - since < PEER_WAIT_S:
+                continue
+            for m in quiet:
+                m.lost = True
+                out.append(C.lost_node_event(
+                    m.node, m.host, f"node {m.node} ({m.host or 'host unknown'}) wrote no exit record "
+                    f"{now - since:.0f} s after node {n.node}'s connection to its peers broke (exit "
+                    f"{ev.exit_code}): its processes are gone with their node", at=min(ev.time, since)))
+            n.held = None
+            out.append(ev)
+        return out
 
     def _ask_slurm(self, w: _Watch, now: float) -> list[b.Event]:
         info = self.tools.job(w.job_id)
@@ -241,7 +289,7 @@ class SlurmBackend(b.Backend[SlurmRequest]):
         return events
 
     def _room(self, info: JobInfo) -> int | None:
-        if C.reason_word(info.reason) != "PartitionNodeLimit":
+        if C.reason_word(info.reason) not in C.SIZE_REASONS:
             return None
         out = self.tools.run(["scontrol", "show", "job", "-o", info.job_id])
         partition = next((p.split("=", 1)[1] for p in out.stdout.split() if p.startswith("Partition=")), None)
@@ -391,6 +439,15 @@ def _read_job(ref: b.AttemptRef, missing: type[Exception] = BackendError) -> _Jo
     if not isinstance(data, dict) or "job_id" not in data or not isinstance(data.get("nodes"), int):
         raise missing(f"{path} is damaged: it should hold the attempt's Slurm job id")
     return _JobFile(str(data["job_id"]), data["nodes"])
+
+
+def _tail(path: Path) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, path.stat().st_size - TAIL_BYTES))
+            return fh.read().decode("utf-8", "replace").splitlines()[-200:]
+    except FileNotFoundError:
+        return []
 
 
 def _node_end(path: Path) -> C.NodeEnd | None:
