@@ -16,7 +16,7 @@ import torch
 
 from tests.integration import harness as h
 
-from .conftest import SlurmCluster
+from .conftest import SlurmCluster, alive
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group("slurm")]
 
@@ -135,6 +135,7 @@ def test_a_frozen_node_is_lost_by_the_runtime_beat(slurm_cluster: SlurmCluster, 
     finally:
         for pid in frozen:                      # the node dies for good: the fixture revives it
             h.os.kill(pid, h.signal.SIGKILL)
+        h.wait_until(lambda: not any(alive(pid) for pid in frozen), 30, "the frozen processes' end")
     rec = h.record(home, run)
     first, second = rec["attempts"]
     assert [first["outcome"], second["outcome"]] == ["node_lost", "succeeded"], rec["final_report"]
