@@ -226,3 +226,17 @@ def test_a_runtime_free_script_and_a_crash_in_the_jobs_own_words(slurm_cluster: 
     assert crash.wait() == 7, crash.output
     first = h.record(home, "sl-crash")["attempts"][0]
     assert first["outcome"] == "app_error" and "bad batch shape (4, 3)" in first["evidence"], first["evidence"]
+
+
+def test_doctor_slurm_checks_the_cluster_from_the_submit_host(slurm_cluster: SlurmCluster, home: Path):
+    """`wmctl doctor --slurm --spec`: sinfo, the partition, munge, and the run folder and checkpoint
+    dir written from an srun step on each node and read here; a partition that does not exist is an
+    error naming the field (exit 9)."""
+    path = spec(home, "sl-doctor", steps=5)
+    ok = wmctl(home, "doctor", "--slurm", "--spec", str(path))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "partition debug is up with 3 nodes" in ok.stdout and "munge -n | unmunge works" in ok.stdout
+    assert ok.stdout.count("read here") == 2, ok.stdout
+    path.write_text(path.read_text() + "slurm:\n  partition: nosuch\n")
+    bad = wmctl(home, "doctor", "--slurm", "--spec", str(path))
+    assert bad.returncode == 9 and "partition nosuch does not exist" in bad.stdout and "slurm.partition" in bad.stdout

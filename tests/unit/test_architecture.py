@@ -61,6 +61,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends.kubernetes.nodewatch", 4),
     ("orchestrator.backends.slurm.engine", 4),          # the Backend face: sbatch, poll, scancel
     ("orchestrator.backends.slurm.tools", 4),           # Slurm's client tools, run and parsed
+    ("orchestrator.backends.slurm.doctor", 4),          # wmctl doctor --slurm
     # pure planning: renderers, checks, classifiers, and what they share
     ("orchestrator.backends.base", 3),
     ("orchestrator.backends.host_paths", 3),
