@@ -29,7 +29,7 @@ from ..errors import MachineUnfit, OptionError
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--kubernetes", "kube", is_flag=True,
               help="Check a Kubernetes cluster instead of this machine: access, devices, CRDs, PodSecurity, DNS.")
-@click.option("--slurm", "slurm", is_flag=True,
+@click.option("--slurm", "slurm_cluster", is_flag=True,
               help="Check a Slurm cluster from this submit host: sinfo, partition, GRES, munge, shared filesystem.")
 @click.option("--context", default=None, help="kubeconfig context (with --kubernetes).")
 @click.option("--kubeconfig", default=None, help="kubeconfig file(s), ':'-separated (with --kubernetes).")
@@ -40,10 +40,10 @@ from ..errors import MachineUnfit, OptionError
                    "--slurm: partition, nodes, GRES, checkpoint dir).")
 def command(vendor: str | None, expect_devices: int | None, shm_min: str | None,
             num_workers: int, prefetch_factor: int, batch_bytes: str, shm_path: str, output: str,
-            kube: bool, slurm: bool, context: str | None, kubeconfig: str | None, namespace: str | None,
+            kube: bool, slurm_cluster: bool, context: str | None, kubeconfig: str | None, namespace: str | None,
             spec_path: str | None) -> None:
     """Check devices, shared memory, dtype support and the vendor runtime."""
-    if slurm:
+    if slurm_cluster:
         if kube or context or kubeconfig or namespace:
             raise OptionError("--slurm goes without --kubernetes, --context, --kubeconfig and -n")
         return _slurm(vendor, spec_path, output)
@@ -132,7 +132,7 @@ def _slurm(vendor: str | None, spec_path: str | None, output: str) -> None:
     findings = check_cluster(spec, profile)
     errors, _ = counts(findings)
     if output == "json":
-        click.echo(json.dumps({"slurm": True, "findings": [f.to_dict() for f in findings]}, indent=2))
+        click.echo(json.dumps({"findings": [f.to_dict() for f in findings]}, indent=2))
     else:
         for line in format_text(findings, "wmctl doctor: Slurm" + (f", vendor {profile.name}" if profile else "")):
             click.echo(line)
