@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from . import backends
 from .backends.base import Backend, BackendOptions
 from .imagebuild.record import RECORD_FILE, pinned_ref
-from .errors import BackendError, OptionError, RunCancelled, RunExists, RunFailed, SpecError, WmctlError
+from .errors import OptionError, RunCancelled, RunExists, RunFailed, SpecError, WmctlError
 from .plan import AttemptContext, Plan
 from .runtime.protocol import ENV_RUN_STORE, ENV_WATCHER_OBJECT
 from .spec import JobSpec
@@ -201,13 +201,6 @@ def schedule(request: SubmitRequest, *, watch: bool, view: WatchView, replace: b
     from .state import RunRecord, open_store
 
     job, engine = request.job, request.backend
-    if not type(engine).submits:
-        engine.close()
-        name = engine.name
-        raise BackendError(f"the {name} backend renders plans but cannot submit them yet (its engine is still to "
-                           "come): nothing was submitted or recorded",
-                           hint=f"see what it would submit with `wmctl submit SPEC -b {name} --dry-run` or "
-                                f"`wmctl render SPEC -b {name}`")
     store = open_store(job.spec.name)
     try:
         _clear_the_name(store, engine, view.line, replace=replace)

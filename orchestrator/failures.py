@@ -100,6 +100,19 @@ def _by_reason(ev: b.Event) -> Failure | None:
     return None
 
 
+# Event kinds that are one failure class whatever else they say: (class, the evidence when the
+# event has no message, whether its reason is evidence enough).
+_SIMPLE: dict[str, tuple[str, str, bool]] = {
+    b.NODE_PAUSED: (HANG, "node frozen (paused)", False),
+    b.OOM_KILLED: (OOM, "killed for memory (OOMKilled)", False),
+    b.IMAGE_PULL_FAILED: (IMAGE_PULL, "image pull failed", True),
+    b.EVICTED: (PREEMPTED, "evicted", True),
+    # the cluster says no wait can help (a request bigger than the partition): stopped at once
+    b.NODE_UNPLACEABLE: (UNSCHEDULABLE, "can never be placed", True),
+    b.CANCELLED: (CANCELLED, "cancelled", False),
+}
+
+
 def classify_event(ev: b.Event) -> Failure | None:
     """One event -> the failure it shows, or None for a healthy event."""
     k = ev.kind
@@ -108,16 +121,10 @@ def classify_event(ev: b.Event) -> Failure | None:
         return by_reason
     if k == b.NODE_LOST:
         return Failure(NODE_LOST, ev.node, ev.host, ev.time, ev.message or ev.reason or "node lost", ev.since)
-    if k == b.NODE_PAUSED:
-        return Failure(HANG, ev.node, ev.host, ev.time, ev.message or "node frozen (paused)")
-    if k == b.OOM_KILLED:
-        return Failure(OOM, ev.node, ev.host, ev.time, ev.message or "killed for memory (OOMKilled)")
-    if k == b.IMAGE_PULL_FAILED:
-        return Failure(IMAGE_PULL, ev.node, ev.host, ev.time, ev.message or ev.reason or "image pull failed")
-    if k == b.EVICTED:
-        return Failure(PREEMPTED, ev.node, ev.host, ev.time, ev.message or ev.reason or "evicted")
-    if k == b.CANCELLED:
-        return Failure(CANCELLED, ev.node, ev.host, ev.time, ev.message or "cancelled")
+    simple = _SIMPLE.get(k)
+    if simple is not None:
+        kind, default, with_reason = simple
+        return Failure(kind, ev.node, ev.host, ev.time, ev.message or (ev.reason if with_reason else None) or default)
     if k == b.NODE_EXITED:
         code = ev.exit_code
         if code == 0:

@@ -37,6 +37,7 @@ EVICTED = "evicted"                    # preempted / evicted / DisruptionTarget 
 IMAGE_PULL_FAILED = "image_pull_failed"
 NODE_WAITING = "node_waiting"          # not created or not placed yet; the cluster says why (no failure alone)
 NODE_QUEUED = "node_queued"            # held by a queue until it admits the job (Kueue): waits as long as it takes
+NODE_UNPLACEABLE = "node_unplaceable"  # the cluster says it can never place the request as asked: stop, no waiting
 PROGRESS = "progress"                  # a WMCTL-PROGRESS line from rank 0 (also the heartbeat)
 OUTPUT = "output"                      # any other line: the heartbeat of a job that prints no progress lines
 CANCELLED = "cancelled"
@@ -272,9 +273,6 @@ class Backend(ABC, Generic[R]):
     """
 
     name: ClassVar[str]
-    #: can it submit and follow attempts? A backend whose engine is still to come renders plans
-    #: (``render``, ``submit --dry-run``) and is refused by name before a run is recorded.
-    submits: ClassVar[bool] = True
     #: can an attempt be kept off named hosts (``restart.exclude_failed_nodes``)?
     places_nodes: ClassVar[bool] = False
     #: can ``cancel(graceful=True)`` send SIGTERM and wait for the job's checkpoint?

@@ -29,21 +29,28 @@ from ..errors import MachineUnfit, OptionError
 @click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--kubernetes", "kube", is_flag=True,
               help="Check a Kubernetes cluster instead of this machine: access, devices, CRDs, PodSecurity, DNS.")
+@click.option("--slurm", "slurm_cluster", is_flag=True,
+              help="Check a Slurm cluster from this submit host: sinfo, partition, GRES, munge, shared filesystem.")
 @click.option("--context", default=None, help="kubeconfig context (with --kubernetes).")
 @click.option("--kubeconfig", default=None, help="kubeconfig file(s), ':'-separated (with --kubernetes).")
 @click.option("-n", "--namespace", default=None,
               help="Namespace (with --kubernetes; default: the spec's, else default).")
 @click.option("--spec", "spec_path", default=None, metavar="SPEC",
-              help="Job spec whose needs to check (with --kubernetes): queue, PVCs, PriorityClass, hostPath.")
+              help="Job spec whose needs to check (with --kubernetes: queue, PVCs, PriorityClass, hostPath; with "
+                   "--slurm: partition, nodes, GRES, checkpoint dir).")
 def command(vendor: str | None, expect_devices: int | None, shm_min: str | None,
             num_workers: int, prefetch_factor: int, batch_bytes: str, shm_path: str, output: str,
-            kube: bool, context: str | None, kubeconfig: str | None, namespace: str | None,
+            kube: bool, slurm_cluster: bool, context: str | None, kubeconfig: str | None, namespace: str | None,
             spec_path: str | None) -> None:
     """Check devices, shared memory, dtype support and the vendor runtime."""
+    if slurm_cluster:
+        if kube or context or kubeconfig or namespace:
+            raise OptionError("--slurm goes without --kubernetes, --context, --kubeconfig and -n")
+        return _slurm(vendor, spec_path, output)
     if kube:
         return _kubernetes(vendor, context, kubeconfig, namespace, spec_path, output)
     if context or kubeconfig or namespace or spec_path:
-        raise OptionError("--context, --kubeconfig, -n and --spec go with --kubernetes")
+        raise OptionError("--context, --kubeconfig, -n and --spec go with --kubernetes (--spec also with --slurm)")
     # The checks and the report live in the runtime, so `python -m orchestrator.runtime.preflight`
     # (inside images, without click) says exactly what this command says.
     from ..runtime.preflight import collect, counts, format_json, format_text, parse_size
@@ -110,3 +117,24 @@ def _kubernetes(vendor: str | None, context: str | None, kubeconfig: str | None,
             click.echo(line)
     if errors:
         raise MachineUnfit(f"doctor found {errors} error(s) in the cluster; see the hints above")
+
+
+def _slurm(vendor: str | None, spec_path: str | None, output: str) -> None:
+    """``doctor --slurm``: the Slurm preflight from the submit host (backends/slurm/doctor.py)."""
+    from ..backends.slurm.doctor import check_cluster
+    from ..runtime.preflight import counts, format_text
+    from ..specload import load_spec
+    from ..vendors import load_profile
+
+    spec = load_spec(spec_path) if spec_path else None
+    name = vendor or (spec.image.vendor if spec is not None else None)
+    profile = load_profile(name) if name else None
+    findings = check_cluster(spec, profile)
+    errors, _ = counts(findings)
+    if output == "json":
+        click.echo(json.dumps({"findings": [f.to_dict() for f in findings]}, indent=2))
+    else:
+        for line in format_text(findings, "wmctl doctor: Slurm" + (f", vendor {profile.name}" if profile else "")):
+            click.echo(line)
+    if errors:
+        raise MachineUnfit(f"doctor found {errors} error(s) in the Slurm cluster; see the hints above")

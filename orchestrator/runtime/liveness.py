@@ -181,24 +181,23 @@ def _witness(connect: Callable[[], Any], emit: Callable[..., Any], *, stop: thre
     """Group rank 1's watch over group rank 0's node: its counter not moving, or the store not
     answering (its host is that machine, or the store is out of reach from here), for SUSPECT_S
     is reported as ``_read`` reports other nodes, again every REPORT_S, and ``node_beat`` once it
-    moves again. A node 0 that finished (its done key) is never reported: the watch ends."""
-    key, host_key, done_key = KEY.format(0), HOST_KEY.format(0), DONE_KEY.format(0)
-    store: Any = None
+    moves again. A node 0 that finished (its done key) is never reported: the watch ends.
+
+    The store is asked from a thread of its own (``_ask_node0``): a store whose host process is
+    frozen (SIGSTOP, a hung machine whose kernel still accepts the connection) never answers a
+    call, whatever its timeout (measured: TCPStore.add blocks for good), and this watch must
+    still see the time pass."""
+    seen: dict[str, Any] = {"value": None, "host": None, "done": False}
+    asker = threading.Thread(target=_ask_node0, args=(connect, seen), kwargs={"stop": stop}, daemon=True,
+                             name="wmctl-node-beat-witness-ask")
+    asker.start()
     last: int | None = None
     moved = clock()
     reported: float | None = None
-    host: str | None = None
     while not stop.is_set():
-        try:
-            if store is None:
-                store = connect()        # a reconnect: a store host that was away may answer again
-            if store.check([done_key]):
-                return
-            value: int | None = int(store.add(key, 0))
-            if host is None and store.check([host_key]):
-                host = store.get(host_key).decode()
-        except (RuntimeError, OSError, ValueError, UnicodeDecodeError):
-            store, value = None, None
+        if seen["done"]:
+            return
+        value, host = seen["value"], seen["host"]
         now = clock()
         if value is not None and value != last:
             last, moved = value, now
@@ -208,6 +207,26 @@ def _witness(connect: Callable[[], Any], emit: Callable[..., Any], *, stop: thre
         elif now - moved >= SUSPECT_S and (reported is None or now - reported >= REPORT_S):
             reported = now
             emit("node_silent", group_rank=0, host=host, silent_s=round(now - moved, 1), witness=WITNESS)
+        stop.wait(BEAT_S)
+
+
+def _ask_node0(connect: Callable[[], Any], seen: dict[str, Any], *, stop: threading.Event) -> None:
+    """Group rank 0's counter (and host, and done key) into ``seen``, every BEAT_S; ``value`` None
+    while the store does not answer. A call that never returns leaves ``seen`` as it was."""
+    key, host_key, done_key = KEY.format(0), HOST_KEY.format(0), DONE_KEY.format(0)
+    store: Any = None
+    while not stop.is_set():
+        try:
+            if store is None:
+                store = connect()        # a reconnect: a store host that was away may answer again
+            if store.check([done_key]):
+                seen["done"] = True
+                return
+            seen["value"] = int(store.add(key, 0))
+            if seen["host"] is None and store.check([host_key]):
+                seen["host"] = store.get(host_key).decode()
+        except (RuntimeError, OSError, ValueError, UnicodeDecodeError):
+            store, seen["value"] = None, None
         stop.wait(BEAT_S)
 
 

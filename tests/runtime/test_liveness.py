@@ -253,3 +253,34 @@ threading.Event().wait(0.3)
                          cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
     assert out.returncode == 0, out.stderr
     assert "alive at exit: [] done: True" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_store_frozen_mid_call_is_rank_0s_node_silent_to_the_witness(store_pair, monkeypatch):
+    """A store whose host process is frozen (SIGSTOP) never answers: TCPStore.add blocks for good
+    whatever its timeout (measured on torch 2.13). The witness still sees the time pass and
+    reports node 0 silent, with the host learnt while the store answered."""
+    _, (c0, c1, _) = store_pair
+    c0.set(liveness.HOST_KEY.format(0), "node-a")
+    c0.add(liveness.KEY.format(0), 1)
+    frozen, release = threading.Event(), threading.Event()
+
+    class Freezing:
+        def __getattr__(self, name):
+            if frozen.is_set() and name == "add":
+                def hang(*args, **kw):
+                    release.wait(30)
+                    raise RuntimeError("store released by the test")
+                return hang
+            return getattr(c1, name)
+
+    stop, lines, _ = _witnessing(monkeypatch, lambda: Freezing())
+    try:
+        beat0 = threading.Event()
+        threading.Thread(target=liveness._beat, args=(c0, 0), kwargs={"stop": beat0}, daemon=True).start()
+        time.sleep(0.5)
+        beat0.set()
+        frozen.set()
+        silent = _wait_for(lines, "node_silent")
+        assert silent and silent[0]["host"] == "node-a" and silent[0]["group_rank"] == 0, lines
+    finally:
+        stop.set(), release.set()

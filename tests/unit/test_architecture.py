@@ -60,7 +60,9 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends.kubernetes.client", 4),
     ("orchestrator.backends.kubernetes.watch", 4),
     ("orchestrator.backends.kubernetes.nodewatch", 4),
-    ("orchestrator.backends.slurm.engine", 4),          # the Backend face (its engine is still to come)
+    ("orchestrator.backends.slurm.engine", 4),          # the Backend face: sbatch, poll, scancel
+    ("orchestrator.backends.slurm.tools", 4),           # Slurm's client tools, run and parsed
+    ("orchestrator.backends.slurm.doctor", 4),          # wmctl doctor --slurm
     # pure planning: renderers, checks, classifiers, and what they share
     ("orchestrator.backends.base", 3),
     ("orchestrator.backends.host_paths", 3),
@@ -76,7 +78,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends.kubernetes.podend", 3),     # a pod's end or failed start, in the kubelet's words
     ("orchestrator.backends.slurm.render", 3),          # the sbatch script and command line
     ("orchestrator.backends.slurm.check", 3),           # the slurm: section, and what #SBATCH lines may hold
-    ("orchestrator.backends.slurm.classify", 3),        # the job's own exit records -> events
+    ("orchestrator.backends.slurm.classify", 3),        # exit records, job states, reasons -> events
     ("orchestrator.launch", 3),
     ("orchestrator.templating", 3),
     ("orchestrator.imagebuild", 3),

@@ -88,8 +88,6 @@ CASES = [
          setup=_running),
     Case("name-held-by-unknown-objects", lambda t: ["submit", TINY, "-b", "local"], 4, "no run record here knows",
          setup=_ghost_attempt),
-    # 4: a backend that only renders (its engine still to come) refuses the submit by name
-    Case("backend-without-engine", lambda t: ["submit", TINY, "-b", "slurm"], 4, "cannot submit them yet"),
     # 5: engine unreachable
     Case("docker-unreachable", lambda t: ["submit", TINY, "-b", "docker", "--image", "r/x:1"], 5,
          "cannot reach the Docker engine", env={"DOCKER_HOST": "tcp://127.0.0.1:1"}),

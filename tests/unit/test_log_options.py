@@ -17,7 +17,7 @@ from orchestrator.state import open_store
 def test_each_backend_declares_what_its_logs_serve():
     declared = {name: backends.backend_class(name).log_options for name in backends.names()}
     assert declared == {"local": {"tail"}, "docker": {"tail", "since", "timestamps"},
-                        "kubernetes": {"tail", "since", "timestamps"}, "slurm": set()}
+                        "kubernetes": {"tail", "since", "timestamps"}, "slurm": {"tail"}}
 
 
 @pytest.mark.parametrize("query,flags", [

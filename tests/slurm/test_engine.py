@@ -1,0 +1,242 @@
+"""wmctl on the real Slurm cluster (.ci/start-slurm.sh): `wmctl submit -b slurm --auto-resume`
+as a user runs it, the job the counter job every backend's e2e tests use (tests/integration/jobs),
+faults that are real (a node's slurmd, step daemons and tasks SIGKILLed). Few and lean: each real
+run costs seconds of CI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.integration import harness as h
+
+from .conftest import SlurmCluster, alive
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group("slurm")]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def expected(steps: int, world: int = 2) -> str:
+    """What an uninterrupted counter.py run computes (the same float64 operations in the same
+    order; checked against an uninterrupted run on this cluster, test_two_nodes_...)."""
+    state = torch.zeros(1, dtype=torch.float64)
+    for step in range(steps):
+        contrib = torch.zeros(1, dtype=torch.float64)
+        for rank in range(world):
+            contrib = contrib + torch.tensor([((step + 1) * 0.1 + rank) / 3.0], dtype=torch.float64)
+        state = state * 0.999 + contrib
+    return state.item().hex()
+
+
+@pytest.fixture
+def home(tmp_path: Path, slurm_cluster: SlurmCluster, monkeypatch: pytest.MonkeyPatch):
+    """A WMCTL_HOME whose runs' Slurm jobs are cancelled after the test, whatever happened."""
+    monkeypatch.setenv("SLURM_CONF", str(slurm_cluster.conf))
+    monkeypatch.setenv("WMCTL_HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    yield tmp_path / "home"
+    for job_file in (tmp_path / "home").glob("runs/*/attempt-*/job.json"):
+        slurm_cluster.run("scancel", json.loads(job_file.read_text())["job_id"], check=False)
+
+
+def wmctl(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, env={**h.os.environ, "WMCTL_HOME": str(home),
+                                                           "PYTHONPATH": str(REPO)})
+
+
+def spec(home: Path, run: str, **kw) -> Path:
+    return h.write_spec(home, run, **kw)
+
+
+def watch(path: Path, home: Path) -> h.Watch:
+    return h.Watch(path, home, "-b", "slurm")
+
+
+def job_state(cluster: SlurmCluster, home: Path, run: str, attempt: int) -> str:
+    job_id = json.loads((h.run_folder(home, run) / f"attempt-{attempt}" / "job.json").read_text())["job_id"]
+    return cluster.job(job_id).get("JobState", "<gone>")
+
+
+def test_two_nodes_run_to_the_end_with_checkpoints(slurm_cluster: SlurmCluster, home: Path):
+    """Two nodes, one torchrun each, checkpoints every 5 steps: the run succeeds on attempt 0,
+    Slurm says COMPLETED, each node left its exit record, `wmctl logs` reads rank 0's node."""
+    run = "sl-two"
+    path = spec(home, run, steps=30, every=5, sleep=0.05)
+    w = watch(path, home)
+    assert w.wait() == 0, w.output
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["succeeded"], rec["final_report"]
+    assert rec["attempts"][0]["last_checkpoint_step"] == 30, w.output
+    assert h.final_state(path) == expected(30)
+    assert job_state(slurm_cluster, home, run, 0) == "COMPLETED"
+    folder = h.run_folder(home, run) / "attempt-0"
+    ends = [json.loads((folder / f"node-{n}.exit.json").read_text()) for n in (0, 1)]
+    assert [e["exit_code"] for e in ends] == [0, 0] and len({e["host"] for e in ends}) == 2
+    logs = wmctl(home, "logs", run)
+    # rank 0's node, found from the progress lines (c10d places global rank 0 on either node)
+    assert logs.returncode == 0 and "rank=0" in logs.stdout and "(global rank 0)" in logs.stderr, logs.stderr
+
+
+def test_a_node_killed_after_a_checkpoint_resumes_elsewhere_exactly(slurm_cluster: SlurmCluster, home: Path):
+    """Node 1's slurmd, step daemons and tasks SIGKILLed after a checkpoint. Its peer's worker
+    fails at once (here the dead processes' kernel lives on and resets their connections; a dead
+    machine's would not, and the runtime's beat names it: the frozen test below); node 1 wrote no
+    exit record within PEER_WAIT_S, so it is the lost node (Slurm here needs ~14 s to miss it, ~27 s
+    to call it down, 300 s+ at its default). One resubmission excludes it and resumes from the
+    checkpoint on the two others; the final state is the one an uninterrupted run computes, bit
+    for bit."""
+    run = "sl-kill"
+    path = spec(home, run, steps=60, every=5, sleep=0.2, job_args=["--beat"],
+                restart={"node_silence_timeout": "3s", "heartbeat_timeout": "120s"})
+    w = watch(path, home)
+    h.wait_checkpoint(home, run, 0, 10)
+    victim = _hosts(slurm_cluster, home, run, 0)[1]
+    killed_at = time.time()
+    assert slurm_cluster.node_kill(victim)
+    assert w.wait(timeout=240) == 0, w.output
+    rec = h.record(home, run)
+    first, second = rec["attempts"]
+    assert [first["outcome"], second["outcome"]] == ["node_lost", "succeeded"], rec["final_report"]
+    assert first["failed_host"] == victim and second["excluded_nodes"] == [victim]
+    assert "wrote no exit record" in first["evidence"], first["evidence"]
+    assert second["resumed_from_step"] == first["last_checkpoint_step"] >= 10
+    assert h.final_state(path) == expected(60)
+    assert victim not in _hosts(slurm_cluster, home, run, 1)
+    print(f"node killed -> attempt 0 torn down {first['ended_at'] - killed_at:.1f} s later; "
+          f"timings {first.get('timings')} / {second.get('timings')}")
+
+
+def test_a_frozen_node_is_lost_by_the_runtime_beat(slurm_cluster: SlurmCluster, home: Path):
+    """Every process of node 1 (its slurmd too) SIGSTOPped: nothing ends, no connection breaks,
+    Slurm hears nothing for ~14 s. The runtime's beat (rank 0's reader, or node 1's witness when
+    rank 0 is on node 1... frozen with it: then node 0's reader) says the node is silent, and the
+    attempt ends within node_silence_timeout (3 s) of the beat's report; the next attempt runs
+    without it and finishes exactly."""
+    run = "sl-frozen"
+    path = spec(home, run, steps=50, every=5, sleep=0.2, job_args=["--beat"],
+                restart={"node_silence_timeout": "3s", "heartbeat_timeout": "120s"})
+    w = watch(path, home)
+    h.wait_checkpoint(home, run, 0, 10)
+    victim = _hosts(slurm_cluster, home, run, 0)[1]
+    frozen = slurm_cluster.node_processes(victim)
+    for pid in frozen:
+        h.os.kill(pid, h.signal.SIGSTOP)
+    slurm_cluster.killed.append(victim)
+    try:
+        assert w.wait(timeout=240) == 0, w.output
+    finally:
+        for pid in frozen:                      # the node dies for good: the fixture revives it
+            h.os.kill(pid, h.signal.SIGKILL)
+        h.wait_until(lambda: not any(alive(pid) for pid in frozen), 30, "the frozen processes' end")
+    rec = h.record(home, run)
+    first, second = rec["attempts"]
+    assert [first["outcome"], second["outcome"]] == ["node_lost", "succeeded"], rec["final_report"]
+    assert "no liveness beat" in first["evidence"] and first["failed_host"] == victim, first["evidence"]
+    assert h.final_state(path) == expected(50)
+
+
+def _hosts(cluster: SlurmCluster, home: Path, run: str, attempt: int) -> list[str]:
+    nodelist = cluster.job(_job_id(home, run, attempt))["NodeList"]
+    return cluster.run("scontrol", "show", "hostnames", nodelist).stdout.split()
+
+
+def _job_id(home: Path, run: str, attempt: int) -> str:
+    return json.loads((h.run_folder(home, run) / f"attempt-{attempt}" / "job.json").read_text())["job_id"]
+
+
+@pytest.mark.parametrize("phase", ["pending", "running"])
+def test_cancel_ends_the_slurm_job(slurm_cluster: SlurmCluster, home: Path, phase: str):
+    """`wmctl cancel` from another process: the watcher ends with the cancel's exit code (8) and
+    the Slurm job is CANCELLED, whether it waited in the queue (--begin an hour from now:
+    pending, reason BeginTime, a queue's wait that no timeout ends) or ran."""
+    run = f"sl-cancel-{phase}"
+    path = spec(home, run, steps=400, sleep=0.2)
+    if phase == "pending":
+        path.write_text(path.read_text() + "slurm:\n  extra_options: [--begin=now+3600]\n")
+    w = watch(path, home)
+    if phase == "pending":
+        h.wait_until(lambda: (h.run_folder(home, run) / "attempt-0" / "job.json").exists(), 60, "the job")
+        h.wait_until(lambda: "BeginTime" in json.dumps(h.record(home, run)), 30, "the pending reason in the record")
+    else:
+        h.wait_step(home, run, 0, 2)
+    cancel = wmctl(home, "cancel", run)
+    assert cancel.returncode == 0, cancel.stderr
+    assert w.wait() == 8, w.output
+    slurm_cluster.wait_job_state(_job_id(home, run, 0), {"CANCELLED"}, 60)
+    assert len(h.record(home, run)["attempts"]) == 1
+
+
+def test_graceful_cancel_keeps_the_sigterm_checkpoint(slurm_cluster: SlurmCluster, home: Path):
+    """`wmctl cancel --graceful`: scancel --signal=TERM reaches the steps, the job saves and
+    exits 83 on both nodes (their exit records say so), then the job is ended."""
+    run = "sl-graceful"
+    w = watch(spec(home, run, steps=400, every=1000, sleep=0.2), home)
+    h.wait_step(home, run, 0, 3)
+    cancel = wmctl(home, "cancel", run, "--graceful")
+    assert cancel.returncode == 0, cancel.stderr
+    assert w.wait() == 8, w.output
+    rec = h.record(home, run)
+    assert "gracefully" in rec["final_report"] and "newest checkpoint is step" in rec["final_report"], rec
+    # both nodes saved and ended by themselves (torchrun's agent exits 1 whatever its workers' 83)
+    folder = h.run_folder(home, run) / "attempt-0"
+    assert all((folder / f"node-{n}.exit.json").exists() for n in (0, 1))
+    [preempted] = [p for p in h.progress(home, run, 0) if p["event"] == "preempted"]
+    assert f"newest checkpoint is step {preempted['step']}" in rec["final_report"], rec["final_report"]
+
+
+def test_a_request_slurm_can_never_run_stops_at_once(slurm_cluster: SlurmCluster, home: Path):
+    """nodes: 4 on a three-node partition: sbatch takes it, Slurm holds it pending forever
+    (PartitionConfig with --exclusive, PartitionNodeLimit without); the run stops at once with
+    the fix, no pending_timeout waited."""
+    run = "sl-four"
+    w = watch(spec(home, run, nodes=4, steps=5, restart={"pending_timeout": "30m"}), home)
+    assert w.wait(timeout=120) == 7, w.output
+    rec = h.record(home, run)
+    first = rec["attempts"][0]
+    assert first["outcome"] == "unschedulable" and len(rec["attempts"]) == 1
+    assert "4 nodes asked, the partition holds 3" in first["evidence"], first["evidence"]
+
+
+def test_sbatch_refusal_names_the_field(slurm_cluster: SlurmCluster, home: Path):
+    """An sbatch refusal is the backend's refusal (exit 4) naming the spec field, no traceback."""
+    path = spec(home, "sl-nopart", steps=5)
+    path.write_text(path.read_text() + "slurm:\n  partition: nosuch\n")
+    out = wmctl(home, "submit", str(path), "-b", "slurm")
+    assert out.returncode == 4, out.stdout + out.stderr
+    assert "slurm.partition" in out.stderr and "invalid partition" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_runtime_free_script_and_a_crash_in_the_jobs_own_words(slurm_cluster: SlurmCluster, home: Path):
+    """A script that never imports the runtime runs to its end (its prints are its heartbeat);
+    one whose rank raises stops the run (exit 7) with its own error in the record."""
+    plain = watch(spec(home, "sl-plain", nodes=2, command=["python", "plain.py", "--steps", "3", "--sleep", "0.2"]),
+                  home)
+    crash = watch(spec(home, "sl-crash", nodes=2, command=["python", "crash.py"]), home)
+    assert plain.wait() == 0, plain.output
+    assert "my own log: step 3" in plain.output or "my own log" in (h.run_folder(home, "sl-plain") / "attempt-0" /
+                                                                    "node-0.log").read_text()
+    assert crash.wait() == 7, crash.output
+    first = h.record(home, "sl-crash")["attempts"][0]
+    assert first["outcome"] == "app_error" and "bad batch shape (4, 3)" in first["evidence"], first["evidence"]
+
+
+def test_doctor_slurm_checks_the_cluster_from_the_submit_host(slurm_cluster: SlurmCluster, home: Path):
+    """`wmctl doctor --slurm --spec`: sinfo, the partition, munge, and the run folder and checkpoint
+    dir written from an srun step on each node and read here; a partition that does not exist is an
+    error naming the field (exit 9)."""
+    path = spec(home, "sl-doctor", steps=5)
+    ok = wmctl(home, "doctor", "--slurm", "--spec", str(path))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "partition debug is up with 3 nodes" in ok.stdout and "munge -n | unmunge works" in ok.stdout
+    assert ok.stdout.count("read here") == 2, ok.stdout
+    path.write_text(path.read_text() + "slurm:\n  partition: nosuch\n")
+    bad = wmctl(home, "doctor", "--slurm", "--spec", str(path))
+    assert bad.returncode == 9 and "partition nosuch does not exist" in bad.stdout and "slurm.partition" in bad.stdout
