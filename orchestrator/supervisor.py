@@ -205,14 +205,20 @@ class Supervisor:
             self.sleep(min(self.poll_interval, deadline - self.clock()))
 
     def _why_stop(self, rec: AttemptRecord, failure: F.Failure, decision: str) -> str | None:
-        used = rec.attempt + 1
+        # A preemption (SIGTERM and a saved checkpoint: a spot node reclaimed, a queue's
+        # preemption, Slurm's time limit reached after its checkpoint signal) is not the job's
+        # failure and spends no retry: only attempts that failed count against max_attempts.
+        # A preemption that saved nothing new still stops the loop (made_progress below).
+        used = sum(1 for a in self.record.attempts
+                   if a.attempt < rec.attempt and a.outcome not in (F.PREEMPTED, None, "succeeded"))
+        used += failure.kind != F.PREEMPTED
         if decision == F.STOP:
             return f"stopped: {failure.describe()} is not retried ({failure.kind})"
         if not self.auto_resume:
             return f"stopped: {failure.describe()}; run with --auto-resume to resubmit from the latest checkpoint"
         if used >= self.spec.restart.max_attempts:
             return (f"stopped: retry budget spent ({used} of restart.max_attempts={self.spec.restart.max_attempts} "
-                    f"attempts); last failure: {failure.describe()}")
+                    f"failed attempts); last failure: {failure.describe()}")
         made_progress = rec.last_checkpoint_step is not None and (
             rec.resumed_from_step is None or rec.last_checkpoint_step > rec.resumed_from_step)
         if rec.attempt > 0 and not made_progress and failure.kind != F.UNSCHEDULABLE:   # nothing of it ran

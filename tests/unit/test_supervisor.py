@@ -211,6 +211,29 @@ def test_preemption_resubmits_without_backoff_and_keeps_the_placement(home):
     assert 30.0 not in clock.slept
 
 
+def test_preemptions_spend_no_retry_only_failed_attempts_count(home):
+    """A preemption (SIGTERM, checkpoint saved: a reclaimed spot node, Slurm's time limit after
+    its checkpoint signal) is not the job's failure: three of them in a row with
+    restart.max_attempts=2 still end in success, and a later failure finds its budget whole."""
+    def preempted(step):
+        return [([progress("resume", step - 5), progress("checkpoint", step), progress("preempted", step),
+                  b.Event(b.NODE_EXITED, START, 0, "host-0", exit_code=PREEMPTED_EXIT_CODE)], running())]
+    def lost():
+        return [([progress("resume", 15), progress("checkpoint", 20), b.Event(b.NODE_LOST, START, 1, "host-1")],
+                 running())]
+    outcome, backend, record, _, _ = supervise({
+        0: preempted(5), 1: preempted(10), 2: preempted(15), 3: lost(), 4: [([progress("resume", 20)], done())],
+    }, restart={"max_attempts": 2})
+    assert outcome.exit_code == 0, record.final_report
+    assert [a.outcome for a in record.attempts] == ["preempted"] * 3 + ["node_lost", "succeeded"]
+    outcome, _, record, _, _ = supervise({
+        0: preempted(5), 1: lost(), 2: [([progress("resume", 20), progress("checkpoint", 25),
+                                        b.Event(b.NODE_LOST, START, 1, "host-1")], running())],
+    }, restart={"max_attempts": 2})
+    assert outcome.exit_code == 7
+    assert "retry budget spent (2 of restart.max_attempts=2 failed attempts)" in record.final_report
+
+
 def test_backoff_is_slept_between_failed_attempts(home):
     # a node lost on a host nobody named: nothing to exclude, so it may fail the same way again
     outcome, _, _, _, _ = supervise({
