@@ -111,3 +111,38 @@ def test_the_plan_says_c10d_ranks_follow_sorted_host_names_from_eleven_nodes():
     few, _ = _render(nodes=2)
     assert any("worldmodel-a0-10 ranks before worldmodel-a0-2" in n for n in many.notes)
     assert not any("PET_NODE_RANK" in n for n in few.notes)
+
+
+@pytest.mark.parametrize("index, is_host", [("0", "true"), ("1", "false"), ("12", "false")])
+def test_host_network_pods_host_the_store_by_index_not_by_name(tmp_path, index, is_host):
+    """hostNetwork pods get their node's /etc/hosts (kubelet_pods.go ensureHostsFile), so pod 0
+    cannot recognise the endpoint's FQDN as its own and no agent would host the c10d store: the
+    rendered command, run by a real /bin/sh with PET_NODE_RANK as the downward API sets it, gives
+    torchrun is_host by the completion index, and leaves the user's own words (a `--rdzv-conf=`
+    after `--`, quotes, `$(...)`) exactly as written."""
+    import json
+    import os
+    import subprocess
+
+    user = ["python", "train.py", "--rdzv-conf=mine", "it's $(rm -rf /) `x` *", "--"]
+    _, template = _render(**{"kubernetes.host_network": True, "command": user})
+    container = template["spec"]["containers"][0]
+    from .test_injection import kubelet_expand
+
+    # what the container gets: the kubelet's $(VAR) expansion of the manifest's words
+    argv = [kubelet_expand(a, {}) for a in container["command"] + container.get("args", [])]
+    probe = tmp_path / "torchrun"
+    probe.write_text("#!/usr/bin/env python3\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    probe.chmod(0o755)
+    argv = [str(probe) if a == "torchrun" else a for a in argv]
+    out = subprocess.run(argv, env={**os.environ, "PET_NODE_RANK": index}, capture_output=True, text=True,
+                         check=True).stdout
+    got = json.loads(out)
+    conf = [a for a in got if a.startswith("--rdzv-conf=")]
+    assert conf[0].endswith(f",is_host={is_host}") and conf[1:] == ["--rdzv-conf=mine"]
+    assert got[got.index("--") + 1:][-len(user):] == user
+
+
+def test_without_host_network_the_command_is_torchrun_itself():
+    _, template = _render()
+    assert template["spec"]["containers"][0]["command"][0] != "/bin/sh"

@@ -101,6 +101,10 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
         notes.append(f"node ranks follow c10d's sorted host names, not the completion index (PET_NODE_RANK): pod 0 is "
                      f"rank 0, but {job_name}-10 ranks before {job_name}-2; a job that needs index = rank reads "
                      "JOB_COMPLETION_INDEX")
+    if k.host_network:
+        command = store_host_by_index(command)
+        notes.append("host_network: pod 0 hosts the rendezvous store by its completion index (is_host), not by "
+                     "its name: a hostNetwork pod's /etc/hosts is its node's, without the pod's own FQDN")
     ckpt = spec.checkpoint.dir
     env = job_env(spec, profile, ctx, checkpoint_dir=ckpt, backend_env=profile.kubernetes.env)
     _note_node_local_checkpoint(spec, ctx, notes)
@@ -163,6 +167,29 @@ def pod_fqdn(spec: JobSpec, job_name: str, index: int) -> str:
 # (its expansion copies the byte after '$' as if it were a whole character, which splits a
 # UTF-8 sequence: '$世' would arrive mangled).
 _EXPANDED = re.compile(r"\$(?=[$(]|[^\x00-\x7f])")
+
+
+# For hostNetwork pods: the kubelet gives them their node's /etc/hosts (pkg/kubelet/kubelet_pods.go
+# ensureHostsFile: a hostNetwork pod gets the node's file, not the managed one with the pod's FQDN),
+# so pod 0 cannot tell from the endpoint's name that it is the store's host
+# (c10d_rendezvous_backend.py _create_tcp_store: _matches_machine_hostname unless rdzv-conf
+# is_host is given). The same command runs in every Indexed pod: this constant script, given
+# torchrun's argv as its arguments (nothing is interpolated into it), adds is_host=true on the
+# pod whose completion index (PET_NODE_RANK, from the downward API) is 0 and is_host=false on the
+# others, to torchrun's own --rdzv-conf only (a user's word after `--` is left as it is).
+STORE_HOST_SH = (
+    'h=false; [ "$PET_NODE_RANK" = 0 ] && h=true; o=1\n'
+    'for a; do shift\n'
+    '  if [ "$o" = 1 ]; then case $a in --) o=0 ;; --rdzv-conf=*) a="$a,is_host=$h" ;; esac; fi\n'
+    '  set -- "$@" "$a"\n'
+    'done\n'
+    'exec "$@"'
+)
+
+
+def store_host_by_index(command: list[str]) -> list[str]:
+    """``command`` (torchrun's argv) run so that pod 0 hosts the c10d store by its index."""
+    return ["/bin/sh", "-c", STORE_HOST_SH, "wmctl-store-host", *command]
 
 
 def escape_expansion(text: str) -> str:
