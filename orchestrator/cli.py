@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import signal
 import sys
+from typing import Callable
 
 
 def _interrupted_while_starting(signum: int, frame: object) -> None:
@@ -137,5 +138,20 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
 
 
+def run_as_module(entry: Callable[[], None] = main) -> None:
+    """``python -m orchestrator.cli`` (how tests, detached and in-cluster watchers start wmctl).
+
+    A CPython quirk made a watcher stopped by Ctrl-C exit by SIGINT (-2) instead of 130 (CI, 1 run
+    in ~1): a KeyboardInterrupt that ends a string ``exec``/``eval`` (a dataclass or namedtuple being
+    made when the signal lands) sets the runtime's unhandled_keyboard_interrupt flag even when a
+    caller catches it (Python/pythonrun.c run_eval_code_obj), and under ``-m`` Py_RunMain then
+    kills the process with SIGINT whatever exit code it chose (Modules/main.c). Every string
+    eval clears the flag first: one that succeeds on the way out leaves the chosen exit code."""
+    try:
+        entry()
+    finally:
+        eval("0")
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    run_as_module()

@@ -252,3 +252,32 @@ def test_a_ctrl_c_whose_exception_was_swallowed_still_stops_the_watch(tmp_path, 
     assert out.value.code == 130
     assert not watchview.INTERRUPTED.is_set()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_interrupt_caught_after_a_string_exec_still_exits_130_under_python_m(tmp_path):
+    """CI saw `python -m orchestrator.cli watch` stopped by Ctrl-C exit by SIGINT (-2) after it
+    had printed how to re-attach: the KeyboardInterrupt had ended a string exec (a dataclass being
+    made), which sets CPython's unhandled-interrupt flag although wmctl caught it and chose 130;
+    under -m, Py_RunMain kills the process with SIGINT on that flag. run_as_module clears it."""
+    import os
+
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "__init__.py").write_text("")
+    (probe / "__main__.py").write_text(
+        "import sys\n"
+        "from orchestrator.cli import run_as_module\n\n"
+        "def entry():\n"
+        "    try:\n"
+        "        exec('raise KeyboardInterrupt', {})\n"
+        "    except KeyboardInterrupt:\n"
+        "        sys.exit(130)\n\n"
+        "if sys.argv[1:] == ['plain']:\n"
+        "    entry()\n"
+        "else:\n"
+        "    run_as_module(entry)\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    plain = subprocess.run([sys.executable, "-m", "probe", "plain"], cwd=tmp_path, env=env)
+    assert plain.returncode == -2          # the quirk, as CPython has it: the test would catch its fix
+    ours = subprocess.run([sys.executable, "-m", "probe"], cwd=tmp_path, env=env)
+    assert ours.returncode == 130
