@@ -42,7 +42,9 @@ from tests.integration import harness as h
 from .conftest import run_wmctl
 from .test_docker_faults import container, leftovers, run_root, write_spec
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(420),
+              # its module fixtures run real Docker jobs by fixed names: one worker runs them, once
+              pytest.mark.xdist_group("docker-resume-loader")]
 
 JOB = Path(__file__).resolve().parents[1] / "runtime" / "loader_job.py"
 TAG = "wmctl-test/loader:job"
