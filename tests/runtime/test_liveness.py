@@ -108,7 +108,7 @@ def _witnessing(monkeypatch, connect):
 
 
 def _wait_for(lines, what, n=1):
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30          # a bound on a wait that ends when the lines come
     while time.monotonic() < deadline and len([x for x in lines if x[0] == what]) < n:
         time.sleep(0.05)
     return [kw for e, kw in lines if e == what]
@@ -277,7 +277,9 @@ def test_a_store_frozen_mid_call_is_rank_0s_node_silent_to_the_witness(store_pai
     try:
         beat0 = threading.Event()
         threading.Thread(target=liveness._beat, args=(c0, 0), kwargs={"stop": beat0}, daemon=True).start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30            # node 0 beats (past the seeded 1) before it freezes
+        while c1.add(liveness.KEY.format(0), 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
         beat0.set()
         frozen.set()
         silent = _wait_for(lines, "node_silent")
