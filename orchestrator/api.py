@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -23,6 +23,7 @@ from .imagebuild.record import RECORD_FILE, pinned_ref
 from .errors import OptionError, RunCancelled, RunExists, RunFailed, SpecError, WmctlError
 from .plan import AttemptContext, Plan
 from .runtime.protocol import ENV_RUN_STORE, ENV_WATCHER_OBJECT
+from .runtime.records import record
 from .spec import JobSpec
 from .speccheck import profile_problems
 from .speccheck import warnings as spec_warnings
@@ -40,7 +41,7 @@ Echo = Callable[[str], None]
 
 
 
-@dataclass
+@record
 class Job:
     """A job spec resolved for submission: overrides applied, image pinned, profile loaded."""
 
@@ -142,7 +143,7 @@ def _resume_source(engine: Backend[Any], value: str, run: str) -> tuple[str | No
     return path, None
 
 
-@dataclass
+@record
 class SubmitRequest:
     """What ``schedule`` will do: the job, the backend, and attempt 0's plan."""
 
@@ -245,7 +246,7 @@ IN_CLUSTER = "in-cluster"    # a watcher the backend runs (a watcher pod), the r
 NOWHERE = "nowhere"          # none: nothing resumes the run; `wmctl watch RUN` attaches one later
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class WatcherPlace:
     """Where a submitted run's watcher runs; in the cluster, also the settings that reach the
     run's state from this machine."""

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from .layout import attempt_name, wmctl_home
+from .runtime.records import record
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class AttemptContext:
     """What differs between attempts of one run."""
 
@@ -31,7 +32,7 @@ class AttemptContext:
     resume_from: str | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HostFacts:
     """What a renderer needs to know about the machine it plans on. Renderers read nothing from
     the host themselves: these come in, so a render is a pure function and a golden file is the
@@ -54,7 +55,7 @@ class HostFacts:
         return cls(cpus=cpus, python=sys.executable, home=wmctl_home(), port=port)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Request:
     """A backend's typed request; each backend subclasses it with its own fields."""
 
@@ -65,7 +66,7 @@ class Request:
 R = TypeVar("R", bound=Request)
 
 
-@dataclass
+@record
 class Plan(Generic[R]):
     """What one attempt submits on one backend: the request and its resources, printable as they are."""
 

@@ -15,11 +15,12 @@ import hashlib
 import json
 import math
 import posixpath
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, Union
 
+from .runtime.records import record
 from .validate import parse_duration, parse_quantity
 
 K8S_NAME_MAX = 63
@@ -39,7 +40,7 @@ ANNOTATIONS_WMCTL_RESERVE = 8 * 1024   # what wmctl adds itself (spec hash, canc
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
-@dataclass
+@record
 class NfsSource:
     """An NFS export as a volume's source: the server (a host name or address) and the exported path."""
 
@@ -47,7 +48,7 @@ class NfsSource:
     path: str
 
 
-@dataclass
+@record
 class EmptyDirSource:
     """A scratch folder that lives as long as the node's container or pod (``Memory``: a tmpfs)."""
 
@@ -59,7 +60,7 @@ class EmptyDirSource:
         return None if self.size_limit is None else parse_quantity(self.size_limit)
 
 
-@dataclass
+@record
 class Volume:
     """One mount in every node: its name, where it mounts, and exactly one source."""
 
@@ -83,7 +84,7 @@ class Volume:
         return set_[0] if len(set_) == 1 else None
 
 
-@dataclass
+@record
 class ImageSpec:
     """The image the job runs in: the vendor profile, the base, what is installed, the context, the tag."""
 
@@ -98,7 +99,7 @@ class ImageSpec:
     workdir: str = "/workspace"
 
 
-@dataclass
+@record
 class Resources:
     """What each node gets: CPUs, memory and /dev/shm."""
 
@@ -115,7 +116,7 @@ class Resources:
         return parse_quantity(self.shm)
 
 
-@dataclass
+@record
 class CheckpointSpec:
     """Where the job's checkpoints go, every how many steps, and how many are kept."""
 
@@ -124,7 +125,7 @@ class CheckpointSpec:
     keep: int = 3
 
 
-@dataclass
+@record
 class RestartSpec:
     """How a failed attempt is retried, and the timeouts that say a node is lost or a job hangs."""
 
@@ -170,7 +171,7 @@ class RestartSpec:
         return parse_duration(self.node_silence_timeout)
 
 
-@dataclass
+@record
 class RendezvousSpec:
     """torchrun's c10d rendezvous: its port, and how long nodes wait for each other."""
 
@@ -190,7 +191,7 @@ class RendezvousSpec:
         return parse_duration(self.read_timeout) if self.read_timeout is not None else self.join_timeout_s
 
 
-@dataclass
+@record
 class SecretKeyRef:
     """An env value read from a Secret by the kubelet: the token never sits in the spec or manifest."""
     secret: str
@@ -198,7 +199,7 @@ class SecretKeyRef:
     optional: bool = False
 
 
-@dataclass
+@record
 class KubernetesSpec:
     """Where and how the job's pods run on Kubernetes."""
 
@@ -231,7 +232,7 @@ class KubernetesSpec:
         return math.ceil(parse_duration(self.termination_grace_period))
 
 
-@dataclass
+@record
 class DockerSpec:
     """How the job's containers run on a Docker host."""
 
@@ -244,14 +245,14 @@ class DockerSpec:
 
 
 
-@dataclass
+@record
 class LocalSpec:
     """Settings of the local backend (processes on this machine)."""
 
     master_port: int | None = None        # default: a free port the OS picks (not rendezvous.port)
 
 
-@dataclass
+@record
 class SlurmSpec:
     """Where and how an sbatch job asks for its nodes (checked in backends/slurm/check.py)."""
     partition: str | None = None
@@ -274,7 +275,7 @@ class SlurmSpec:
 HASHED_WHEN_SET = "hashed_when_set"
 
 
-@dataclass
+@record
 class JobSpec:
     """A job spec: what runs, on how many nodes, in which image, and how it recovers."""
 

@@ -9,18 +9,19 @@ verified are listed in the file's ``unverified`` field so a wrong one is a one-l
 
 import functools
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from .errors import ProfileError
 from .runtime.protocol import ENV_VENDOR_PATH
+from .runtime.records import record
 from .runtime.vendor import RuntimeProfile, register
 from .resources import images_dir
 from .validate import Problems, build, index_url_problem
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceRequest:
     """One ``--gpus``-style device request of `docker run` (a driver and its capabilities)."""
 
@@ -28,7 +29,7 @@ class DeviceRequest:
     capabilities: list[list[str]] = field(default_factory=lambda: [["gpu"]])
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DockerExposure:
     """How `docker run` exposes the devices (and what the runtime needs to see them)."""
 
@@ -45,7 +46,7 @@ class DockerExposure:
     env: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class KubernetesExposure:
     """What a pod needs beside the device plugin's resource: env and host mounts."""
 
@@ -53,7 +54,7 @@ class KubernetesExposure:
     host_mounts: list[str] = field(default_factory=list)   # hostPath mounts the device plugin does not add
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SlurmExposure:
     """How an sbatch job asks for the devices, and how a container runtime on the node shows them."""
 
@@ -63,7 +64,7 @@ class SlurmExposure:
     apptainer_flags: list[str] = field(default_factory=list)   # `apptainer exec` flags: --nv, --rocm
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RuntimeSection:
     """What the job's runtime needs beyond the top-level facts (it reads no YAML: see
     ``VendorProfile.runtime_profile``)."""
@@ -76,7 +77,7 @@ class RuntimeSection:
     unverified: list[str] = field(default_factory=list)      # libs, module, pci
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class VendorProfile:
     """An accelerator vendor, read from images/<vendor>.yaml: its devices, image and runtime facts."""
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Generic, Iterator
 
 from ..layout import attempt_name
 from ..runtime.protocol import parse_progress, run_checkpoint_dir
+from ..runtime.records import record
 from ..plan import AttemptContext, HostFacts, Plan, R
 from ..serialize import dump
 from ..spec import JobSpec
@@ -148,7 +149,7 @@ def line_event(line: str, node: int, host: str | None, output_at: dict[int, floa
     return Event(PROGRESS, at, node, host, progress=payload)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class AttemptRef:
     """Identifies one attempt of a run on one backend (state lives where the run lives)."""
 
@@ -162,7 +163,7 @@ class AttemptRef:
         return attempt_name(self.run, self.attempt)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Event:
     """Something that happened to a node of an attempt (``kind``: one of the event kinds above)."""
 
@@ -179,7 +180,7 @@ class Event:
     since: float | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class NodeStatus:
     """A node's current phase as the supervisor sees it, whatever the backend."""
 
@@ -190,7 +191,7 @@ class NodeStatus:
     reason: str | None = None
 
 
-@dataclass
+@record
 class Observation:
     """What ``poll`` returns: events since the last poll and every node's current state."""
 
@@ -202,7 +203,7 @@ class Observation:
         return bool(self.nodes) and all(n.phase in (SUCCEEDED, FAILED, LOST) for n in self.nodes)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LogQuery:
     """Which lines of a node's output ``logs`` returns, beyond following it. A backend serves the
     fields its ``log_options`` names; ``backends.check_logs`` refuses the others before asking."""
@@ -253,7 +254,7 @@ def kept_log(ref: "AttemptRef", node: int, query: "LogQuery") -> list[str] | Non
     return None if archived is None else kept_lines(archived, query, what=ref.attempt_name)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class BackendOptions:
     """How to reach a backend's engine: what a user gives on the command line or a record holds."""
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, field, fields
 from typing import Any, Mapping
 
+from .records import record
 from .protocol import ENV_DIST_BACKEND, ENV_TORCH_MODULE, ENV_VENDOR, ENV_VENDOR_PROFILE
 
 
@@ -24,7 +25,7 @@ class VendorUnknown(ValueError):
     """No profile of that name (or alias) is known to this process."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RuntimeProfile:
     """The part of a vendor profile the job's runtime reads (handed over as WMCTL_VENDOR_PROFILE)."""
 

@@ -12,7 +12,6 @@ import shlex
 
 from typing import Any
 
-from dataclasses import dataclass
 
 from ... import labels as L
 from ... import layout
@@ -20,13 +19,14 @@ from ...errors import SpecError
 from ...launch import accelerators_per_node, device_ids_per_node, job_env, split_evenly, torchrun_args
 from ...plan import AttemptContext, HostFacts, Plan, Request
 from ...runtime.protocol import ENV_NODE_NAME
+from ...runtime.records import record
 from ...runtime.topology import format_cpulist
 from ...spec import JobSpec
 from ...vendors import VendorProfile
 from ..host_paths import host_path_source
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DockerRequest(Request):
     network: str
 

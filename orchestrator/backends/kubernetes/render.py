@@ -10,8 +10,6 @@ import math
 import re
 from typing import Any
 
-from dataclasses import dataclass
-
 from ... import __version__
 from ... import labels as L
 from ... import layout
@@ -19,6 +17,7 @@ from ...errors import SpecError
 from ...launch import accelerators_per_node, job_env, torchrun_args
 from ...plan import AttemptContext, HostFacts, Plan, Request
 from ...runtime.protocol import ENV_NODE_NAME, ENV_POD_NAME
+from ...runtime.records import record
 from ...spec import JobSpec, Volume
 from ...templating import render_objects
 from ...validate import format_quantity
@@ -30,7 +29,7 @@ DRIVER_VOLUME = "wmctl-driver-{i}"
 NODE_LOSS_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class KubernetesRequest(Request):
     """A Kubernetes plan's request: the namespace its objects go to."""
 

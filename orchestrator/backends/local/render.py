@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from ... import layout
 from ...launch import device_ids_per_node, job_env, split_evenly, torchrun_args
 from ...plan import AttemptContext, HostFacts, Plan, Request
 from ...runtime.protocol import ENV_NODE_NAME, run_checkpoint_dir
+from ...runtime.records import record
 from ...runtime.topology import format_cpulist
 from ...spec import JobSpec
 from ...vendors import VendorProfile
@@ -25,7 +25,7 @@ from ..host_paths import host_path_source
 PYTHON_NAMES = ("python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LocalRequest(Request):
     run_dir: Path
     attempt_dir: Path

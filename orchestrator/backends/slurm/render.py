@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import re
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 
 from ... import layout
@@ -22,6 +21,7 @@ from ...errors import OptionError, SpecError
 from ...launch import accelerators_per_node, job_env, torchrun_args
 from ...plan import AttemptContext, HostFacts, Plan, Request
 from ...runtime.protocol import ENV_NODE_NAME, run_checkpoint_dir
+from ...runtime.records import record
 from ...spec import JobSpec
 from ...speccheck import ENV_NAME
 from ...templating import Verbatim, render_shell_template, shell_word
@@ -41,7 +41,7 @@ NODE_NAME = re.compile(r"^[A-Za-z0-9_.\-\[\],]+$")
 _CONTROL = re.compile("[\x00-\x1f\x7f\u0085\u2028\u2029]")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SlurmRequest(Request):
     """What the engine submits and then reads: the script, the sbatch line, the files the job writes."""
 

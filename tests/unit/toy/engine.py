@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -10,9 +9,10 @@ from orchestrator import layout
 from orchestrator.backends import base as b
 from orchestrator.plan import AttemptContext, HostFacts, Plan, Request
 from orchestrator.runtime.protocol import format_progress, parse_progress
+from orchestrator.runtime.records import record
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ToyRequest(Request):
     attempt_dir: Path
 
