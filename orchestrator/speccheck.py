@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import imageref
+from .names import (is_dns_subdomain, is_dns_subdomain_form, is_env_name, is_host_or_address, is_label_key,
+                    is_label_value, is_object_name, is_rfc1035_label, is_rfc1123_label, looks_like_secret)
 from .spec import (ANNOTATIONS_MAX_BYTES, ANNOTATIONS_WMCTL_RESERVE, K8S_NAME_MAX, MAX_ACCELERATORS_PER_NODE,
                    MAX_CPUS, MAX_NODES, MAX_PROCS_PER_NODE, MIN_CPU, RESERVED_VOLUME_PREFIX, TAINT_EFFECTS,
                    TOLERATION_OPERATORS, JobSpec, NfsSource, Volume)
@@ -22,20 +24,12 @@ if TYPE_CHECKING:
     from .vendors import VendorProfile
 
 # The patterns the checks match with, as text: re compiles (and keeps) each one the first time a
-# check uses it, so a spec without NFS volumes, say, never compiles NFS_SERVER.
-DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# check uses it, so a spec without affinity, say, never compiles CPULIST. Names (DNS labels,
+# label keys, env names, NFS servers) are checked without patterns: orchestrator/names.py.
 CPULIST = r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$"
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # The same alphabet dockerfile.check_image_path enforces at build time; checked at load so a
 # spec that renders also builds (tests/unit/test_spec.py keeps the two in step).
 IMAGE_PATH = r"^/[A-Za-z0-9._\-/]*$"
-# An NFS server is a host name or an address: a comma would add Docker mount options (rw,exec,suid).
-NFS_SERVER = (r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
-              r"[A-Za-z0-9])?)*\.?|[0-9A-Fa-f:.]+|\[[0-9A-Fa-f:.]+\])$")
-# Env names that usually hold credentials: plain values there end up in manifests and `docker inspect`.
-SECRET_ENV = (r"(?i)(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIALS?)($|_)|"
-              r"_KEY$")
 DOCKER_USER = r"(\d{1,10}|[a-z_][a-z0-9_-]{0,31})(:(\d{1,10}|[a-z_][a-z0-9_-]{0,31}))?"
 
 
@@ -77,7 +71,7 @@ def profile_problems(spec: JobSpec, profile: VendorProfile) -> Problems:
 
 def warnings(spec: JobSpec) -> list[str]:
     """Legal but probably unwise: said once, on stderr, at load."""
-    secret = sorted(k for k, v in spec.env.items() if v and re.search(SECRET_ENV, str(k)))
+    secret = sorted(k for k, v in spec.env.items() if v and looks_like_secret(str(k)))
     if not secret:
         return []
     return [f"env {', '.join(secret)} look like credentials: plain env values are visible in the rendered "
@@ -118,7 +112,7 @@ def _check_image(spec: JobSpec, problems: Problems, profile_names: list[str] | N
         if not re.fullmatch(r"[a-z0-9][a-z0-9+.\-]*(=[A-Za-z0-9.+~:\-]+)?", pkg):
             problems.append((f"image.system_packages[{i}]", f"{pkg!r} is not a Debian package name"))
     for key in spec.image.build_args:
-        if not re.fullmatch(ENV_NAME, key):
+        if not is_env_name(key):
             problems.append((f"image.build_args.{key}", "build arg names are letters, digits and _"))
     workdir = spec.image.workdir
     if not re.fullmatch(IMAGE_PATH, workdir) or ".." in workdir.split("/"):
@@ -150,7 +144,7 @@ def _check_workdir(spec: JobSpec, problems: Problems) -> None:
 
 def _check_env(spec: JobSpec, problems: Problems) -> None:
     for key, value in spec.env.items():
-        if not re.fullmatch(ENV_NAME, str(key)):
+        if not is_env_name(str(key)):
             problems.append((f"env.{key}", "environment variable names are letters, digits and _, not starting "
                              "with a digit"))
         if value is not None and "\x00" in value:
@@ -218,7 +212,7 @@ def _check_docker(spec: JobSpec, problems: Problems) -> None:
 
 def _check_name(spec: JobSpec, problems: Problems) -> None:
     name = spec.name
-    if not isinstance(name, str) or not re.fullmatch(DNS_LABEL, name):
+    if not isinstance(name, str) or not is_rfc1035_label(name):
         problems.append(("name", f"{name!r} is not a valid run name: use lowercase letters, digits and '-', "
                          "starting with a letter and ending with a letter or digit (it becomes Kubernetes "
                          "object names and hostnames)"))
@@ -278,7 +272,7 @@ def _check_volumes(spec: JobSpec, problems: Problems) -> None:
     mounts: dict[str, int] = {}
     for i, vol in enumerate(spec.volumes):
         path = f"volumes[{i}]"
-        if not re.fullmatch(DNS_LABEL, vol.name or ""):
+        if not is_rfc1035_label(vol.name or ""):
             problems.append((join(path, "name"), f"{vol.name!r} must be a DNS label (lowercase letters, digits, '-')"))
         elif vol.name.startswith(RESERVED_VOLUME_PREFIX):
             problems.append((join(path, "name"), f"{vol.name!r}: names starting with {RESERVED_VOLUME_PREFIX!r} are "
@@ -346,7 +340,7 @@ def _check_plain_text(value: str | None, path: str, problems: Problems) -> None:
 
 
 def _check_nfs(nfs: NfsSource, path: str, problems: Problems) -> None:
-    if not re.fullmatch(NFS_SERVER, nfs.server or ""):
+    if not is_host_or_address(nfs.server or ""):
         problems.append((join(path, "server"), f"{nfs.server[:60]!r} is not a host name or IP address; give only "
                          "the server (e.g. nfs.example.com or 10.0.0.5): mount options are not accepted here"))
     _check_plain_text(nfs.path, join(path, "path"), problems)
@@ -355,10 +349,6 @@ def _check_nfs(nfs: NfsSource, path: str, problems: Problems) -> None:
     elif "," in nfs.path:
         problems.append((join(path, "path"), f"{nfs.path!r} contains ',', which Docker reads as a mount option "
                          "separator"))
-
-
-def is_dns_subdomain(value: str) -> bool:
-    return len(value) <= 253 and bool(re.fullmatch(DNS_SUBDOMAIN, value))
 
 
 def normalize_mount(mount: str) -> str:
@@ -379,22 +369,18 @@ def _check_affinity(spec: JobSpec, problems: Problems) -> None:
 
 def _check_kubernetes(spec: JobSpec, problems: Problems) -> None:
     k = spec.kubernetes
-    if len(k.namespace) > K8S_NAME_MAX or not (
-            re.fullmatch(DNS_LABEL, k.namespace) or re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", k.namespace)):
+    if len(k.namespace) > K8S_NAME_MAX or not is_rfc1123_label(k.namespace):
         problems.append(("kubernetes.namespace", f"{k.namespace!r} is not a valid namespace name"))
     _check_cluster_domain(spec, problems)
-    label_key = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                           r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-    label_value = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
     for fname in ("node_selector", "labels"):
         for key, value in getattr(k, fname).items():
-            if not label_key.fullmatch(key):
+            if not is_label_key(key):
                 problems.append((f"kubernetes.{fname}.{key}", "not a valid label key"))
-            if not label_value.fullmatch(value or ""):
+            if not is_label_value(value or ""):
                 problems.append((f"kubernetes.{fname}.{key}", f"{value!r} is not a valid label value "
                                  "(at most 63 letters, digits, - _ .)"))
     for key in k.annotations:
-        if not label_key.fullmatch(key):
+        if not is_label_key(key):
             problems.append((f"kubernetes.annotations.{key}", "not a valid annotation key"))
     size = sum(len(key.encode()) + len((value or "").encode()) for key, value in k.annotations.items())
     if size > ANNOTATIONS_MAX_BYTES - ANNOTATIONS_WMCTL_RESERVE:
@@ -409,16 +395,16 @@ def _check_kubernetes(spec: JobSpec, problems: Problems) -> None:
         problems.append(("kubernetes.watcher_image", why))
     for fname in ("queue", "scheduler", "service_account", "priority_class", "watcher_service_account"):
         value = getattr(k, fname)
-        if value is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", value):
+        if value is not None and not is_object_name(value):
             problems.append((f"kubernetes.{fname}", f"{value!r} is not a valid Kubernetes name"))
     for i, t in enumerate(k.tolerations):
-        _check_toleration(t, f"kubernetes.tolerations[{i}]", label_key, label_value, problems)
+        _check_toleration(t, f"kubernetes.tolerations[{i}]", problems)
     _check_int(k.ttl_seconds_after_finished, "kubernetes.ttl_seconds_after_finished", 0, INT32_MAX, problems)
 
 
 def _check_cluster_domain(spec: JobSpec, problems: Problems) -> None:
     domain = spec.kubernetes.cluster_domain
-    if len(domain) > 253 or not re.fullmatch(DNS_SUBDOMAIN, domain) or any(len(p) > 63 for p in domain.split(".")):
+    if len(domain) > 253 or not is_dns_subdomain_form(domain) or any(len(p) > 63 for p in domain.split(".")):
         problems.append(("kubernetes.cluster_domain", f"{domain!r} is not a DNS name; give the cluster's DNS "
                          "domain (kubelet --cluster-domain), e.g. cluster.local"))
         return
@@ -430,8 +416,7 @@ def _check_cluster_domain(spec: JobSpec, problems: Problems) -> None:
                          "characters; shorten the cluster domain, the namespace or the run name"))
 
 
-def _check_toleration(t: dict[str, Any], path: str, label_key: re.Pattern, label_value: re.Pattern,
-                      problems: Problems) -> None:
+def _check_toleration(t: dict[str, Any], path: str, problems: Problems) -> None:
     """The rules the API server applies (core/v1 validation), so a bad toleration fails here, not at submit."""
     allowed = {"key", "operator", "value", "effect", "tolerationSeconds"}
     extra = set(t) - allowed
@@ -443,7 +428,7 @@ def _check_toleration(t: dict[str, Any], path: str, label_key: re.Pattern, label
     if operator not in TOLERATION_OPERATORS:
         problems.append((join(path, "operator"), f"{operator!r} is not one of {', '.join(TOLERATION_OPERATORS)}"))
     key = t.get("key", "")
-    if not isinstance(key, str) or (key and not label_key.fullmatch(key)):
+    if not isinstance(key, str) or (key and not is_label_key(key)):
         problems.append((join(path, "key"), f"{key!r} is not a valid taint key"))
     elif not key and operator != "Exists":
         problems.append((join(path, "key"), "an empty key matches every taint only with operator: Exists"))
@@ -454,7 +439,7 @@ def _check_toleration(t: dict[str, Any], path: str, label_key: re.Pattern, label
                              "operator: Equal"))
         elif not isinstance(value, str):
             problems.append((join(path, "value"), f"expected a string, got {value!r}; quote it"))
-        elif not label_value.fullmatch(value):
+        elif not is_label_value(value):
             problems.append((join(path, "value"), f"{value!r} is not a valid taint value "
                              "(at most 63 letters, digits, - _ .)"))
     effect = t.get("effect", "")

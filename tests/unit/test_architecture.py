@@ -90,6 +90,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.validate", 2),
     ("orchestrator.yamlsafe", 2),        # the strict, bounded loader of what users write
     ("orchestrator.imageref", 2),        # image references: distribution/reference's grammar
+    ("orchestrator.names", 2),           # DNS, Kubernetes and env names, checked without patterns
     ("orchestrator.vendors", 2),
     ("orchestrator.plan", 2),
     ("orchestrator.state", 2),

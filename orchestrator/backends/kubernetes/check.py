@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from ...spec import ANNOTATIONS_MAX_BYTES, ANNOTATIONS_WMCTL_RESERVE, JobSpec
-from ...speccheck import ENV_NAME, is_dns_subdomain
+from ...names import is_dns_subdomain, is_env_name
 from ...validate import Problems
 
 # Patterns as text: re compiles (and keeps) each one when a check first uses it.
@@ -98,7 +98,7 @@ def _secret_env_problems(spec: JobSpec) -> Problems:
     out: Problems = []
     for var, ref in spec.kubernetes.secret_env.items():
         path = f"kubernetes.secret_env.{var}"
-        if not re.fullmatch(ENV_NAME, var):
+        if not is_env_name(var):
             out.append((path, "not an environment variable name (letters, digits, _; not starting with a digit)"))
         elif var.startswith("WMCTL_"):
             out.append((path, "WMCTL_* variables are set by wmctl"))

@@ -23,7 +23,7 @@ from ...plan import AttemptContext, HostFacts, Plan, Request
 from ...runtime.protocol import ENV_NODE_NAME, run_checkpoint_dir
 from ...runtime.records import record
 from ...spec import JobSpec
-from ...speccheck import ENV_NAME
+from ...names import is_env_name
 from ...templating import Verbatim, render_shell_template, shell_word
 from ...vendors import VendorProfile
 from ..host_paths import host_path_source
@@ -75,7 +75,7 @@ def render_slurm(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, hos
     srun_options, launch, torchrun = _step(spec, profile, ctx, host, home, notes)
     env = job_env(spec, profile, ctx, checkpoint_dir=_checkpoint_dir(spec, home),
                   backend_env=dict(profile.docker.env) if container != "none" else None)
-    bad = [k for k in env if not re.fullmatch(ENV_NAME, k)]
+    bad = [k for k in env if not is_env_name(k)]
     if bad:
         raise SpecError([(f"env.{bad[0]}", "not an environment variable name (letters, digits, _)")])
     script_path = attempt_dir / SCRIPT_FILE
