@@ -14,25 +14,54 @@ Lines are never folded (a folded `docker_run` line pasted into a shell runs as t
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 # YAML 1.2 core schema (spec 10.3.2) plus JSON schema forms, and the go-yaml v2 extras (0b1010,
 # 0o17 and underscores in numbers): any plain scalar one of them reads as a number, a boolean or
-# null. Matching more than a reader needs only quotes a string that did not need it.
-_NUMBER_LIKE = re.compile(
-    r"""^(?:
-        [-+]?(?:\.[0-9_]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?   # 1, 1.5, .5, 1e-4, 1_000
-      | [-+]?0[xX][0-9a-fA-F_]+ | [-+]?0[oO][0-7_]+ | [-+]?0[bB][01_]+      # 0x1F, 0o17, 0b101
-      | [-+]?\.(?:inf|Inf|INF) | \.(?:nan|NaN|NAN)                           # .inf, .nan
-      | ~ | null | Null | NULL | true | True | TRUE | false | False | FALSE
-      | y | Y | n | N | yes | Yes | YES | no | No | NO | on | On | ON | off | Off | OFF   # go-yaml v2's bools
-    )$""", re.VERBOSE)
+# null. Matching more than a reader needs only quotes a string that did not need it. Written out,
+# not as the regular expression tests/unit/test_serialize_quotes.py holds it to: compiling that
+# pattern was 4 million instructions of every dry run.
+_WORDS = frozenset("""~ null Null NULL true True TRUE false False FALSE y Y n N yes Yes YES no No NO on On ON
+                      off Off OFF .nan .NaN .NAN""".split())          # go-yaml v2's bools among them
+_DIGITS = frozenset("0123456789")
+_DIGITS_ = _DIGITS | {"_"}
+_RADIX = {"x": _DIGITS_ | frozenset("abcdefABCDEF"), "o": frozenset("01234567_"), "b": frozenset("01_")}
+
+
+def _all_in(text: str, chars: frozenset[str]) -> bool:
+    return all(c in chars for c in text)
+
+
+def _number_like(text: str) -> bool:
+    r"""1, 1.5, .5, 1e-4, 1_000 ([-+]?(\.[0-9_]+|[0-9][0-9_]*(\.[0-9_]*)?)([eE][-+]?[0-9]+)?),
+    0x1F, 0o17, 0b101 (signed too), [-+].inf in its three spellings."""
+    body = text[1:] if text[:1] in ("-", "+") else text
+    if body in (".inf", ".Inf", ".INF"):
+        return True
+    if len(body) > 2 and body[0] == "0" and body[1].lower() in _RADIX:
+        return _all_in(body[2:], _RADIX[body[1].lower()])
+    mantissa, e, exponent = body, "", ""
+    for i, c in enumerate(body):
+        if c in "eE":
+            mantissa, e, exponent = body[:i], c, body[i + 1:]
+            break
+    if e:
+        digits = exponent[1:] if exponent[:1] in ("-", "+") else exponent
+        if not digits or not _all_in(digits, _DIGITS):
+            return False
+    if mantissa.startswith("."):
+        return len(mantissa) > 1 and _all_in(mantissa[1:], _DIGITS_)
+    whole, _, fraction = mantissa.partition(".")
+    return whole[:1] in _DIGITS and _all_in(whole, _DIGITS_) and _all_in(fraction, _DIGITS_)
 
 
 def needs_quotes(text: str) -> bool:
     """True when a plain (unquoted) ``text`` would be read as a non-string by a YAML 1.2 reader."""
-    return text == "" or bool(_NUMBER_LIKE.match(text))
+    if text == "":
+        return True
+    if text.endswith("\n"):       # the pattern's `$` matched before one final line break as well
+        text = text[:-1]
+    return text in _WORDS or _number_like(text)
 
 
 def _no_alias_dumper() -> Any:
