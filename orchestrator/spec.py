@@ -308,7 +308,8 @@ class JobSpec:
 
     def spec_hash(self) -> str:
         """Stable digest of everything the user asked for (after overrides and defaults)."""
-        data = self.to_dict()
+        data = _plain(self)
+        data.pop("source_dir", None)
         for f in dataclasses.fields(self):
             if f.metadata.get(HASHED_WHEN_SET) and getattr(self, f.name) == type(getattr(self, f.name))():
                 del data[f.name]
@@ -350,3 +351,15 @@ class JobSpec:
 
 # Parsed values are parsed once (cached_property), the first time a renderer or the supervisor
 # asks; the spec is not changed after loading except for the image pin, which parses nothing.
+
+
+def _plain(value: Any) -> Any:
+    """``dataclasses.asdict`` without its deep copies: the same JSON, for ``spec_hash`` (the dry run
+    hashes the spec three times)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value

@@ -31,6 +31,8 @@ def _safe_char(c: str) -> str:
 def yaml_value(value: Any) -> str:
     """A YAML flow scalar/collection (valid JSON too, except for \\U escapes of astral chars)."""
     text = json.dumps(value, ensure_ascii=False, sort_keys=False, default=str)
+    if text.isascii() and "\x7f" not in text:  # JSON escaped every other control character
+        return text
     # Outside strings JSON is ASCII, so escaping every unsafe character is escaping in strings.
     return "".join(_safe_char(c) for c in text)
 

@@ -46,7 +46,8 @@ def render_kubernetes(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
     problems = volume_problems(spec) + pod_problems(spec, profile.resource)
     if problems:
         raise SpecError(problems)
-    values = kubernetes_values(spec, profile, ctx, image)
+    digest = spec.spec_hash()
+    values = kubernetes_values(spec, profile, ctx, image, digest)
     objects: list[dict[str, Any]] = []
     if values["scheduler_name"] == "volcano":
         objects += render_objects("kubernetes/podgroup.yaml.j2", values, template_dir)
@@ -54,19 +55,20 @@ def render_kubernetes(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
     objects += render_objects("kubernetes/job.yaml.j2", values, template_dir)
     check_rendered(objects, values)
     notes = list(values["notes"])
-    return Plan(backend="kubernetes", run=spec.name, attempt=ctx.attempt, spec_hash=spec.spec_hash(),
+    return Plan(backend="kubernetes", run=spec.name, attempt=ctx.attempt, spec_hash=digest,
                 request=KubernetesRequest(namespace=spec.kubernetes.namespace), resources=objects, notes=notes,
                 context=ctx)
 
 
-def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, image: str) -> dict[str, Any]:
+def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, image: str,
+                      digest: str) -> dict[str, Any]:
     k = spec.kubernetes
     job_name = layout.attempt_name(spec.name, ctx.attempt)
     notes: list[str] = []
     labels = {**k.labels, **L.run_labels(spec.name, ctx.attempt)}
     annotations = {
         **k.annotations,
-        L.SPEC_HASH: spec.spec_hash(),
+        L.SPEC_HASH: digest,
         L.VERSION: __version__,
     }
     if ctx.parent is not None:
@@ -76,7 +78,7 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
     job_labels = dict(labels)
     suspend = False
     scheduler_name = k.scheduler
-    pod_annotations = {**k.pod_annotations, L.SPEC_HASH: spec.spec_hash()}
+    pod_annotations = {**k.pod_annotations, L.SPEC_HASH: digest}
     if scheduler_name == "volcano":
         pod_annotations[L.VOLCANO_GROUP] = job_name
         notes.append(f"gang-scheduled by Volcano: PodGroup {job_name} with minMember {spec.nodes}")
