@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import click
 
@@ -39,6 +40,8 @@ from ._output import FORMATS, StderrLines, emit, run_result
 def command(spec_path, set_flags, nodes, image_tag, vendor, namespace, backend, dry_run, output, watch,
             auto_resume, kube_context, kubeconfig, resume_from, replace, detach, in_cluster, plain):
 
+    if not dry_run:
+        gc.enable()      # the cli may have left collection off for what looked like a dry run
     if dry_run and output == "table":
         raise click.UsageError("-o table: a plan prints as yaml or json")
     job = load(spec_path, overrides_from(set_flags, nodes, image_tag, vendor, namespace))

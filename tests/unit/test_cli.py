@@ -281,3 +281,32 @@ def test_an_interrupt_caught_after_a_string_exec_still_exits_130_under_python_m(
     assert plain.returncode == -2          # the quirk, as CPython has it: the test would catch its fix
     ours = subprocess.run([sys.executable, "-m", "probe"], cwd=tmp_path, env=env)
     assert ours.returncode == 130
+
+
+@pytest.mark.parametrize("args, planning", [
+    (["render", "spec.yaml"], True), (["submit", "spec.yaml", "--dry-run"], True),
+    (["--debug", "submit", "--dry-run", "spec.yaml"], True), (["submit", "spec.yaml"], False),
+    (["watch", "run"], False), (["logs", "--dry-run"], False), ([], False)])
+def test_only_a_process_that_plans_runs_without_the_cycle_collector(args, planning):
+    """A dry run or render runs with the cyclic collector off (4% of its instructions); a watcher,
+    which runs for days, never does."""
+    from orchestrator.cli import plans_only
+
+    assert plans_only(args) is planning
+    code = ("import sys; sys.argv = ['wmctl', *sys.argv[1:]]; import orchestrator.cli, gc; "
+            "print(gc.isenabled())")
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(not planning)
+
+
+def test_submit_that_is_not_a_dry_run_turns_collection_back_on(tmp_path):
+    """`--dry-run` given as another option's value made the cli leave the collector off: submit
+    itself turns it back on before it does anything that may last."""
+    import gc
+
+    gc.disable()
+    try:
+        result = CliRunner().invoke(cli, ["submit", str(DATA / "tiny.yaml"), "--set", "nodes=zero"])
+        assert "nodes" in str(result.exception) and gc.isenabled()     # the spec's error came after
+    finally:
+        gc.enable()
