@@ -156,7 +156,11 @@ def _job_id(home: Path, run: str, attempt: int) -> str:
 def test_cancel_ends_the_slurm_job(slurm_cluster: SlurmCluster, home: Path, phase: str):
     """`wmctl cancel` from another process: the watcher ends with the cancel's exit code (8) and
     the Slurm job is CANCELLED, whether it waited in the queue (--begin an hour from now:
-    pending, reason BeginTime, a queue's wait that no timeout ends) or ran."""
+    pending, reason BeginTime, a queue's wait that no timeout ends) or ran. A running job is
+    SIGKILLed, never SIGTERMed first: no node saved on a signal or recorded its end (Slurm's own
+    termination, SIGTERM then KillWait, would let the counter save and exit 83; a failed attempt's
+    teardown is this same cancel, and its survivors, blocked on a dead peer, would hold their nodes
+    for KillWait)."""
     run = f"sl-cancel-{phase}"
     path = spec(home, run, steps=400, sleep=0.2)
     if phase == "pending":
@@ -172,6 +176,10 @@ def test_cancel_ends_the_slurm_job(slurm_cluster: SlurmCluster, home: Path, phas
     assert w.wait() == 8, w.output
     slurm_cluster.wait_job_state(_job_id(home, run, 0), {"CANCELLED"}, 60)
     assert len(h.record(home, run)["attempts"]) == 1
+    if phase == "running":
+        folder = h.run_folder(home, run) / "attempt-0"
+        assert not list(folder.glob("node-*.exit.json")), [p.read_text() for p in folder.glob("node-*.exit.json")]
+        assert not [p for p in h.progress(home, run, 0) if p["event"] == "preempted"]
 
 
 def test_graceful_cancel_keeps_the_sigterm_checkpoint(slurm_cluster: SlurmCluster, home: Path):
