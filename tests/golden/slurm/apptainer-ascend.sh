@@ -90,24 +90,18 @@ shift
 node=${SLURM_NODEID:?wmctl: SLURM_NODEID is unset: this runs under srun}
 mkdir -p -- "$dir"
 exec >>"$dir/node-$node.log" 2>&1
-if [ "$node" = 0 ]; then is_host=true; else is_host=false; fi
-args=()
-options=1
-for arg in "$@"; do
-  if [ "$options" = 1 ]; then
-    case $arg in
-      --) options=0 ;;
-      --rdzv-conf=*) arg="$arg,is_host=$is_host" ;;
-    esac
-  fi
-  args+=("$arg")
-done
 node_name=${SLURMD_NODENAME:-$(hostname)}
 export PET_NODE_RANK="$node" WMCTL_NODE_NAME="$node_name"
+# is_host on torchrun's --rdzv-conf, from PET_NODE_RANK (orchestrator/launch.py STORE_HOST_SH)
+h=false; [ "$PET_NODE_RANK" = 0 ] && h=true; o=1
+for a; do shift
+  if [ "$o" = 1 ]; then case $a in --) o=0 ;; --rdzv-conf=*) a="$a,is_host=$h" ;; esac; fi
+  set -- "$@" "$a"
+done
 # Slurm signals every process of the step: torchrun and its workers save and stop by themselves,
 # and this shell waits for them to record how the node ended.
 trap : TERM INT HUP
-"${args[@]}"
+"$@"
 code=$?
 host=${node_name//[^A-Za-z0-9._-]/_}
 job_id=${SLURM_JOB_ID:-}
