@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import statistics
@@ -174,14 +175,18 @@ def one_trial(c: SlurmCluster, home: Path, run: str, sig: int) -> dict:
             "pending": rec["attempts"][1].get("evidence") or ""}
 
 
+def _secs(value: float) -> str:
+    return f"{'-':>10}" if math.isnan(value) else f"{value:>9.2f}s"
+
+
 def show(title: str, rows: list[dict]) -> None:
     print(f"\n{title}")
     for keys in (KEYS, PARTS):
         print("  trial " + " ".join(f"{k:>10}" for k in keys))
         for i, r in enumerate(rows):
-            print(f"  {i:>5} " + " ".join(f"{r[k]:>9.2f}s" for k in keys) + (f"   {r['outcome']} {r['victim']}"
-                                                                            if keys is KEYS else ""))
-        print("  median" + " ".join(f"{statistics.median(r[k] for r in rows):>9.2f}s" for k in keys))
+            print(f"  {i:>5} " + " ".join(_secs(r[k]) for k in keys) + (f"   {r['outcome']} {r['victim']}"
+                                                                      if keys is KEYS else ""))
+        print("  median" + " ".join(_secs(statistics.median(r[k] for r in rows)) for k in keys))
     print(f"  evidence (trial 0): {rows[0]['evidence'][:200]}")
 
 
