@@ -376,8 +376,8 @@ class SlurmBackend(b.Backend[SlurmRequest]):
 
     def cancel(self, ref: b.AttemptRef, graceful: bool = False) -> None:
         """Graceful: SIGTERM to the job's steps (the runtime saves a checkpoint and exits), a wait
-        until every node has recorded its end (at most the save's room), then the teardown: SIGKILL
-        to every process of the job, the batch shell included, and the job ended. Idempotent."""
+        until every node has recorded its end (at most the save's room), then the teardown (``_kill``):
+        SIGKILL to the job's step, and the job ended (its batch shell kills srun). Idempotent."""
         try:
             job = _read_job(ref)
         except BackendError:
