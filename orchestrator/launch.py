@@ -16,6 +16,23 @@ from .vendors import VendorProfile
 
 LAUNCHER = "wmctl-bind"   # per-rank CPU/NUMA binding, then exec of the training command
 
+# Which node hosts the c10d store. torch decides it by matching the endpoint's name to the
+# machine's own (c10d_rendezvous_backend.py _create_tcp_store: _matches_machine_hostname, unless
+# rdzv-conf is_host is given), which fails where node 0 cannot tell the endpoint is itself: a
+# Kubernetes hostNetwork pod (the node's /etc/hosts), a Slurm node reached at its NodeAddr. This
+# POSIX shell, given torchrun's argv as its positional parameters (nothing is interpolated into it),
+# adds is_host=true on node rank 0 (PET_NODE_RANK, torchrun's own variable) and is_host=false on the
+# others, to torchrun's own --rdzv-conf only (a user's word after `--` is left as it is), and leaves
+# the rewritten argv in "$@". Each backend that needs it runs it before torchrun: Kubernetes with
+# `exec "$@"`, Slurm's node script with its own wait and exit record.
+STORE_HOST_SH = (
+    'h=false; [ "$PET_NODE_RANK" = 0 ] && h=true; o=1\n'
+    'for a; do shift\n'
+    '  if [ "$o" = 1 ]; then case $a in --) o=0 ;; --rdzv-conf=*) a="$a,is_host=$h" ;; esac; fi\n'
+    '  set -- "$@" "$a"\n'
+    'done\n'
+)
+
 
 def accelerators_per_node(spec: JobSpec, profile: VendorProfile) -> int:
     if not profile.accelerator:

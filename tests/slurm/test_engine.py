@@ -143,6 +143,30 @@ def test_a_frozen_node_is_lost_by_the_runtime_beat(slurm_cluster: SlurmCluster, 
     assert h.final_state(path) == expected(50)
 
 
+def test_the_time_limit_saves_resubmits_exactly_and_spends_no_retry(slurm_cluster: SlurmCluster, home: Path):
+    """slurm.time_limit 3m, signal_lead 70s (the save's room, kubernetes.termination_grace_period,
+    10s): slurmctld sends --signal=TERM@70 on its 30 s check (job_time_limit: warn_time +
+    PERIODIC_TIMEOUT + now >= end_time), 80-110 s into the attempt, well after torch's import on a
+    loaded host (a signal inside the import kills the worker before the runtime can save: with a
+    2m limit it came 20-50 s in, and did). The runtime saves a checkpoint and exits 83 (no periodic
+    checkpoint: every_steps 1000, so a resume can only come from that save); the run resubmits from
+    it, spending no retry (restart.max_attempts 1), and the final state is an uninterrupted run's,
+    bit for bit. About three minutes: the price of Slurm's one-minute limits."""
+    run = "sl-limit"
+    path = spec(home, run, steps=500, every=1000, sleep=0.2, restart={"max_attempts": 1})
+    path.write_text(path.read_text() + "slurm:\n  time_limit: 3m\n  signal_lead: 70s\n"
+                    "kubernetes:\n  termination_grace_period: 10s\n")
+    w = watch(path, home)
+    assert w.wait(timeout=280) == 0, w.output
+    rec = h.record(home, run)
+    attempts = rec["attempts"]
+    assert len(attempts) >= 2 and attempts[-1]["outcome"] == "succeeded", rec["final_report"]
+    assert all(a["outcome"] == "preempted" for a in attempts[:-1]), rec["final_report"]
+    for before, after in zip(attempts, attempts[1:], strict=False):
+        assert after["resumed_from_step"] == before["last_checkpoint_step"] > 0, rec["final_report"]
+    assert h.final_state(path) == expected(500)
+
+
 def _hosts(cluster: SlurmCluster, home: Path, run: str, attempt: int) -> list[str]:
     nodelist = cluster.job(_job_id(home, run, attempt))["NodeList"]
     return cluster.run("scontrol", "show", "hostnames", nodelist).stdout.split()
@@ -156,7 +180,11 @@ def _job_id(home: Path, run: str, attempt: int) -> str:
 def test_cancel_ends_the_slurm_job(slurm_cluster: SlurmCluster, home: Path, phase: str):
     """`wmctl cancel` from another process: the watcher ends with the cancel's exit code (8) and
     the Slurm job is CANCELLED, whether it waited in the queue (--begin an hour from now:
-    pending, reason BeginTime, a queue's wait that no timeout ends) or ran."""
+    pending, reason BeginTime, a queue's wait that no timeout ends) or ran. A running job is
+    SIGKILLed, never SIGTERMed first: no node saved on a signal or recorded its end (Slurm's own
+    termination, SIGTERM then KillWait, would let the counter save and exit 83; a failed attempt's
+    teardown is this same cancel, and its survivors, blocked on a dead peer, would hold their nodes
+    for KillWait)."""
     run = f"sl-cancel-{phase}"
     path = spec(home, run, steps=400, sleep=0.2)
     if phase == "pending":
@@ -172,6 +200,10 @@ def test_cancel_ends_the_slurm_job(slurm_cluster: SlurmCluster, home: Path, phas
     assert w.wait() == 8, w.output
     slurm_cluster.wait_job_state(_job_id(home, run, 0), {"CANCELLED"}, 60)
     assert len(h.record(home, run)["attempts"]) == 1
+    if phase == "running":
+        folder = h.run_folder(home, run) / "attempt-0"
+        assert not list(folder.glob("node-*.exit.json")), [p.read_text() for p in folder.glob("node-*.exit.json")]
+        assert not [p for p in h.progress(home, run, 0) if p["event"] == "preempted"]
 
 
 def test_graceful_cancel_keeps_the_sigterm_checkpoint(slurm_cluster: SlurmCluster, home: Path):
@@ -214,15 +246,36 @@ def test_sbatch_refusal_names_the_field(slurm_cluster: SlurmCluster, home: Path)
     assert "slurm.partition" in out.stderr and "invalid partition" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_a_runtime_free_script_and_a_crash_in_the_jobs_own_words(slurm_cluster: SlurmCluster, home: Path):
-    """A script that never imports the runtime runs to its end (its prints are its heartbeat);
-    one whose rank raises stops the run (exit 7) with its own error in the record."""
+def test_an_unwatched_runtime_free_script_and_a_crash_in_the_jobs_own_words(slurm_cluster: SlurmCluster,
+                                                                            home: Path):
+    """A script that never imports the runtime runs to its end while nobody watches (its watcher
+    SIGKILLed once the job is submitted), and Slurm has forgotten the job when `wmctl status` and
+    `wmctl list` look: they read how it ended from the job's own exit records. (Slurm forgets a
+    finished job after MinJobAge, 300 s, without slurmdbd; the test stands in for that wait by
+    pointing the attempt's job.json at a job id this cluster never had: scontrol's own answer for a
+    forgotten job, "Invalid job id specified".) One whose rank raises stops the run (exit 7) with
+    its own error in the record."""
     plain = watch(spec(home, "sl-plain", nodes=2, command=["python", "plain.py", "--steps", "3", "--sleep", "0.2"]),
                   home)
     crash = watch(spec(home, "sl-crash", nodes=2, command=["python", "crash.py"]), home)
-    assert plain.wait() == 0, plain.output
-    assert "my own log: step 3" in plain.output or "my own log" in (h.run_folder(home, "sl-plain") / "attempt-0" /
-                                                                    "node-0.log").read_text()
+    folder = h.run_folder(home, "sl-plain") / "attempt-0"
+    h.wait_until(lambda: (folder / "job.json").exists(), 60, "sl-plain's job")
+    plain.kill()
+    h.wait_until(lambda: (folder / "job.exit.json").exists(), 120, "sl-plain's job exit record")
+    assert "my own log: step 3" in (folder / "node-0.log").read_text()
+    job_id = _job_id(home, "sl-plain", 0)
+    slurm_cluster.wait_job_state(job_id, {"COMPLETED"}, 60)
+    forgotten = str(int(job_id) + 100000)
+    assert slurm_cluster.job(forgotten) == {}
+    job = json.loads((folder / "job.json").read_text())
+    (folder / "job.json").write_text(json.dumps({**job, "job_id": forgotten}))
+    assert h.record(home, "sl-plain")["status"] == "running"      # as the killed watcher left it
+    status = wmctl(home, "status", "sl-plain")
+    assert status.returncode == 0 and "succeeded" in status.stdout, status.stdout + status.stderr
+    rec = h.record(home, "sl-plain")
+    assert rec["status"] == "succeeded" and rec["attempts"][0]["outcome"] == "succeeded", rec
+    listed = wmctl(home, "list")
+    assert "succeeded" in next(ln for ln in listed.stdout.splitlines() if "sl-plain" in ln), listed.stdout
     assert crash.wait() == 7, crash.output
     first = h.record(home, "sl-crash")["attempts"][0]
     assert first["outcome"] == "app_error" and "bad batch shape (4, 3)" in first["evidence"], first["evidence"]

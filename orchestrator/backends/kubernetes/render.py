@@ -14,6 +14,7 @@ from ... import __version__
 from ... import labels as L
 from ... import layout
 from ...errors import SpecError
+from ...launch import STORE_HOST_SH as STORE_HOST_ARGV_SH
 from ...launch import accelerators_per_node, job_env, torchrun_args
 from ...plan import AttemptContext, HostFacts, Plan, Request
 from ...runtime.protocol import ENV_NODE_NAME, ENV_POD_NAME
@@ -172,20 +173,10 @@ _EXPANDED = re.compile(r"\$(?=[$(]|[^\x00-\x7f])")
 
 # For hostNetwork pods: the kubelet gives them their node's /etc/hosts (pkg/kubelet/kubelet_pods.go
 # ensureHostsFile: a hostNetwork pod gets the node's file, not the managed one with the pod's FQDN),
-# so pod 0 cannot tell from the endpoint's name that it is the store's host
-# (c10d_rendezvous_backend.py _create_tcp_store: _matches_machine_hostname unless rdzv-conf
-# is_host is given). The same command runs in every Indexed pod: this constant script, given
-# torchrun's argv as its arguments (nothing is interpolated into it), adds is_host=true on the
-# pod whose completion index (PET_NODE_RANK, from the downward API) is 0 and is_host=false on the
-# others, to torchrun's own --rdzv-conf only (a user's word after `--` is left as it is).
-STORE_HOST_SH = (
-    'h=false; [ "$PET_NODE_RANK" = 0 ] && h=true; o=1\n'
-    'for a; do shift\n'
-    '  if [ "$o" = 1 ]; then case $a in --) o=0 ;; --rdzv-conf=*) a="$a,is_host=$h" ;; esac; fi\n'
-    '  set -- "$@" "$a"\n'
-    'done\n'
-    'exec "$@"'
-)
+# so pod 0 cannot tell from the endpoint's name that it is the store's host. The same command runs
+# in every Indexed pod: launch.STORE_HOST_SH (is_host from the completion index, PET_NODE_RANK from
+# the downward API), then torchrun in its place.
+STORE_HOST_SH = STORE_HOST_ARGV_SH + 'exec "$@"'
 
 
 def store_host_by_index(command: list[str]) -> list[str]:

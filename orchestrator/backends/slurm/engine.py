@@ -11,10 +11,12 @@ submit host, a login node), never a daemon on the compute nodes:
   shared filesystem: progress lines, the runtime's per-node beat, how each node ended) and asks
   Slurm about the job at most every SLURM_EVERY_S (tools.py: scontrol, then sacct, then
   nothing: a job Slurm has forgotten still left its records). classify.py turns both into events.
-- cancel: ``scancel --signal=KILL --full`` then ``scancel`` (the job's nodes are free at once for
-  the next attempt; a plain scancel gives the survivors SIGTERM and KillWait, 30 s, to save a
-  checkpoint their dead peer blocks). Graceful: ``scancel --signal=TERM`` (the job steps only, not
-  the batch shell), a wait for every node's exit record (the checkpoint), then the same teardown.
+- cancel: ``scancel --signal=KILL JOBID.0`` (the step, straight to the nodes' slurmd), then
+  ``scancel`` (the job's nodes are free at once for the next attempt; a plain scancel alone, or
+  SIGKILL to the whole job, is Slurm's termination: SIGTERM, then KillWait, 30 s, while the
+  survivors try a checkpoint their dead peer blocks and srun waits for the dead node). Graceful:
+  ``scancel --signal=TERM`` (the job steps only, not the batch shell), a wait for every node's exit
+  record (the checkpoint), then the same teardown.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +55,7 @@ GRACEFUL_WAIT_DEFAULT_S = 90.0
 # was killed with it). A live node whose workers saw the same break records its end in about a
 # second; the first failure seen is held meanwhile, so the root cause is the dead node.
 PEER_WAIT_S = 3.0
+STEP_KILL_WAIT_S = 1.0         # cancel: the step's SIGKILL reaches the live nodes' slurmd well within this
 TAIL_BYTES = 64 * 1024
 
 
@@ -94,6 +98,7 @@ class SlurmBackend(b.Backend[SlurmRequest]):
     def __init__(self, tools: SlurmTools | None = None) -> None:
         self.tools = tools or SlurmTools()
         self._watches: dict[str, _Watch] = {}
+        self._stragglers: list[subprocess.Popen[bytes]] = []    # step scancels still waiting on a dead node
 
     @classmethod
     def check(cls, spec: JobSpec) -> list[tuple[str, str]]:
@@ -371,8 +376,8 @@ class SlurmBackend(b.Backend[SlurmRequest]):
 
     def cancel(self, ref: b.AttemptRef, graceful: bool = False) -> None:
         """Graceful: SIGTERM to the job's steps (the runtime saves a checkpoint and exits), a wait
-        until every node has recorded its end (at most the save's room), then the teardown: SIGKILL
-        to every process of the job, the batch shell included, and the job ended. Idempotent."""
+        until every node has recorded its end (at most the save's room), then the teardown (``_kill``):
+        SIGKILL to the job's step, and the job ended (its batch shell kills srun). Idempotent."""
         try:
             job = _read_job(ref)
         except BackendError:
@@ -389,8 +394,28 @@ class SlurmBackend(b.Backend[SlurmRequest]):
                 if info is None or info.state not in C.LIVE_STATES:
                     break
                 time.sleep(0.2)
-        self.tools.run(["scancel", "--signal=KILL", "--full", job_id])
+        self._kill(job_id)
+
+    def _kill(self, job_id: str) -> None:
+        """Every process of the job SIGKILLed at once, then the job ended, so that its healthy nodes
+        are free for the next attempt in a second, not after KillWait. man scancel: with
+        ``--signal`` "the signal is sent directly to the slurmd where the job is running"; without
+        it, or with SIGKILL to the whole job (``--full`` included: slurmctld's job_signal takes a
+        job's SIGKILL as its cancel), slurmctld terminates the job: SIGTERM, KillWait (30 s by
+        default), then SIGKILL. Survivors blocked on a dead peer, or saving, hold their node that long.
+        So: SIGKILL to the step first (JOBID.0, the script's one srun step), then ``scancel`` ends the
+        job; its SIGTERM makes the batch shell kill srun (which would wait KillWait + 2 s for a dead
+        node's tasks) and write the job's exit record (templates/slurm/job.sbatch.j2). Once the job
+        is ending Slurm refuses signals: the order matters. The step's scancel waits MessageTimeout
+        (10 s by default) for a dead node's slurmd; the live ones have the signal within
+        STEP_KILL_WAIT_S, and it is not waited for longer."""
+        step = self.tools.start(["scancel", "--signal=KILL", f"{job_id}.0"])
+        try:
+            step.wait(STEP_KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self._stragglers.append(step)
         self.tools.run(["scancel", job_id])
+        self._stragglers = [p for p in self._stragglers if p.poll() is None]
 
     def _grace_s(self, ref: b.AttemptRef) -> float:
         """The save's room, kubernetes.termination_grace_period of the spec as submitted (the
@@ -410,7 +435,8 @@ class SlurmBackend(b.Backend[SlurmRequest]):
         """Nothing to free: an ended job holds no nodes, and its logs are in the run folder."""
 
     def close(self) -> None:
-        """No background threads: Slurm is asked when poll runs."""
+        """No background threads: Slurm is asked when poll runs. A step's scancel still waiting on
+        a dead node's slurmd ends by itself after MessageTimeout; it is not waited for."""
 
     def attempts(self, run: str) -> list[b.AttemptRef]:
         directory = layout.run_dir(run)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ... import layout
 from ...errors import OptionError, SpecError
-from ...launch import accelerators_per_node, job_env, torchrun_args
+from ...launch import STORE_HOST_SH, accelerators_per_node, job_env, torchrun_args
 from ...plan import AttemptContext, HostFacts, Plan, Request
 from ...runtime.protocol import ENV_NODE_NAME, run_checkpoint_dir
 from ...runtime.records import record
@@ -91,6 +91,7 @@ def render_slurm(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, hos
         "workdir": str(spec.context_dir) if container == "none" else str(attempt_dir),
         "env": [(Verbatim(k), v) for k, v in env.items()],
         "node_name_env": Verbatim(ENV_NODE_NAME),
+        "store_host": Verbatim(STORE_HOST_SH.rstrip("\n")),
         "srun_options": _wrapped(srun_options),
         "launch": _wrapped(launch),
         "torchrun": _wrapped(torchrun),

@@ -86,6 +86,16 @@ class SlurmTools:
                                     hint="is slurmctld up? `scontrol ping` says; SLURM_CONF names the cluster")
         return out
 
+    def start(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        """A tool started and not waited for (``scancel`` of a step that waits MessageTimeout for a
+        dead node's slurmd): the caller waits as long as it cares to."""
+        try:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise EngineUnavailable(f"Slurm's {argv[0]} is not installed on this host",
+                                    hint="run wmctl on a Slurm login node (slurm-client installed)") from None
+
     def job(self, job_id: str) -> JobInfo | None:
         """The job as scontrol has it, else as sacct kept it; None once both have forgotten it."""
         out = self.run(["scontrol", "show", "job", "-o", job_id])

@@ -31,9 +31,14 @@
 
 set -u
 # Slurm signals the job steps, not this shell, with the checkpoint signal (--signal) and with
-# `scancel --signal`; at the time limit it signals this shell too. A trapped signal waits for srun
-# to end, so the job's exit record is written whatever came.
-trap : TERM INT HUP
+# `scancel --signal`: the steps save and end by themselves. Slurm's termination of the job (scancel,
+# the time limit) signals this shell too, and the steps with it; srun, told to stop, would wait
+# KillWait + 2 s (32 s by default) for a node that died, keeping this node COMPLETING meanwhile. So
+# a signal here kills srun at once (the steps keep their own signal) and the job's exit record is
+# written whatever came.
+srun_pid=
+stopping=
+trap 'stopping=1; if [ -n "$srun_pid" ]; then kill -KILL "$srun_pid" 2>/dev/null; fi' TERM INT HUP
 
 attempt_dir=/shared/wmctl/runs/worldmodel/attempt-1
 job_id=${SLURM_JOB_ID:-}
@@ -86,24 +91,18 @@ shift
 node=${SLURM_NODEID:?wmctl: SLURM_NODEID is unset: this runs under srun}
 mkdir -p -- "$dir"
 exec >>"$dir/node-$node.log" 2>&1
-if [ "$node" = 0 ]; then is_host=true; else is_host=false; fi
-args=()
-options=1
-for arg in "$@"; do
-  if [ "$options" = 1 ]; then
-    case $arg in
-      --) options=0 ;;
-      --rdzv-conf=*) arg="$arg,is_host=$is_host" ;;
-    esac
-  fi
-  args+=("$arg")
-done
 node_name=${SLURMD_NODENAME:-$(hostname)}
 export PET_NODE_RANK="$node" WMCTL_NODE_NAME="$node_name"
+# is_host on torchrun's --rdzv-conf, from PET_NODE_RANK (orchestrator/launch.py STORE_HOST_SH)
+h=false; [ "$PET_NODE_RANK" = 0 ] && h=true; o=1
+for a; do shift
+  if [ "$o" = 1 ]; then case $a in --) o=0 ;; --rdzv-conf=*) a="$a,is_host=$h" ;; esac; fi
+  set -- "$@" "$a"
+done
 # Slurm signals every process of the step: torchrun and its workers save and stop by themselves,
 # and this shell waits for them to record how the node ended.
 trap : TERM INT HUP
-"${args[@]}"
+"$@"
 code=$?
 host=${node_name//[^A-Za-z0-9._-]/_}
 job_id=${SLURM_JOB_ID:-}
@@ -115,6 +114,7 @@ exit "$code"
 WMCTL_NODE
 )
 
+if [ -n "$stopping" ]; then finish 143; fi
 srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=64 --gres=gpu:8 --kill-on-bad-exit=0 \
     --export=ALL \
   apptainer exec --nv --bind /shared/wmctl/runs/worldmodel:/shared/wmctl/runs/worldmodel \
@@ -122,5 +122,11 @@ srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=64 --gres=gpu:8 --
     docker://registry.example.com/team/worldmodel:v3 bash -c "$node_script" wmctl-node "$attempt_dir" \
   torchrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d "--rdzv-endpoint=${rdzv_host}:29500" \
     --rdzv-id=worldmodel-a1 --rdzv-conf=join_timeout=600,read_timeout=600 --max-restarts=0 --no-python \
-    -- wmctl-bind python train.py --batch_size 4 --gradient_accumulation_steps 8 --max_steps 1000
-finish $?
+    -- wmctl-bind python train.py --batch_size 4 --gradient_accumulation_steps 8 --max_steps 1000 &
+srun_pid=$!
+while :; do
+  wait "$srun_pid"
+  code=$?
+  kill -0 "$srun_pid" 2>/dev/null || break
+done
+finish "$code"
