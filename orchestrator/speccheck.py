@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 # check uses it, so a spec without NFS volumes, say, never compiles NFS_SERVER.
 DNS_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+MAX_SPARES = 64          # restart.spares: warm nodes beside the job's, each a whole node's worth
 CPULIST = r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # The same alphabet dockerfile.check_image_path enforces at build time; checked at load so a
@@ -165,6 +166,7 @@ def _check_lifecycle(spec: JobSpec, problems: Problems) -> None:
     _check_int(spec.checkpoint.keep, "checkpoint.keep", 1, INT32_MAX, problems,
                "wmctl always keeps 2 so a torn save has a fallback")
     _check_int(spec.restart.max_attempts, "restart.max_attempts", 1, 10_000, problems, "1 = no retries")
+    _check_int(spec.restart.spares, "restart.spares", 0, MAX_SPARES, problems, "0 = no spare nodes")
     for fname in ("backoff", "node_loss_timeout"):
         _check_duration(spec.restart, fname, f"restart.{fname}", problems)
     heartbeat = _check_duration(spec.restart, "heartbeat_timeout", "restart.heartbeat_timeout", problems)

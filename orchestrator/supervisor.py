@@ -108,12 +108,17 @@ class Supervisor:
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> Outcome:
         rec = self.current_or_new_attempt()
+        prev: AttemptTracker | None = None
         while True:
             ref = b.AttemptRef(self.backend.name, self.spec.name, rec.attempt, self.backend.namespace_of(self.spec))
-            tracker, failure = self._watch(ref, rec)
+            tracker, failure = self._watch(ref, rec, prev)
             # A cancel tears the attempt down, which looks like a lost node: the intent, written
             # before the teardown, says what it was.
             failure = self._cancelled() or failure
+            if failure is not None and self._recover_in_place(ref, rec, tracker, failure):
+                prev = tracker           # the same attempt, watched again from its new round
+                continue
+            prev = None
             if failure is None:
                 self.backend.release(ref)
                 return self._finish(rec, tracker, "succeeded", f"run {self.spec.name} succeeded on attempt "
@@ -226,9 +231,40 @@ class Supervisor:
                     f"{rec.resumed_from_step}); retrying would loop. Last failure: {failure.describe()}")
         return None
 
-    def _watch(self, ref: b.AttemptRef, rec: AttemptRecord) -> tuple[AttemptTracker, F.Failure | None]:
-        tracker = AttemptTracker(started_at=rec.submitted_at,
-                                 silence=Silence(self.spec.restart.node_silence_timeout_s))
+    def _recover_in_place(self, ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker,
+                          failure: F.Failure) -> bool:
+        """A lost node replaced by a warm spare inside the attempt (restart.spares, docs/spares.md):
+        no teardown, no new attempt, no retry spent. Only a node's loss qualifies (the job's own
+        error, an OOM or a hang would follow it to the spare); False when none is left."""
+        if not (self.spec.restart.spares and self.backend.spares) or failure.kind != F.NODE_LOST \
+                or failure.node is None:
+            return False
+        decided = self.clock()
+        got = self.backend.recover_in_place(ref, failure.node)
+        if got is None:
+            self.echo(f"attempt {rec.attempt}: node {failure.node} lost and no spare node is left "
+                      f"(restart.spares={self.spec.restart.spares}): a new attempt replaces this one")
+            return False
+        self._sync(rec, tracker)
+        entry = {"time": round(decided, 3), "round": got.round, "lost_node": got.lost, "spare_node": got.spare,
+                 "host": failure.host, "evidence": failure.evidence, "step": tracker.last_step,
+                 "checkpoint_step": tracker.last_checkpoint_step,
+                 "detect_s": round(max(0.0, decided - failure.time), 3),
+                 "replace_s": round(self.clock() - decided, 3)}
+        rec.recoveries.append(entry)
+        self.store.save(self.record)
+        self.store.append_metric({"event": "recovery", "by": "watcher", "attempt": rec.attempt, **entry})
+        self.echo(f"attempt {rec.attempt}: node {got.lost} lost ({failure.evidence}) -> spare node {got.spare} takes "
+                  f"its place in round {got.round}, every worker restarts in place from the newest checkpoint "
+                  f"(step {step_text(tracker.last_checkpoint_step)}); {got.spares_left} spare(s) left, no new attempt")
+        return True
+
+    def _watch(self, ref: b.AttemptRef, rec: AttemptRecord,
+               prev: AttemptTracker | None = None) -> tuple[AttemptTracker, F.Failure | None]:
+        silence = Silence(self.spec.restart.node_silence_timeout_s)
+        # After an in-place recovery the attempt goes on: its steps and checkpoints so far stay.
+        tracker = (AttemptTracker(started_at=rec.submitted_at, silence=silence) if prev is None else
+                   prev.next_round(self.clock(), silence))
         timeout = self.spec.restart.heartbeat_timeout_s
         # A watcher adopting a running attempt reads its output from the start: the events an
         # earlier watcher kept are shown again (at their own times) but kept once.
