@@ -19,6 +19,7 @@ from . import failures as F
 from .backends import base as b
 from .display import step_line, step_text, summary
 from .errors import EngineUnavailable, RunCancelled, RunFailed, WmctlError
+from .inplace import recover_in_place
 from .joberror import node_tail, with_job_error
 from .layout import run_dir
 from .plan import AttemptContext, Plan
@@ -233,31 +234,17 @@ class Supervisor:
 
     def _recover_in_place(self, ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker,
                           failure: F.Failure) -> bool:
-        """A lost node replaced by a warm spare inside the attempt (restart.spares, docs/spares.md):
-        no teardown, no new attempt, no retry spent. Only a node's loss qualifies (the job's own
-        error, an OOM or a hang would follow it to the spare); False when none is left."""
-        if not (self.spec.restart.spares and self.backend.spares) or failure.kind != F.NODE_LOST \
-                or failure.node is None:
-            return False
-        decided = self.clock()
-        got = self.backend.recover_in_place(ref, failure.node)
-        if got is None:
-            self.echo(f"attempt {rec.attempt}: node {failure.node} lost and no spare node is left "
-                      f"(restart.spares={self.spec.restart.spares}): a new attempt replaces this one")
-            return False
+        """A lost node replaced by a warm spare inside the attempt (inplace.py): no teardown, no
+        new attempt, no retry spent."""
         self._sync(rec, tracker)
-        entry = {"time": round(decided, 3), "round": got.round, "lost_node": got.lost, "spare_node": got.spare,
-                 "host": failure.host, "evidence": failure.evidence, "step": tracker.last_step,
-                 "checkpoint_step": tracker.last_checkpoint_step,
-                 "detect_s": round(max(0.0, decided - failure.time), 3),
-                 "replace_s": round(self.clock() - decided, 3)}
-        rec.recoveries.append(entry)
-        self.store.save(self.record)
-        self.store.append_metric({"event": "recovery", "by": "watcher", "attempt": rec.attempt, **entry})
-        self.echo(f"attempt {rec.attempt}: node {got.lost} lost ({failure.evidence}) -> spare node {got.spare} takes "
-                  f"its place in round {got.round}, every worker restarts in place from the newest checkpoint "
-                  f"(step {step_text(tracker.last_checkpoint_step)}); {got.spares_left} spare(s) left, no new attempt")
-        return True
+        done, line = recover_in_place(self.spec, self.backend, ref, rec, tracker, failure, self.clock)
+        if done:
+            self.store.save(self.record)
+            self.store.append_metric({"event": "recovery", "by": "watcher", "attempt": rec.attempt,
+                                      **rec.recoveries[-1]})
+        if line:
+            self.echo(line)
+        return done
 
     def _watch(self, ref: b.AttemptRef, rec: AttemptRecord,
                prev: AttemptTracker | None = None) -> tuple[AttemptTracker, F.Failure | None]:

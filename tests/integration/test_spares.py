@@ -48,6 +48,8 @@ def test_spare_replaces_a_killed_node_in_place(home, reference, node):
     resumes = [p for p in h.progress(home, run, 0) if p["event"] == "resume"]
     assert resumes and resumes[-1]["step"] >= 10 and resumes[-1].get("exact") is not False
     assert "spare node 2 takes its place in round 1" in w.output
+    # the final report (what `wmctl status` prints) names the recovery inside the attempt
+    assert f"in place: node {node} lost at step" in w.output
     assert h.final_state(spec) == reference
     assert not h.leftover_processes(run)
     metrics = (h.run_folder(home, run) / "metrics.jsonl").read_text()

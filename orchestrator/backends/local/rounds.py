@@ -15,9 +15,11 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable
 
 from orchestrator.runtime.protocol import ENV_LOCAL_TAG
 
@@ -74,6 +76,78 @@ def with_rdzv_id(command: list[str], rdzv_id: str) -> list[str]:
     return out
 
 
+TORCHRUN_MODULE = "torch.distributed.run"
+
+
+def prewarm(command: list[str]) -> Callable[[list[str]], Any] | None:
+    """torchrun's ``main``, imported now while the slot waits (torch's import is the larger part
+    of an agent's start), when ``command`` is ``python -m torch.distributed.run ...``; else None."""
+    if command[1:3] != ["-m", TORCHRUN_MODULE]:
+        return None
+    try:
+        from torch.distributed import run as torchrun
+    except ImportError:
+        return None
+    return torchrun.main
+
+
+class Forked:
+    """A round's torchrun forked from the keeper, torch already imported: ``subprocess.Popen``'s
+    few methods the loop uses."""
+
+    def __init__(self, main: Callable[[list[str]], Any], args: list[str], env: dict[str, str], log: IO[bytes]):
+        self.returncode: int | None = None
+        self.pid = os.fork()
+        if self.pid == 0:      # the child: never returns
+            code = 1
+            try:
+                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                    signal.signal(sig, signal.SIG_DFL)
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)
+                os.dup2(log.fileno(), 1)
+                os.dup2(log.fileno(), 2)
+                os.environ.update(env)
+                sys.argv = ["torchrun", *args]
+                main(args)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except BaseException:      # noqa: BLE001 - the child reports any error and exits 1, as torchrun does
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+
+    def _set(self, status: int) -> None:
+        self.returncode = os.waitstatus_to_exitcode(status)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:      # reaped already (the keeper reaps orphans after a kill)
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self._set(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("torchrun", timeout or 0)
+            time.sleep(0.01)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+
 def _own_tree(tag: str) -> list[int]:
     """Every other process carrying this keeper's tag: its torchrun and torchrun's workers (which
     run in sessions of their own)."""
@@ -91,7 +165,7 @@ def _own_tree(tag: str) -> list[int]:
     return pids
 
 
-def _kill_tree(tag: str, proc: subprocess.Popen | None) -> None:
+def _kill_tree(tag: str, proc: "subprocess.Popen[bytes] | Forked | None") -> None:
     for _ in range(200):
         pids = _own_tree(tag)
         if not pids:
@@ -133,7 +207,8 @@ def run_rounds(directory: str, slot: int | None, command: list[str], *, log_path
     when it was stopped: dropped from a round, or closed)."""
     tag = os.environ.get(ENV_LOCAL_TAG, "")
     current, ran, stopping = -1, False, False
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | Forked | None = None
+    main = prewarm(command)    # paid now, not after a node is lost
 
     def forward(signum: int, _frame: object) -> None:
         nonlocal stopping
@@ -165,16 +240,17 @@ def run_rounds(directory: str, slot: int | None, command: list[str], *, log_path
                         os.unlink(exit_file)
                     except FileNotFoundError:
                         pass
-                    proc = subprocess.Popen(with_rdzv_id(command, info["rdzv_id"]),
-                                            env={**os.environ, **info["env"]}, stdout=log,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                    argv = with_rdzv_id(command, info["rdzv_id"])
+                    proc = (Forked(main, argv[3:], info["env"], log) if main is not None else
+                            subprocess.Popen(argv, env={**os.environ, **info["env"]}, stdout=log,
+                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
                     _write(pid_file, {"keeper": os.getpid(), "agent": proc.pid, "started": time.time(),
                                       "round": current})
                     ran = True
                 elif ran:
                     return 0     # replaced: this slot is out of the attempt now
-            if proc is not None and proc.poll() is not None:
-                code = proc.returncode
+            code = proc.poll() if proc is not None else None
+            if code is not None:
                 proc = None
                 exit_code = 128 - code if code < 0 else code
                 _write(exit_file, {"exit_code": exit_code, "signal": -code if code < 0 else None,
