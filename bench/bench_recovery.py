@@ -21,9 +21,10 @@ Then steps redone per failure: SIGKILL at a random step with the default checkpo
 ``--spares`` (local): the same kill, alternating a run without a spare (a new attempt) and one
 with ``restart.spares: 1`` (the spare takes the node's place in place, docs/spares.md), with the
 in-place path split into detect (kill -> the supervisor's decision), worker restart (decision ->
-every keeper of the new round started its torchrun: the old tree killed), rendezvous + torch
-import + checkpoint load (-> the job's `resume` line; the counter job does not tell them apart)
-and first step (-> the first step after it). Goal on a quiet machine: <= 3 s with the spare.
+every keeper of the new round forked its torchrun: the old tree killed), re-rendezvous (-> the
+last agent's "Rendezvous complete", torchrun's own INFO line), worker start + checkpoint load
+(-> the job's `resume` line: a worker's interpreter, torch import, process group, the load) and
+first step (-> the first step after it). Goal on a quiet machine: <= 3 s with the spare.
 
 Docker needs an engine and the test base image (built on first use, see tests/docker/baseimage.py).
 """
@@ -34,6 +35,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -141,9 +143,28 @@ def one_trial(backend: str, home: Path, name: str, *, at_step: int, steps: int, 
             "redone": (a0["last_step"] or 0) - (a1["resumed_from_step"] or 0), "outcome": a0["outcome"]}
 
 
+GLOG_TIME = re.compile(r"^I(\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+) .*Rendezvous complete for workers")
+
+
+def rendezvous_done(log: Path, after: float) -> float | None:
+    """When torchrun (LOGLEVEL=INFO) said its rendezvous was complete, first time after ``after``."""
+    year = time.localtime(after).tm_year
+    for line in log.read_text(errors="replace").splitlines():
+        m = GLOG_TIME.match(line)
+        if m:
+            month, day, hour, minute, sec = m.groups()
+            at = time.mktime((year, int(month), int(day), int(hour), int(minute), 0, 0, 0, -1)) + float(sec)
+            if at > after:
+                return at
+    return None
+
+
 def spare_trial(home: Path, name: str) -> dict:
     """A SIGKILL of node 1 replaced in place by the spare: the split of kill -> first resumed step."""
     spec = write_spec(home, name, "local", steps=60, every=5, sleep=0.1, spares=1)
+    data = yaml.safe_load(spec.read_text())
+    data["env"] = {"LOGLEVEL": "INFO"}          # torchrun's INFO lines carry the rendezvous' end
+    spec.write_text(yaml.safe_dump(data))
     w = h.Watch(spec, home)
     h.wait_until(lambda: any(p["event"] == "step" and p["step"] >= 12 for p in h.progress(home, name, 0)),
                  300, "step 12")
@@ -163,8 +184,10 @@ def spare_trial(home: Path, name: str) -> dict:
     later = [p for p in h.progress(home, name, 0) if p.get("time", 0) > decided]
     resumed = min(p["time"] for p in later if p["event"] == "resume")
     first = min(p["time"] for p in later if p["event"] == "step")
-    return {"detect": decided - killed_at, "worker restart": started - decided,
-            "rdzv+import+load": resumed - started, "first step": first - resumed, "total": first - killed_at}
+    met = [t for t in (rendezvous_done(log, decided) for log in folder.glob("node-*.log")) if t is not None]
+    rdzv = max(met) if met else started
+    return {"detect": decided - killed_at, "worker restart": started - decided, "re-rendezvous": rdzv - started,
+            "start+load": resumed - rdzv, "first step": first - resumed, "total": first - killed_at}
 
 
 def spare_comparison(home: Path, trials: int) -> None:
@@ -173,7 +196,7 @@ def spare_comparison(home: Path, trials: int) -> None:
         without.append(one_trial("local", home, f"nospare-{i}", at_step=12, steps=60, every=5, sleep=0.1))
         with_spare.append(spare_trial(home, f"spare-{i}"))
     show("local, no spare: SIGKILL of node 1 -> first resumed step (a new attempt)", without)
-    keys = ["detect", "worker restart", "rdzv+import+load", "first step", "total"]
+    keys = ["detect", "worker restart", "re-rendezvous", "start+load", "first step", "total"]
     print("\nlocal, one spare: SIGKILL of node 1 -> first resumed step (in place, no new attempt)")
     print("  trial " + " ".join(f"{k:>17}" for k in keys))
     for i, r in enumerate(with_spare):
