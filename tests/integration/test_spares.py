@@ -1,10 +1,12 @@
 """Spare nodes on the local backend (restart.spares, docs/spares.md): a node SIGKILLed (its whole
-process group, as a machine dies) after a checkpoint is replaced in place by the warm spare, with
+process group, as a machine dies) or frozen (SIGSTOP) after a checkpoint is replaced in place by the warm spare, with
 no new attempt, and the run ends bit-identical (float.hex) to an uninterrupted one; node 0 too
 (the c10d store runs apart); a second death with the only spare spent falls back to a new attempt.
 """
 
 from __future__ import annotations
+
+import signal
 
 import pytest
 
@@ -31,13 +33,15 @@ def _recoveries(home, run) -> list[dict]:
 
 
 @pytest.mark.timeout(600)       # the first also pays for the module's uninterrupted reference run
-@pytest.mark.parametrize("node", [1, 0], ids=["worker-node", "node0"])
-def test_spare_replaces_a_killed_node_in_place(home, reference, node):
-    run = f"spare-kill{node}"
+@pytest.mark.parametrize("node,sig", [(1, signal.SIGKILL), (0, signal.SIGKILL), (1, signal.SIGSTOP)],
+                         ids=["worker-node", "node0", "frozen-node"])
+def test_spare_replaces_a_killed_node_in_place(home, reference, node, sig):
+    run = f"spare-{sig.name.lower()}{node}"
     spec = h.write_spec(home, run, restart={"spares": 1})
     w = h.Watch(spec, home)
     h.wait_checkpoint(home, run, 0, 10)
-    assert h.kill_node(run, 0, node) > 0
+    # SIGSTOP: a frozen node, cut off rather than dead; the spare's path kills it (and fences it)
+    assert h.kill_node(run, 0, node, sig) > 0
     assert w.wait() == 0, w.output
     rec = h.record(home, run)
     assert [a["outcome"] for a in rec["attempts"]] == ["succeeded"], w.output
@@ -49,7 +53,8 @@ def test_spare_replaces_a_killed_node_in_place(home, reference, node):
     assert resumes and resumes[-1]["step"] >= 10 and resumes[-1].get("exact") is not False
     assert "spare node 2 takes its place in round 1" in w.output
     # the final report (what `wmctl status` prints) names the recovery inside the attempt
-    assert f"in place: node {node} lost at step" in w.output
+    assert f"in place: node {node} replaced at step" in w.output
+    assert ("frozen" if sig == signal.SIGSTOP else "lost") in w.output.split("takes its place")[0].splitlines()[-1]
     assert h.final_state(spec) == reference
     assert not h.leftover_processes(run)
     metrics = (h.run_folder(home, run) / "metrics.jsonl").read_text()

@@ -53,14 +53,22 @@ def test_a_lost_node_is_replaced_and_recorded():
 def test_no_spare_left_falls_back_to_a_new_attempt_and_says_so():
     backend = SparedToy(left=0)
     (done, line), rec = _try(1, F.NODE_LOST, backend)
-    assert not done and "no spare node is left" in line and rec.recoveries == []
+    assert not done and "node 1 failed (node_lost) and no spare node is left" in line and rec.recoveries == []
 
 
-@pytest.mark.parametrize("kind", [F.APP_ERROR, F.OOM, F.HANG])
+@pytest.mark.parametrize("kind", [F.APP_ERROR, F.OOM, F.STORAGE_FULL, F.RENDEZVOUS])
 def test_failures_not_a_nodes_never_use_a_spare(kind):
     backend = SparedToy(left=1)
     (done, line), _ = _try(1, kind, backend)
     assert (done, line, backend.asked) == (False, None, [])
+
+
+def test_a_frozen_node_is_replaced_but_a_hang_of_no_one_node_is_not():
+    backend = SparedToy(left=1)
+    (done, line), _ = _try(1, F.HANG, backend, node=None)     # a stuck collective: no node to blame
+    assert (done, line, backend.asked) == (False, None, [])
+    (done, line), rec = _try(1, F.HANG, backend)                # the engine saw node 1 paused
+    assert done and "node 1 frozen" in line and rec.recoveries[0]["lost_node"] == 1
 
 
 def test_without_spares_nothing_changes():
