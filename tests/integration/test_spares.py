@@ -7,6 +7,8 @@ no new attempt, and the run ends bit-identical (float.hex) to an uninterrupted o
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -59,6 +61,9 @@ def test_spare_replaces_a_killed_node_in_place(home, reference, node, sig):
     assert not h.leftover_processes(run)
     metrics = (h.run_folder(home, run) / "metrics.jsonl").read_text()
     assert '"event":"recovery"' in metrics
+    described = subprocess.run([sys.executable, "-m", "orchestrator.cli", "describe", run], env=w.env,
+                               capture_output=True, text=True, timeout=60)
+    assert f"in_place    node {node} replaced by spare node 2 (round 1" in described.stdout, described.stdout
 
 
 def test_second_death_with_the_only_spare_spent_resubmits(home, reference):
