@@ -16,6 +16,15 @@ Then steps redone per failure: SIGKILL at a random step with the default checkpo
 (checkpoint.every_steps 200), and SIGTERM (graceful: the job checkpoints before it stops).
 
     PYTHONPATH=. python bench/bench_recovery.py [--backend local|docker|both] [--trials 3]
+    PYTHONPATH=. python bench/bench_recovery.py --spares [--trials 3]
+
+``--spares`` (local): the same kill, alternating a run without a spare (a new attempt) and one
+with ``restart.spares: 1`` (the spare takes the node's place in place, docs/spares.md), with the
+in-place path split into detect (kill -> the supervisor's decision), worker restart (decision ->
+every keeper of the new round forked its torchrun: the old tree killed), re-rendezvous (-> the
+last agent's "Rendezvous complete", torchrun's own INFO line), worker start + checkpoint load
+(-> the job's `resume` line: a worker's interpreter, torch import, process group, the load) and
+first step (-> the first step after it). Goal on a quiet machine: <= 3 s with the spare.
 
 Docker needs an engine and the test base image (built on first use, see tests/docker/baseimage.py).
 """
@@ -23,8 +32,10 @@ Docker needs an engine and the test base image (built on first use, see tests/do
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
+import re
 import shutil
 import signal
 import statistics
@@ -60,12 +71,14 @@ def build_image() -> str:
     return IMAGE
 
 
-def write_spec(home: Path, name: str, backend: str, *, steps: int, every: int | None, sleep: float) -> Path:
+def write_spec(home: Path, name: str, backend: str, *, steps: int, every: int | None, sleep: float,
+               spares: int = 0) -> Path:
     ckpt = home / f"ckpt-{name}"
     ckpt.mkdir(parents=True)
     command = ["python", "counter.py", "--steps", str(steps), "--sleep", str(sleep)]
     spec: dict = {"name": name, "nodes": 2, "nproc_per_node": 1, "affinity": "none",
-                  "restart": {"max_attempts": 3, "backoff": "0s", "heartbeat_timeout": "60s"},
+                  "restart": {"max_attempts": 3, "backoff": "0s", "heartbeat_timeout": "60s",
+                              **({"spares": spares} if spares else {})},
                   "rendezvous": {"join_timeout": "60s"}}
     if every is not None:
         command += ["--every", str(every)]
@@ -130,6 +143,68 @@ def one_trial(backend: str, home: Path, name: str, *, at_step: int, steps: int, 
             "redone": (a0["last_step"] or 0) - (a1["resumed_from_step"] or 0), "outcome": a0["outcome"]}
 
 
+GLOG_TIME = re.compile(r"^I(\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+) .*Rendezvous complete for workers")
+
+
+def rendezvous_done(log: Path, after: float) -> float | None:
+    """When torchrun (LOGLEVEL=INFO) said its rendezvous was complete, first time after ``after``."""
+    year = time.localtime(after).tm_year
+    for line in log.read_text(errors="replace").splitlines():
+        m = GLOG_TIME.match(line)
+        if m:
+            month, day, hour, minute, sec = m.groups()
+            at = time.mktime((year, int(month), int(day), int(hour), int(minute), 0, 0, 0, -1)) + float(sec)
+            if at > after:
+                return at
+    return None
+
+
+def spare_trial(home: Path, name: str) -> dict:
+    """A SIGKILL of node 1 replaced in place by the spare: the split of kill -> first resumed step."""
+    spec = write_spec(home, name, "local", steps=60, every=5, sleep=0.1, spares=1)
+    data = yaml.safe_load(spec.read_text())
+    data["env"] = {"LOGLEVEL": "INFO"}          # torchrun's INFO lines carry the rendezvous' end
+    spec.write_text(yaml.safe_dump(data))
+    w = h.Watch(spec, home)
+    h.wait_until(lambda: any(p["event"] == "step" and p["step"] >= 12 for p in h.progress(home, name, 0)),
+                 300, "step 12")
+    killed_at = time.time()
+    kill("local", name, 1)
+    code = w.wait(600)
+    if code != 0:
+        raise SystemExit(f"{name}: wmctl exited {code}\n{w.output[-3000:]}")
+    rec = h.record(home, name)
+    a0 = rec["attempts"][0]
+    if len(rec["attempts"]) != 1 or not a0.get("recoveries"):
+        raise SystemExit(f"{name}: no in-place recovery\n{w.output[-3000:]}")
+    decided = a0["recoveries"][0]["time"]
+    folder = h.run_folder(home, name) / "attempt-0"
+    started = max(json.loads(p.read_text())["started"] for p in folder.glob("node-*.pid.json")
+                  if json.loads(p.read_text()).get("round") == 1)
+    later = [p for p in h.progress(home, name, 0) if p.get("time", 0) > decided]
+    resumed = min(p["time"] for p in later if p["event"] == "resume")
+    first = min(p["time"] for p in later if p["event"] == "step")
+    met = [t for t in (rendezvous_done(log, decided) for log in folder.glob("node-*.log")) if t is not None]
+    rdzv = max(met) if met else started
+    return {"detect": decided - killed_at, "worker restart": started - decided, "re-rendezvous": rdzv - started,
+            "start+load": resumed - rdzv, "first step": first - resumed, "total": first - killed_at}
+
+
+def spare_comparison(home: Path, trials: int) -> None:
+    without, with_spare = [], []
+    for i in range(trials):       # alternating, so a machine that gets busier hurts both alike
+        without.append(one_trial("local", home, f"nospare-{i}", at_step=12, steps=60, every=5, sleep=0.1))
+        with_spare.append(spare_trial(home, f"spare-{i}"))
+    show("local, no spare: SIGKILL of node 1 -> first resumed step (a new attempt)", without)
+    keys = ["detect", "worker restart", "re-rendezvous", "start+load", "first step", "total"]
+    print("\nlocal, one spare: SIGKILL of node 1 -> first resumed step (in place, no new attempt)")
+    print("  trial " + " ".join(f"{k:>17}" for k in keys))
+    for i, r in enumerate(with_spare):
+        print(f"  {i:>5} " + " ".join(f"{r[k]:>16.2f}s" for k in keys))
+    print("  median" + " ".join(f"{statistics.median(r[k] for r in with_spare):>16.2f}s" for k in keys))
+    print(f"load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (goal <= 3 s on a quiet machine)")
+
+
 def show(title: str, rows: list[dict]) -> None:
     keys = ["detection", "teardown", "resubmission", "restart", "total"]
     print(f"\n{title}")
@@ -144,10 +219,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=["local", "docker", "both"], default="both")
     parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--spares", action="store_true", help="local: without and with a spare node, alternating")
     args = parser.parse_args()
     backends = ["local", "docker"] if args.backend == "both" else [args.backend]
     home = Path(tempfile.mkdtemp(prefix="wmctl-bench-recovery-"))
     os.environ["WMCTL_HOME"] = str(home)
+    if args.spares:
+        spare_comparison(home, args.trials)
+        shutil.rmtree(home, ignore_errors=True)
+        return
     rng = random.Random(7)
     for backend in backends:
         if backend == "docker":

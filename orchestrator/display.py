@@ -182,6 +182,9 @@ def summary(record: RunRecord) -> str:
             parts.append(a.evidence)
         if a.excluded_nodes:
             parts.append(f"excluded {','.join(a.excluded_nodes)}")
+        for rec in a.recoveries:      # spare nodes (docs/spares.md): inside the attempt, no new one
+            parts.append(f"in place: node {rec.get('lost_node')} replaced at step {rec.get('step')} by spare node "
+                         f"{rec.get('spare_node')}, resumed from checkpoint {rec.get('checkpoint_step')}")
         lines.append("; ".join(parts))
         lines += [f"    | {text}" for text in a.error]
     redone = steps_redone(record)

@@ -65,13 +65,15 @@ def device_ids_per_node(spec: JobSpec, profile: VendorProfile) -> list[str] | No
 
 
 def torchrun_args(spec: JobSpec, profile: VendorProfile, *, endpoint: str, rdzv_id: str, peer_start_s: float = 0.0,
-                  node_rank: int | None, launcher: list[str] | None = None,
+                  node_rank: int | None, store_apart: bool = False, launcher: list[str] | None = None,
                   torchrun: list[str] | None = None, command: list[str] | None = None) -> list[str]:
     """The full argv: torchrun, its flags, the binding launcher, the user's command.
 
     ``--max-restarts=0``: the supervisor owns retries; layers that retry on their own fight.
     ``node_rank=None`` leaves it to PET_NODE_RANK in the environment (Kubernetes sets it from
     the completion index through the downward API, so no shell is needed).
+    ``store_apart``: the c10d store at ``endpoint`` is a process of its own (spare nodes,
+    docs/spares.md), so no agent hosts it (``is_host=false``) and no node's death takes it down.
     ``--`` ends torchrun's options: argparse looks at every word for an abbreviated option, even
     after the program, so a user's ``--n 200000`` (or ``--no``, ``--log``, ``--max``, ``--run``)
     was read as an ambiguous abbreviation of torchrun's own flags and the launch failed (exit 2).
@@ -95,7 +97,8 @@ def torchrun_args(spec: JobSpec, profile: VendorProfile, *, endpoint: str, rdzv_
         # the image each on their own: a replacement node's cold pull); the watcher bounds it
         # (restart.image_pull_timeout), so a rendezvous never fails for a node still pulling.
         f"--rdzv-conf=join_timeout={int(spec.rendezvous.join_timeout_s + peer_start_s)},"
-        f"read_timeout={max(1, math.ceil(spec.rendezvous.read_timeout_s + peer_start_s))}",
+        f"read_timeout={max(1, math.ceil(spec.rendezvous.read_timeout_s + peer_start_s))}"
+        + (",is_host=false" if store_apart else ""),
         "--max-restarts=0",
         "--no-python",
         "--",
@@ -147,6 +150,9 @@ def job_env(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, *,
         p.ENV_RESUME: "1" if (ctx.resume or ctx.attempt > 0) else "0",
         "PYTHONUNBUFFERED": "1",
     })
+    if spec.restart.spares:
+        # Round 0 of the attempt; each in-place recovery raises it (docs/spares.md, fencing).
+        env[p.ENV_FENCE_EPOCH] = str(fence_epoch(ctx.attempt, 0))
     if checkpoint_dir:
         # Each run checkpoints into its own subfolder of the configured one, so two runs given
         # the same checkpoint.dir never resume from (or prune) each other's checkpoints.
@@ -160,6 +166,12 @@ def job_env(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, *,
         env[p.ENV_EXPECT_DEVICES] = str(devices)
     env.update(spec.env)
     return env
+
+
+def fence_epoch(attempt: int, round_: int) -> int:
+    """The fencing epoch of round ``round_`` of ``attempt`` (round 0: as submitted; each in-place
+    recovery opens the next): later rounds and later attempts always compare greater."""
+    return attempt * p.EPOCHS_PER_ATTEMPT + round_
 
 
 def split_evenly(items: list, parts: int) -> list[list]:

@@ -40,6 +40,12 @@ def node_name(run: str, attempt: int, node: int) -> str:
     return f"{attempt_name(run, attempt)}-{node}"
 
 
+def round_rendezvous_id(run: str, attempt: int, round_: int) -> str:
+    """Round ``round_`` of an attempt with spare nodes (0: as submitted; each in-place recovery
+    opens the next, docs/spares.md): a fresh rendezvous that no agent of an older round can join."""
+    return rendezvous_id(run, attempt) if round_ == 0 else f"{rendezvous_id(run, attempt)}-r{round_}"
+
+
 def local_host(node: int) -> str:
     """The host name a local node reports: every local node is on this machine."""
     return f"localhost-{node}"
@@ -84,6 +90,11 @@ def node_log(run: str, attempt: int, node: int, home: Path | None = None) -> Pat
 
 def node_exit_file(run: str, attempt: int, node: int, home: Path | None = None) -> Path:
     return attempt_dir(run, attempt, home) / f"node-{node}.exit.json"
+
+
+def rounds_dir(run: str, attempt: int, home: Path | None = None) -> Path:
+    """An attempt's rounds with spare nodes (local): round-N.json says which slots run in round N."""
+    return attempt_dir(run, attempt, home) / "rounds"
 
 
 def node_pid_file(run: str, attempt: int, node: int, home: Path | None = None) -> Path:

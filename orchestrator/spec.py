@@ -145,6 +145,9 @@ class RestartSpec:
     node_silence_timeout: Union[str, float] = "15s"   # a node's runtime beat missing this long = node lost
     auto_resume: bool = False
     retry_on_oom: bool = False
+    # warm spare nodes started with each attempt: a dead node is replaced in place by one of them
+    # (docs/spares.md); 0 keeps today's behaviour, a whole new attempt per failure
+    spares: int = field(default=0, metadata={"hashed_when_set": True})  # HASHED_WHEN_SET
 
     @cached_property
     def backoff_s(self) -> float:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 # The patterns the checks match with, as text: re compiles (and keeps) each one the first time a
 # check uses it, so a spec without affinity, say, never compiles CPULIST. Names (DNS labels,
 # label keys, env names, NFS servers) are checked without patterns: orchestrator/names.py.
+MAX_SPARES = 64          # restart.spares: warm nodes beside the job's, each a whole node's worth
 CPULIST = r"^\s*\d+(\s*-\s*\d+)?(\s*,\s*\d+(\s*-\s*\d+)?)*\s*$"
 # The same alphabet dockerfile.check_image_path enforces at build time; checked at load so a
 # spec that renders also builds (tests/unit/test_spec.py keeps the two in step).
@@ -159,6 +160,7 @@ def _check_lifecycle(spec: JobSpec, problems: Problems) -> None:
     _check_int(spec.checkpoint.keep, "checkpoint.keep", 1, INT32_MAX, problems,
                "wmctl always keeps 2 so a torn save has a fallback")
     _check_int(spec.restart.max_attempts, "restart.max_attempts", 1, 10_000, problems, "1 = no retries")
+    _check_int(spec.restart.spares, "restart.spares", 0, MAX_SPARES, problems, "0 = no spare nodes")
     for fname in ("backoff", "node_loss_timeout"):
         _check_duration(spec.restart, fname, f"restart.{fname}", problems)
     heartbeat = _check_duration(spec.restart, "heartbeat_timeout", "restart.heartbeat_timeout", problems)

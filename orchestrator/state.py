@@ -70,6 +70,8 @@ class AttemptRecord:
     failed_host: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
     error: list[str] = field(default_factory=list)   # the failing rank's traceback tail (its own words)
+    # in-place recoveries inside the attempt (spare nodes): each a lost node replaced by a spare
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

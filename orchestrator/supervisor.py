@@ -19,6 +19,7 @@ from . import failures as F
 from .backends import base as b
 from .display import step_line, step_text, summary
 from .errors import EngineUnavailable, RunCancelled, RunFailed, WmctlError
+from .inplace import recover_in_place
 from .joberror import node_tail, with_job_error
 from .layout import run_dir
 from .plan import AttemptContext, Plan
@@ -108,12 +109,17 @@ class Supervisor:
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> Outcome:
         rec = self.current_or_new_attempt()
+        prev: AttemptTracker | None = None
         while True:
             ref = b.AttemptRef(self.backend.name, self.spec.name, rec.attempt, self.backend.namespace_of(self.spec))
-            tracker, failure = self._watch(ref, rec)
+            tracker, failure = self._watch(ref, rec, prev)
             # A cancel tears the attempt down, which looks like a lost node: the intent, written
             # before the teardown, says what it was.
             failure = self._cancelled() or failure
+            if failure is not None and self._recover_in_place(ref, rec, tracker, failure):
+                prev = tracker           # the same attempt, watched again from its new round
+                continue
+            prev = None
             if failure is None:
                 self.backend.release(ref)
                 return self._finish(rec, tracker, "succeeded", f"run {self.spec.name} succeeded on attempt "
@@ -226,9 +232,26 @@ class Supervisor:
                     f"{rec.resumed_from_step}); retrying would loop. Last failure: {failure.describe()}")
         return None
 
-    def _watch(self, ref: b.AttemptRef, rec: AttemptRecord) -> tuple[AttemptTracker, F.Failure | None]:
-        tracker = AttemptTracker(started_at=rec.submitted_at,
-                                 silence=Silence(self.spec.restart.node_silence_timeout_s))
+    def _recover_in_place(self, ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker,
+                          failure: F.Failure) -> bool:
+        """A lost node replaced by a warm spare inside the attempt (inplace.py): no teardown, no
+        new attempt, no retry spent."""
+        self._sync(rec, tracker)
+        done, line = recover_in_place(self.spec, self.backend, ref, rec, tracker, failure, self.clock)
+        if done:
+            self.store.save(self.record)
+            self.store.append_metric({"event": "recovery", "by": "watcher", "attempt": rec.attempt,
+                                      **rec.recoveries[-1]})
+        if line:
+            self.echo(line)
+        return done
+
+    def _watch(self, ref: b.AttemptRef, rec: AttemptRecord,
+               prev: AttemptTracker | None = None) -> tuple[AttemptTracker, F.Failure | None]:
+        silence = Silence(self.spec.restart.node_silence_timeout_s)
+        # After an in-place recovery the attempt goes on: its steps and checkpoints so far stay.
+        tracker = (AttemptTracker(started_at=rec.submitted_at, silence=silence) if prev is None else
+                   prev.next_round(self.clock(), silence))
         timeout = self.spec.restart.heartbeat_timeout_s
         # A watcher adopting a running attempt reads its output from the start: the events an
         # earlier watcher kept are shown again (at their own times) but kept once.

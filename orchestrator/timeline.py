@@ -64,6 +64,12 @@ def events(record: RunRecord, store: RunStore) -> list[dict[str, Any]]:
                         "detail": f"{a.outcome}{node}: {a.evidence or '-'}"})
         if a.decision:
             out.append({"time": end, "attempt": a.attempt, "event": "decision", "detail": a.decision})
+    for a in record.attempts:
+        for r in a.recoveries:      # spare nodes: inside the attempt (docs/spares.md)
+            out.append({"time": r.get("time"), "attempt": a.attempt, "event": "in_place",
+                        "detail": f"node {r.get('lost_node')} replaced by spare node {r.get('spare_node')} "
+                                  f"(round {r.get('round')}, at step {r.get('step')}, from checkpoint "
+                                  f"{r.get('checkpoint_step')}): {r.get('evidence') or '-'}"})
     for e in store.metrics():
         if e.get("event") in SHOWN_PROGRESS:
             t = e.get("time", e.get("seen"))

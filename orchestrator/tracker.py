@@ -50,6 +50,16 @@ class AttemptTracker:
     starting_since: float | None = None
     pull_cause: b.Event | None = None
     silence: Silence | None = None                    # the runtime's per-node beat (silence.py)
+    in_place: bool = False      # a later round of the attempt (spare nodes): its resume keeps the attempt's own
+
+    def next_round(self, now: float, silence: Silence | None) -> "AttemptTracker":
+        """The tracker of the attempt's next round after an in-place recovery: what the attempt
+        did so far stays (its newest step and checkpoint, where it resumed from), its nodes and
+        failure evidence start over."""
+        return AttemptTracker(started_at=now, silence=silence, last_step=self.last_step,
+                              last_checkpoint_step=self.last_checkpoint_step,
+                              resumed_from_step=self.resumed_from_step, resume_not_exact=self.resume_not_exact,
+                              in_place=True)
 
     def __post_init__(self) -> None:
         self.last_heartbeat = self.started_at
@@ -85,7 +95,8 @@ class AttemptTracker:
             if p.get("event") == "checkpoint" and isinstance(p.get("step"), int):
                 self.last_checkpoint_step = max(self.last_checkpoint_step or 0, p["step"])
             if p.get("event") == "resume" and isinstance(p.get("step"), int):
-                self.resumed_from_step = p["step"]
+                if not (self.in_place and self.resumed_from_step is not None):
+                    self.resumed_from_step = p["step"]
                 # A later line may say so after all (a resume amended to not exact).
                 self.resume_not_exact = not_exact_reason(p) or self.resume_not_exact
             if p.get("event") == "preempted":

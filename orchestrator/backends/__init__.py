@@ -85,6 +85,10 @@ def check(cls: type[Backend[Any]], spec: Any, *, auto_resume: bool) -> None:
         if vol.source not in cls.volume_sources:
             problems.append((f"volumes[{i}]", f"{vol.source} volumes cannot be mounted on the {cls.name} backend; "
                              f"use one of {', '.join(sorted(cls.volume_sources))}"))
+    if spec.restart.spares and not cls.spares:
+        able = [n for n in REGISTRY if backend_class(n).spares]
+        problems.append(("restart.spares", f"the {cls.name} backend cannot keep spare nodes yet (spares run on "
+                         f"{', '.join(able) or 'no backend'}); set restart.spares: 0 for this backend"))
     problems += cls.check(spec)
     if problems:
         raise SpecError(problems)

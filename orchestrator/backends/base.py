@@ -263,6 +263,16 @@ class BackendOptions:
     namespace: str | None = None    # Kubernetes: default namespace of the run's objects
 
 
+@record(frozen=True)
+class InPlaceRecovery:
+    """A lost node replaced by a warm spare inside the attempt (``Backend.recover_in_place``)."""
+
+    round: int          # the attempt's new round (0: as submitted)
+    lost: int           # the slot that was lost
+    spare: int          # the spare slot that takes its place
+    spares_left: int
+
+
 class Backend(ABC, Generic[R]):
     """A place to run attempts: plans them (pure, from the spec and the host's facts), then
     submits, observes, tears down and lists them. It never retries on its own: the supervisor
@@ -299,6 +309,9 @@ class Backend(ABC, Generic[R]):
     #: can ``poll`` tell how an attempt ended whose objects are all gone (Kubernetes: a Job the TTL
     #: removed, from the Job controller's Event)? If not, such an attempt is a loss nobody saw.
     resolves_gone: ClassVar[bool] = False
+    #: can it keep warm spare nodes (``restart.spares``) and replace a dead node in place
+    #: (``recover_in_place``)? Checked in one place: ``backends.check``.
+    spares: ClassVar[bool] = False
     #: which ``LogQuery`` fields ``logs`` serves ("tail", "since", "timestamps"); following and
     #: --all-nodes work everywhere. Checked in one place: ``backends.check_logs``.
     log_options: ClassVar[frozenset[str]] = frozenset()
@@ -380,6 +393,12 @@ class Backend(ABC, Generic[R]):
         them with a short grace period rather than their full one, and the pods of the dead
         hosts at once, before ``cancel``. Default: nothing (a backend whose teardown kills at
         once)."""
+
+    def recover_in_place(self, ref: AttemptRef, node: int) -> InPlaceRecovery | None:
+        """Lost ``node`` (a slot of the attempt) replaced by a warm spare without a new attempt:
+        the survivors' workers restart in place and meet the spare in a new rendezvous round
+        (docs/spares.md). None when the attempt has no spare left. Only where ``spares``."""
+        return None
 
     def note_cancel(self, ref: AttemptRef, intent: dict[str, Any]) -> None:
         """Write the cancel intent onto the attempt's own objects too, before the teardown, where

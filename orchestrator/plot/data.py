@@ -68,6 +68,7 @@ class Redone:
     attempt: int
     first: int
     last: int
+    in_place: bool = False    # lost with a node a spare replaced inside ``attempt`` (docs/spares.md)
 
     @property
     def count(self) -> int:
@@ -171,6 +172,12 @@ def build(run: str, events: Iterable[Mapping[str, Any]], attempts: Iterable[Mapp
     for n in numbers:
         rec = records.get(n, {})
         kind = rec.get("outcome")
+        for r in rec.get("recoveries") or []:      # spare nodes: a node replaced inside the attempt
+            at, ckpt = _int(r.get("step")), _int(r.get("checkpoint_step"))
+            failures.append(Failure(n, at, f"node {r.get('lost_node')} replaced in place by spare node "
+                                           f"{r.get('spare_node')}"))
+            if at is not None and at > (ckpt or 0):
+                redone.append(Redone(n, (ckpt or 0) + 1, at, in_place=True))
         if isinstance(kind, str) and kind != "succeeded":
             failures.append(Failure(n, reached[n], kind))
         if n == 0:

@@ -85,6 +85,6 @@ def _legend(data: PlotData) -> list[str]:
         at = f" at step {f.step}" if f.step is not None else ""
         out.append(f"attempt {f.attempt}: failed{at}: {f.kind}")
     for r in data.redone:
-        out.append(f"attempt {r.attempt}: redoes steps {r.first}-{r.last} ({r.count}), lost with attempt "
-                   f"{r.attempt - 1}")
+        lost = "a node a spare replaced in place" if r.in_place else f"attempt {r.attempt - 1}"
+        out.append(f"attempt {r.attempt}: redoes steps {r.first}-{r.last} ({r.count}), lost with {lost}")
     return out

@@ -69,7 +69,8 @@ from .ckpt_io import (RootLock, apply_retention, capture_rng, delete_trees, enos
                       write_atomic, write_bytes_fsync)
 from .ckpt_read import ReadSide
 from .ckpt_tensors import host_copy, nonfinite_tensors, payload_bytes, unwrap
-from .protocol import ENV_ATTEMPT, ENV_RESUME_FROM, ENV_RUN, ENV_SPEC_HASH, ENV_TEST_SLEEP_BEFORE_COMMIT
+from .protocol import (ENV_ATTEMPT, ENV_FENCE_EPOCH, ENV_RESUME_FROM, ENV_RUN, ENV_SPEC_HASH,
+                       ENV_TEST_SLEEP_BEFORE_COMMIT)
 
 # The public API: every name users imported from here when all of it lived in this module, and
 # register()'s Stateful.
@@ -148,6 +149,9 @@ class CheckpointManager(ReadSide):
             raw = os.environ.get(ENV_ATTEMPT, "").strip()
             attempt = int(raw) if raw.isdigit() else None
         self.attempt = attempt
+        # Fencing compares epochs: the attempt, or (spare nodes) the epoch of this round of it.
+        raw_epoch = os.environ.get(ENV_FENCE_EPOCH, "").strip()
+        self.fence = int(raw_epoch) if raw_epoch.isdigit() and attempt is not None else attempt
         if resume_from is None:
             resume_from = os.environ.get(ENV_RESUME_FROM) or None
         self.resume_from = Path(resume_from) if resume_from else None
@@ -180,7 +184,7 @@ class CheckpointManager(ReadSide):
                 if self.attempt is not None:
                     # Fencing: the root remembers the newest attempt that started on it, so an
                     # older attempt still running somewhere can no longer commit (_check_fence).
-                    record_attempt(self.root, self.attempt)
+                    record_attempt(self.root, self.fence if self.fence is not None else self.attempt)
             except CheckpointError as err:
                 refusal = str(err)
             except OSError as exc:
@@ -379,9 +383,12 @@ class CheckpointManager(ReadSide):
         supervisor gave up on this attempt (a partition, a hung node) and its successor owns the
         checkpoints; a late commit from here would compete with that attempt's own."""
         newest = read_attempt(self.root)
-        if self.attempt is not None and newest is not None and newest > self.attempt:
+        if self.fence is not None and newest is not None and newest > self.fence:
+            who, newer = ((f"attempt {self.attempt}", f"attempt {newest}") if self.fence == self.attempt else
+                          (f"fencing epoch {self.fence} of attempt {self.attempt}", f"epoch {newest} (a spare "
+                           "node's in-place recovery, or a later attempt)"))
             raise CheckpointError(
-                f"refusing to commit checkpoint {step}: this is attempt {self.attempt}, but attempt {newest} "
+                f"refusing to commit checkpoint {step}: this is {who}, but {newer} "
                 f"has started on {self.root} (its {ATTEMPT_FILE} file). This attempt is stale; the newer one "
                 "owns the checkpoints now, so stop this one (wmctl cancel, or let the supervisor finish it)")
 

@@ -38,6 +38,10 @@ PROGRESS_PREFIX = "WMCTL-PROGRESS "
 # Environment the orchestrator sets for the job (every backend sets the same names).
 ENV_RUN = "WMCTL_RUN"                      # run name
 ENV_ATTEMPT = "WMCTL_ATTEMPT"              # attempt number, 0-based
+# The fencing epoch (checkpoint root's ATTEMPT file) when it is not the attempt: with spare nodes
+# each in-place recovery inside an attempt opens a new one (attempt * EPOCHS_PER_ATTEMPT + round).
+ENV_FENCE_EPOCH = "WMCTL_FENCE_EPOCH"
+EPOCHS_PER_ATTEMPT = 1000
 ENV_SPEC_HASH = "WMCTL_SPEC_HASH"          # JobSpec.spec_hash() of the spec this attempt runs
 ENV_VENDOR = "WMCTL_VENDOR"                # vendor profile name (cuda, musa, ..., cpu)
 ENV_VENDOR_PROFILE = "WMCTL_VENDOR_PROFILE"  # the runtime part of that profile, as JSON (runtime.vendor)

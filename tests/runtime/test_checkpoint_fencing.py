@@ -110,3 +110,25 @@ def test_a_refused_commit_fails_every_rank(tmp_path: Path) -> None:
     assert "this is attempt 0, but attempt 1 has started" in results[0]["error"]
     assert "rank 0 failed to commit it" in results[1]["error"]
     assert latest_complete(tmp_path / "ckpt").step == 1
+
+
+def test_a_round_a_spare_replaced_cannot_commit_once_the_next_round_started(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spare nodes: each in-place recovery opens a new fencing epoch (WMCTL_FENCE_EPOCH), so a node
+    of the older round that was cut off, not dead, can no longer commit."""
+    from orchestrator.launch import fence_epoch
+    from orchestrator.runtime.protocol import ENV_FENCE_EPOCH
+
+    monkeypatch.setenv(ENV_FENCE_EPOCH, str(fence_epoch(1, 0)))
+    old = Toy()
+    m0 = old.manager(tmp_path, attempt=1)
+    old.step()
+    m0.save(1)
+    monkeypatch.setenv(ENV_FENCE_EPOCH, str(fence_epoch(1, 1)))     # round 1: a spare took a node's place
+    Toy(seed=1).manager(tmp_path, attempt=1)
+    old.step()
+    with pytest.raises(CheckpointError, match="fencing epoch 1000 of attempt 1, but epoch 1001"):
+        m0.save(2)
+    assert [c.step for c in list_checkpoints(tmp_path)] == [1]
+    # the next attempt outranks every round of this one
+    assert fence_epoch(2, 0) > fence_epoch(1, 999)

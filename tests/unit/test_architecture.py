@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.logview", 6),         # `wmctl logs`: the library's logs, across nodes and attempts
     ("orchestrator.supervisor", 5),
     ("orchestrator.tracker", 5),         # what an attempt's observations add up to: the supervisor's verdict
+    ("orchestrator.inplace", 5),         # in-place recovery with spare nodes: the attempt goes on
     ("orchestrator.reconcile", 5),       # a run nobody watches: read from its backend, handed back to a watcher
     ("orchestrator.timeline", 5),        # `wmctl describe`: a run's events, from its folder
     ("orchestrator.display", 5),
@@ -49,6 +50,8 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends", 4),
     ("orchestrator.backends.local.engine", 4),
     ("orchestrator.backends.local.agent", 4),
+    ("orchestrator.backends.local.rounds", 4),          # spare nodes: an attempt's rounds, the keeper's loop
+    ("orchestrator.backends.local.store", 4),           # spare nodes: the c10d store apart from every node
     ("orchestrator.backends.docker.engine", 4),
     ("orchestrator.backends.kubernetes.engine", 4),     # the Backend face; its rooms below
     ("orchestrator.backends.kubernetes.cluster", 4),    # the client, namespaces, API errors in our words

@@ -87,6 +87,16 @@ def test_a_restart_from_scratch_redoes_everything_and_one_attempt_keeps_its_own_
     assert [s.attempt for s in one.series] == [1] and one.redone == d.redone and one.failures == []
 
 
+def test_a_node_replaced_in_place_marks_its_failure_and_redone_steps_inside_the_attempt():
+    events = [_step(0, s, float(s)) for s in range(1, 13)] + [_step(0, s, 20.0 + s) for s in range(11, 21)]
+    attempts = [{"attempt": 0, "outcome": "succeeded", "last_step": 20, "recoveries": [
+        {"round": 1, "lost_node": 1, "spare_node": 2, "step": 12, "checkpoint_step": 10}]}]
+    d = plotdata.build("r", events, attempts)
+    assert d.failures == [plotdata.Failure(0, 12, "node 1 replaced in place by spare node 2")]
+    assert d.redone == [plotdata.Redone(0, 11, 12, in_place=True)] and d.boundaries == []
+    assert "2 steps redone" in d.title() and "lost with a node a spare replaced in place" in text.render(d)
+
+
 def test_text_chart_fits_the_width_and_marks_boundary_failure_and_redone_columns():
     d = plotdata.build("r", EVENTS, ATTEMPTS)
     out = text.render(d, width=80, height=10)

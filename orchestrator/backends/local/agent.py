@@ -70,12 +70,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exit-file", required=True)
     parser.add_argument("--pid-file", required=True)
     parser.add_argument("--cpus", default=None)
+    parser.add_argument("--rounds", default=None, help="spare nodes: run the rounds this folder names (rounds.py)")
+    parser.add_argument("--slot", type=int, default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     _become_subreaper()
     if args.cpus:
         os.sched_setaffinity(0, parse_cpulist(args.cpus))   # inherited by torchrun and its workers
+    if args.rounds is not None:
+        from orchestrator.backends.local.rounds import run_rounds
+
+        return run_rounds(args.rounds, args.slot, command, log_path=args.log, exit_file=args.exit_file,
+                          pid_file=args.pid_file)
     oom_before = oom_kills()
     with open(args.log, "ab", buffering=0) as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -21,13 +21,15 @@ from typing import Any, Iterator
 
 from ... import layout
 from ...errors import BackendError, RunNotFound, SpecError, WmctlError
+from ...launch import fence_epoch
 from ...plan import AttemptContext, HostFacts, Plan
-from ...runtime.protocol import ENV_LOCAL_TAG, run_checkpoint_dir
+from ...runtime.protocol import ENV_FENCE_EPOCH, ENV_LOCAL_TAG, ENV_RESUME, run_checkpoint_dir
 from ...spec import JobSpec
 from ...speccheck import context_problems
 from ...state import open_store
 from ...vendors import VendorProfile
 from .. import base as b
+from . import rounds as r
 from .classify import NodeView, node_events
 from .render import LocalRequest, local_checkpoint_dir, render_local
 
@@ -46,7 +48,10 @@ def free_port(preferred: int) -> int:
     raise BackendError("no free TCP port on 127.0.0.1 for the rendezvous")
 
 
-def _tag(attempt_name: str, node: int, run_id: str = "") -> str:
+STORE_SLOT = "store"     # the tag's node part for an attempt's c10d store process (spare nodes)
+
+
+def _tag(attempt_name: str, node: int | str, run_id: str = "") -> str:
     """``<run>-a<N>/<node>@<run id>``: the run id is random per run and kept in its record, so two
     runs of one name (two WMCTL_HOMEs, two users) never share a tag."""
     return f"{attempt_name}/{node}@{run_id}" if run_id else f"{attempt_name}/{node}"
@@ -120,6 +125,7 @@ class LocalBackend(b.Backend[LocalRequest]):
     runs_image = False                # the agents run this machine's interpreter
     checkpoints_outlive_nodes = True  # checkpoints are on this machine's disk
     log_options = frozenset({"tail"})  # a node's output goes straight to a file: no per-line times
+    spares = True                     # spare keepers wait beside the nodes (rounds.py, docs/spares.md)
 
     def __init__(self) -> None:
         self._watches: dict[str, list[_NodeWatch]] = {}
@@ -178,6 +184,12 @@ class LocalBackend(b.Backend[LocalRequest]):
         plan.request.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         run_id = run_id_of(plan.run)
         (directory / layout.PLAN_FILE).write_text(json.dumps(plan.to_dict(), indent=1))
+        rounds = layout.rounds_dir(plan.run, plan.attempt)
+        if plan.request.spares:
+            self._start_store(plan, run_id)
+            rounds.mkdir()
+            r.write_round(rounds, 0, [a["node"] for a in plan.resources if not a.get("spare")],
+                          layout.round_rendezvous_id(plan.run, plan.attempt, 0), {})
         for agent in plan.resources:
             node = agent["node"]
             watch = _NodeWatch(ref, node)
@@ -185,6 +197,8 @@ class LocalBackend(b.Backend[LocalRequest]):
                       "--exit-file", str(watch.exit_file), "--pid-file", str(watch.pid_file)]
             if agent.get("cpus"):
                 keeper += ["--cpus", agent["cpus"]]
+            if plan.request.spares:
+                keeper += ["--rounds", str(rounds), "--slot", str(node)]
             env = {**os.environ, **agent["env"], TAG_ENV: _tag(plan.attempt_name, node, run_id)}
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[3]),
                                                               env.get("PYTHONPATH")]))
@@ -196,6 +210,53 @@ class LocalBackend(b.Backend[LocalRequest]):
                 self.cancel(ref)
                 raise BackendError(f"cannot start node {node} of {plan.attempt_name}: {exc}") from None
         return ref
+
+    def _start_store(self, plan: Plan[LocalRequest], run_id: str) -> None:
+        """The attempt's c10d store in a process of its own (store.py), tagged like its nodes."""
+        env = {**os.environ, TAG_ENV: _tag(plan.attempt_name, STORE_SLOT, run_id)}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[3]),
+                                                          env.get("PYTHONPATH")]))
+        log = plan.request.attempt_dir / "store.log"
+        try:
+            with open(log, "ab") as out:
+                subprocess.Popen([sys.executable, "-m", "orchestrator.backends.local.store", "--port",
+                                  str(plan.request.port)], env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            raise BackendError(f"cannot start the c10d store of {plan.attempt_name}: {exc}") from None
+
+    # -- spare nodes ---------------------------------------------------------------------------
+    def recover_in_place(self, ref: b.AttemptRef, node: int) -> b.InPlaceRecovery | None:
+        """Replace lost slot ``node`` with an idle spare: its processes are killed (a frozen node
+        too: fenced off), and the next round names the spare in its place; every keeper of the
+        round restarts its torchrun (rounds.py). None when the attempt has no spare left."""
+        rounds = layout.rounds_dir(ref.run, ref.attempt)
+        history = r.all_rounds(rounds)
+        if not history or node not in history[-1]["active"]:
+            return None
+        used = {slot for info in history for slot in info["active"]}
+        run_id = run_id_of(ref.run)
+        watches = self._node_watches(ref)
+        idle = [w.node for w in watches if w.node not in used
+                and tagged_pids(_tag(ref.attempt_name, w.node), exact=True, run_id=run_id)]
+        if not idle:
+            return None
+        spare = idle[0]
+        self.kill_node(ref, node)
+        current = history[-1]
+        active = [spare if slot == node else slot for slot in current["active"]]
+        n = current["round"] + 1
+        r.write_round(rounds, n, active, layout.round_rendezvous_id(ref.run, ref.attempt, n),
+                      {ENV_RESUME: "1", ENV_FENCE_EPOCH: str(fence_epoch(ref.attempt, n))})
+        for w in watches:       # the new round's news only: each keeper starts over (its log goes on)
+            if w.node in active:
+                w.reported_start = w.reported_end = w.reported_pause = False
+                w.phase, w.exit_code, w.reason = b.PENDING, None, None
+        return b.InPlaceRecovery(round=n, lost=node, spare=spare, spares_left=len(idle) - 1)
+
+    def _round(self, ref: b.AttemptRef) -> dict[str, Any] | None:
+        rounds = layout.rounds_dir(ref.run, ref.attempt)
+        return r.newest_round(rounds) if rounds.exists() else None
 
     # -- observe -----------------------------------------------------------------------------
     def _node_watches(self, ref: b.AttemptRef) -> list[_NodeWatch]:
@@ -212,16 +273,21 @@ class LocalBackend(b.Backend[LocalRequest]):
     def poll(self, ref: b.AttemptRef) -> b.Observation:
         events: list[b.Event] = []
         statuses: list[b.NodeStatus] = []
+        current = self._round(ref)
         for w in self._node_watches(ref):
             # c10d assigns ranks in join order: global rank 0 (the one that reports) can be on any node.
             events += self._read_progress(w)
+            if current is not None and w.node not in current["active"]:
+                continue        # an idle spare, or a slot an in-place recovery replaced
             if not w.reported_end:
-                events += self._check_node(w)
+                events += self._check_node(w, current["round"] if current is not None else None)
             statuses.append(b.NodeStatus(w.node, w.phase, w.host, w.exit_code, w.reason))
         return b.Observation(events, statuses)
 
-    def _check_node(self, w: _NodeWatch) -> list[b.Event]:
+    def _check_node(self, w: _NodeWatch, round_: int | None = None) -> list[b.Event]:
         exit_data = json.loads(w.exit_file.read_text()) if w.exit_file.exists() else None
+        if round_ is not None and exit_data is not None and exit_data.get("round") != round_:
+            exit_data = None        # an earlier round's end: its keeper has moved on
         if exit_data is not None:
             # Lines written just before the exit come before the exit event.
             return self._read_progress(w) + node_events(w, exit_data, None, None, None)
@@ -229,8 +295,10 @@ class LocalBackend(b.Backend[LocalRequest]):
             return []
         pids = json.loads(w.pid_file.read_text())
         keeper_state = _proc_state(pids["keeper"])
+        if round_ is not None and pids.get("round") != round_ and keeper_state not in (None, "Z", "X"):
+            return []      # its keeper (alive) has not started this round's torchrun yet
         if keeper_state in (None, "Z", "X") and w.exit_file.exists():
-            return self._check_node(w)      # it exited between the two reads
+            return self._check_node(w, round_)      # it exited between the two reads
         last_alive = _last_sign_of_life(w, pids) if keeper_state in (None, "Z", "X") else None
         return node_events(w, None, pids, keeper_state, _proc_state(pids["agent"]), last_alive)
 
@@ -302,6 +370,9 @@ class LocalBackend(b.Backend[LocalRequest]):
         """SIGKILL every process of the attempt (SIGTERM first with ``graceful``)."""
         prefix = f"{ref.attempt_name}/"
         run_id = run_id_of(ref.run)
+        rounds = layout.rounds_dir(ref.run, ref.attempt)
+        if rounds.exists() and not graceful:
+            r.close(rounds)         # idle spares stop rather than wait for a round
         if graceful:
             for pid in tagged_pids(prefix, run_id=run_id):
                 _signal(pid, signal.SIGTERM)
@@ -317,7 +388,11 @@ class LocalBackend(b.Backend[LocalRequest]):
             time.sleep(0.05)
 
     def release(self, ref: b.AttemptRef) -> None:
-        """Nothing to free: ended processes hold no names, and the logs are in the run folder."""
+        """Nothing to free (ended processes hold no names, and the logs are in the run folder),
+        but with spare nodes the idle spares and the c10d store: stopped."""
+        rounds = layout.rounds_dir(ref.run, ref.attempt)
+        if rounds.exists():
+            self.cancel(ref)
 
     def close(self) -> None:
         """No background threads: the agents are separate processes that outlive this object."""

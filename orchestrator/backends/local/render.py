@@ -31,6 +31,15 @@ class LocalRequest(Request):
     attempt_dir: Path
     checkpoint_dir: Path
     port: int
+    # spare nodes (restart.spares): how many of ``resources`` are spares (the last ones), and the
+    # c10d store runs in a process of its own on ``port`` (docs/spares.md)
+    spares: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        data = super().as_dict()
+        if not self.spares:
+            data.pop("spares")      # a plan without spares reads as it always did
+        return data
 
 
 def local_checkpoint_dir(spec: JobSpec, home: Path | None = None) -> Path:
@@ -64,10 +73,15 @@ def render_local(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, hos
     # The user's `python` is this interpreter, so the job sees the same torch and wmctl.
     command = [python if spec.command[0] in PYTHON_NAMES else spec.command[0], *spec.command[1:]]
     launcher = [python, "-m", "orchestrator.runtime.affinity"]
-    cpu_sets: list[str | None] = [None] * spec.nodes
-    if spec.nodes > 1 and len(host.cpus) >= spec.nodes:
-        cpu_sets = [format_cpulist(c) for c in split_evenly(list(host.cpus), spec.nodes)]
-        notes.append(f"{spec.nodes} agents share this machine: CPUs per agent {', '.join(map(str, cpu_sets))}")
+    spares = spec.restart.spares
+    slots = spec.nodes + spares        # spare nodes are the last slots: agents that wait, warm
+    cpu_sets: list[str | None] = [None] * slots
+    if slots > 1 and len(host.cpus) >= slots:
+        cpu_sets = [format_cpulist(c) for c in split_evenly(list(host.cpus), slots)]
+        notes.append(f"{slots} agents share this machine: CPUs per agent {', '.join(map(str, cpu_sets))}")
+    if spares:
+        notes.append(f"{spares} spare node(s) (slots {', '.join(map(str, range(spec.nodes, slots)))}) wait beside "
+                     f"the job's; the c10d store runs in a process of its own on 127.0.0.1:{port}")
     # Agents on one machine would each claim every accelerator; give each its own slice, as the
     # Docker plan does per container. One agent keeps the default (all devices).
     device_ids = device_ids_per_node(spec, profile) if profile.visible_devices_env and spec.nodes > 1 else None
@@ -75,21 +89,24 @@ def render_local(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, hos
         notes.append(f"{spec.nodes} agents share this machine: {profile.visible_devices_env} per agent "
                      f"{'; '.join(device_ids)}")
     agents: list[dict[str, Any]] = []
-    for node in range(spec.nodes):
+    for node in range(slots):
         # The visible-devices env goes in before the user's env, which may still override it.
-        backend_env = {profile.visible_devices_env: device_ids[node]} \
+        backend_env = {profile.visible_devices_env: device_ids[node % spec.nodes]} \
             if device_ids and profile.visible_devices_env else None
         env = job_env(spec, profile, ctx, checkpoint_dir=str(ckpt), backend_env=backend_env)
         argv = torchrun_args(spec, profile, endpoint=f"127.0.0.1:{port}",
                              rdzv_id=layout.rendezvous_id(spec.name, ctx.attempt),
-                             node_rank=node, launcher=launcher, torchrun=[python, "-m", "torch.distributed.run"],
+                             node_rank=None if spares else node, store_apart=bool(spares), launcher=launcher,
+                             torchrun=[python, "-m", "torch.distributed.run"],
                              command=command)
         agents.append({
             "kind": "process", "node": node, "argv": argv,
             "env": {**env, ENV_NODE_NAME: layout.local_host(node)},
             "cwd": str(spec.context_dir), "cpus": cpu_sets[node],
             "log": str(layout.node_log(spec.name, ctx.attempt, node, host.home)),
+            **({"spare": node >= spec.nodes} if spares else {}),
         })
-    request = LocalRequest(run_dir=run_dir, attempt_dir=attempt_dir, checkpoint_dir=run_ckpt, port=port)
+    request = LocalRequest(run_dir=run_dir, attempt_dir=attempt_dir, checkpoint_dir=run_ckpt, port=port,
+                           spares=spares)
     return Plan(backend="local", run=spec.name, attempt=ctx.attempt, spec_hash=spec.spec_hash(),
                 request=request, resources=agents, notes=notes, context=ctx)

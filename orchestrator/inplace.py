@@ -1,0 +1,44 @@
+"""In-place recovery with spare nodes (restart.spares, docs/spares.md): the supervisor's path
+that keeps the attempt. A lost node is replaced by a warm spare through the backend's
+``recover_in_place``; the attempt's record keeps what happened. Only a node's failure qualifies:
+lost (its processes gone, its beat silent), frozen (a hang that names the node: paused, or
+unknown to its engine) or its accelerator failed; the job's own error, an OOM, NaN or a hang of no one node (a stuck
+collective) would follow the job to the spare."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from . import failures as F
+from .backends import base as b
+from .display import step_text
+from .spec import JobSpec
+from .state import AttemptRecord
+from .tracker import AttemptTracker
+
+WHAT = {F.NODE_LOST: "lost", F.HANG: "frozen", F.DEVICE_FAULT: "lost its device"}
+NODE_FAILURES = (F.NODE_LOST, F.HANG, F.DEVICE_FAULT)     # when they name a node
+
+
+def recover_in_place(spec: JobSpec, backend: b.Backend[Any], ref: b.AttemptRef, rec: AttemptRecord,
+                     tracker: AttemptTracker, failure: F.Failure,
+                     clock: Callable[[], float]) -> tuple[bool, str | None]:
+    """Whether the attempt goes on (a spare took the lost node's place; the recovery appended to
+    ``rec.recoveries``), and the line to tell the user (None: spares do not apply)."""
+    if not (spec.restart.spares and backend.spares) or failure.kind not in NODE_FAILURES or failure.node is None:
+        return False, None
+    decided = clock()
+    got = backend.recover_in_place(ref, failure.node)
+    if got is None:
+        return False, (f"attempt {rec.attempt}: node {failure.node} failed ({failure.kind}) and no spare node is left "
+                       f"(restart.spares={spec.restart.spares}): a new attempt replaces this one")
+    rec.recoveries.append({
+        "time": round(decided, 3), "round": got.round, "lost_node": got.lost, "spare_node": got.spare,
+        "host": failure.host, "evidence": failure.evidence, "step": tracker.last_step,
+        "checkpoint_step": tracker.last_checkpoint_step, "detect_s": round(max(0.0, decided - failure.time), 3),
+        "replace_s": round(clock() - decided, 3)})
+    return True, (f"attempt {rec.attempt}: node {got.lost} {WHAT.get(failure.kind, failure.kind)} "
+                  f"({failure.evidence}) -> spare node {got.spare} "
+                  f"takes its place in round {got.round}, every worker restarts in place from the newest "
+                  f"checkpoint (step {step_text(tracker.last_checkpoint_step)}); {got.spares_left} spare(s) left, "
+                  "no new attempt")

@@ -1,0 +1,84 @@
+"""Spare nodes on the local backend (restart.spares, docs/spares.md): a node SIGKILLed (its whole
+process group, as a machine dies) or frozen (SIGSTOP) after a checkpoint is replaced in place by the warm spare, with
+no new attempt, and the run ends bit-identical (float.hex) to an uninterrupted one; node 0 too
+(the c10d store runs apart); a second death with the only spare spent falls back to a new attempt.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from . import harness as h
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group("local-spares")]
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("wmctl-spares")
+
+
+@pytest.fixture(scope="module")
+def reference(home):
+    spec = h.write_spec(home, "reference")
+    w = h.Watch(spec, home)
+    assert w.wait() == 0, w.output
+    return h.final_state(spec)
+
+
+def _recoveries(home, run) -> list[dict]:
+    return [r for a in h.record(home, run)["attempts"] for r in a.get("recoveries", [])]
+
+
+@pytest.mark.timeout(600)       # the first also pays for the module's uninterrupted reference run
+@pytest.mark.parametrize("node,sig", [(1, signal.SIGKILL), (0, signal.SIGKILL), (1, signal.SIGSTOP)],
+                         ids=["worker-node", "node0", "frozen-node"])
+def test_spare_replaces_a_killed_node_in_place(home, reference, node, sig):
+    run = f"spare-{sig.name.lower()}{node}"
+    spec = h.write_spec(home, run, restart={"spares": 1})
+    w = h.Watch(spec, home)
+    h.wait_checkpoint(home, run, 0, 10)
+    # SIGSTOP: a frozen node, cut off rather than dead; the spare's path kills it (and fences it)
+    assert h.kill_node(run, 0, node, sig) > 0
+    assert w.wait() == 0, w.output
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["succeeded"], w.output
+    recoveries = _recoveries(home, run)
+    assert [(r["lost_node"], r["spare_node"], r["round"]) for r in recoveries] == [(node, 2, 1)]
+    assert recoveries[0]["checkpoint_step"] >= 10
+    # every worker of the new round loaded the newest complete checkpoint, exactly
+    resumes = [p for p in h.progress(home, run, 0) if p["event"] == "resume"]
+    assert resumes and resumes[-1]["step"] >= 10 and resumes[-1].get("exact") is not False
+    assert "spare node 2 takes its place in round 1" in w.output
+    # the final report (what `wmctl status` prints) names the recovery inside the attempt
+    assert f"in place: node {node} replaced at step" in w.output
+    assert ("frozen" if sig == signal.SIGSTOP else "lost") in w.output.split("takes its place")[0].splitlines()[-1]
+    assert h.final_state(spec) == reference
+    assert not h.leftover_processes(run)
+    metrics = (h.run_folder(home, run) / "metrics.jsonl").read_text()
+    assert '"event":"recovery"' in metrics
+    described = subprocess.run([sys.executable, "-m", "orchestrator.cli", "describe", run], env=w.env,
+                               capture_output=True, text=True, timeout=60)
+    assert f"in_place    node {node} replaced by spare node 2 (round 1" in described.stdout, described.stdout
+
+
+def test_second_death_with_the_only_spare_spent_resubmits(home, reference):
+    run = "spare-twice"
+    spec = h.write_spec(home, run, restart={"spares": 1}, steps=60)
+    w = h.Watch(spec, home)
+    h.wait_checkpoint(home, run, 0, 10)
+    assert h.kill_node(run, 0, 1) > 0
+    h.wait_until(lambda: _recoveries(home, run), 60, "the in-place recovery")
+    h.wait_checkpoint(home, run, 0, 30)      # the new round committed one of its own
+    assert h.kill_node(run, 0, 0) > 0
+    assert w.wait() == 0, w.output
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["node_lost", "succeeded"], w.output
+    assert len(rec["attempts"][0]["recoveries"]) == 1
+    assert "no spare node is left" in w.output
+    assert rec["attempts"][1]["resumed_from_step"] >= 30
+    assert not h.leftover_processes(run)

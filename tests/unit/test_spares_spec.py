@@ -1,0 +1,61 @@
+"""restart.spares: the field, its bounds, the backends that refuse it, and what it changes in a
+local plan (nothing at 0)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.backends.local.rounds import with_rdzv_id
+from orchestrator.errors import SpecError
+from orchestrator.vendors import load_profile
+
+from .helpers import check_backend, render_plan, spec_from
+
+BASE = {"name": "sp", "command": ["python", "train.py"], "nodes": 2, "image": {"vendor": "cpu", "tag": "x:1"}}
+
+
+def test_spares_default_to_none_and_leave_the_spec_hash_and_plan_as_they_were():
+    plain = spec_from(BASE)
+    assert plain.restart.spares == 0
+    zero = spec_from({**BASE, "restart": {"spares": 0}})
+    assert zero.spec_hash() == plain.spec_hash()
+    plan = render_plan(plain, load_profile("cpu"), "local")
+    assert "spares" not in plan.to_dict()["extra"] and len(plan.resources) == 2
+    assert all("is_host" not in " ".join(a["argv"]) for a in plan.resources)
+
+
+def test_a_local_plan_with_a_spare_has_a_waiting_slot_and_the_store_apart():
+    spec = spec_from({**BASE, "restart": {"spares": 1}})
+    plan = render_plan(spec, load_profile("cpu"), "local")
+    assert [a.get("spare") for a in plan.resources] == [False, False, True]
+    assert all("is_host=false" in " ".join(a["argv"]) for a in plan.resources)
+    assert plan.to_dict()["extra"]["spares"] == 1
+    assert all(a["env"]["WMCTL_FENCE_EPOCH"] == "0" for a in plan.resources)
+
+
+@pytest.mark.parametrize("value", [-1, 65])
+def test_spares_out_of_bounds_are_refused_naming_the_field(value):
+    with pytest.raises(SpecError) as err:
+        spec_from({**BASE, "restart": {"spares": value}})
+    assert "restart.spares" in str(err.value)
+
+
+@pytest.mark.parametrize("backend", ["docker", "kubernetes", "slurm"])
+def test_backends_without_spares_refuse_them_with_the_fix(backend):
+    spec = spec_from({**BASE, "restart": {"spares": 1}, "checkpoint": {"dir": "/ck"},
+                      "volumes": [{"name": "ck", "mount": "/ck", "pvc": "ck"}]})
+    with pytest.raises(SpecError) as err:
+        check_backend(spec, backend, auto_resume=False)
+    text = str(err.value)
+    assert "restart.spares" in text and f"the {backend} backend cannot keep spare nodes" in text
+    assert "set restart.spares: 0" in text and "local" in text
+
+
+def test_the_local_backend_takes_spares():
+    check_backend(spec_from({**BASE, "restart": {"spares": 2}}), "local", auto_resume=True)
+
+
+def test_a_round_changes_only_torchruns_rendezvous_id():
+    argv = ["torchrun", "--rdzv-id=r-a0", "--", "wmctl-bind", "train.py", "--rdzv-id=mine"]
+    assert with_rdzv_id(argv, "r-a0-r1") == ["torchrun", "--rdzv-id=r-a0-r1", "--", "wmctl-bind", "train.py",
+                                             "--rdzv-id=mine"]
