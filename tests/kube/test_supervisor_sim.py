@@ -80,7 +80,7 @@ def test_sim_supervisor_replaces_an_attempt_that_lost_a_node(fake_api, tmp_path,
         def pods(job):
             return [p for p in fake_api.store.list("pods")[0]
                     if p["metadata"]["labels"].get("job-name") == job and p["status"].get("phase") == "Running"]
-        assert cluster.run_until(lambda: len(pods("sup-a0")) == 2 and any("checkpoint" in ln for ln in lines))
+        assert cluster.run_until(lambda: len(pods("sup-a0")) == 2 and any("checkpoint" in ln for ln in lines)), lines
         dead = next(p["spec"]["nodeName"] for p in pods("sup-a0")
                     if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1")
         cluster.kill_node(dead)

@@ -227,8 +227,12 @@ class Observer:
         self._read_queue(st)
         with st.lock:
             events, st.events = st.events, []
-            nodes = (st.resolved if st.resolved is not None else
-                     node_statuses(list(st.pods.values()), st.completions, st.lost, st.gone))
+            if st.resolved is not None:
+                nodes = st.resolved
+            else:
+                nodes = node_statuses(list(st.pods.values()), st.completions, st.lost, st.gone)
+                # rank 0's last lines before its end (podlogs.hold_end)
+                events, nodes = self.podlogs.hold_end(st, events, nodes)
         return Observation(events, nodes)
 
     def _read_failed_create(self, st: Attempt) -> None:
