@@ -220,6 +220,9 @@ class KubernetesSpec:
     extra_resources: dict[str, str] = field(default_factory=dict)   # rdma/hca_shared_devices_a: 1, hugepages-1Gi: 8Gi
     host_network: bool = False          # hostNetwork, with dnsPolicy ClusterFirstWithHostNet
     capabilities: list[str] = field(default_factory=list)           # added to the container: IPC_LOCK, ...
+    # the container's securityContext, in the API's names: runAsUser, runAsNonRoot, seccompProfile, ...
+    security_context: dict[str, Any] = field(default_factory=dict)
+    runtime_class: str | None = None    # the pods' RuntimeClass (runtimeClassName); default: the vendor's
     secret_env: dict[str, SecretKeyRef] = field(default_factory=dict)  # HF_TOKEN: {secret: hf, key: token}
     # `submit --in-cluster`: the watcher's image (wmctl installed) and ServiceAccount
     watcher_image: str | None = None
