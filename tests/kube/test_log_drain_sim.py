@@ -3,9 +3,10 @@
 The pod watch and rank 0's followed log are separate streams. A short attempt can have every pod
 seen ended before its log follower has read the terminated container's log: a slow kubelet behind
 pods/log (the API server proxies the request to it), a loaded watcher. The supervisor judged the
-attempt on the pods alone and lost its last lines: the `resume` line of a resumed attempt (the CI
-flake of test_sim_supervisor_replaces_an_attempt_that_lost_a_node[edit-role]), its last
-checkpoint, or the `preempted` line that makes torchrun's exit 1 on SIGTERM a preemption.
+attempt on the pods alone and lost its last lines: the `resume` line of a resumed attempt, its
+last checkpoint, or the `preempted` line that makes torchrun's exit 1 on SIGTERM a preemption.
+(Found while chasing the edit-role supervisor sim's CI flake, whose own cause was the fake's:
+test_fakeapi_contract.py test_sim_a_job_is_stored_with_its_selector_and_template_labels_from_the_first.)
 Here the fake API server answers pod 0's first log request late (faults.delay_next), after the
 container has ended, so the race is lost every time without the hold.
 """
