@@ -75,6 +75,14 @@ def test_no_knobs_no_change():
     assert "securityContext" not in pod["containers"][0]
 
 
+def test_security_context_and_runtime_class_at_their_defaults_leave_every_spec_hash_as_it_was():
+    """A run submitted before the fields existed resumes with the same spec hash (the checkpoint
+    marker's check): 82bd288c585f is full.yaml's hash before it set them."""
+    unset = {"kubernetes.security_context": {}, "kubernetes.runtime_class": None}
+    assert full_spec("cuda", **unset).spec_hash() == "82bd288c585f"
+    assert full_spec("cuda").spec_hash() != "82bd288c585f"          # set, they count
+
+
 def test_security_context_and_runtime_class_render_into_the_pod_and_a_vendor_may_name_the_runtime_class():
     sc = {"runAsUser": 1000, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
           "appArmorProfile": {"type": "Localhost", "localhostProfile": "k8s-train"}}
