@@ -52,14 +52,14 @@ class PodLogs:
 
     # --- an attempt's end waits for rank 0's last lines -----------------------------------
     def hold_end(self, st: Attempt, events: list[b.Event],
-                 nodes: list[b.NodeStatus]) -> tuple[list[b.Event], list[b.NodeStatus]]:
+                 nodes: list[b.NodeStatus]) -> tuple[list[b.Event], list[b.NodeStatus], bool]:
         """Under ``st.lock``: ``poll``'s events and node states, with index 0's end held back
         while its follower has not read the terminated container's log to its end (at most
         ``drain_timeout`` per pod). The pod watch and the log stream are separate: a short
         attempt's pods can all be seen ended before rank 0's last lines (`resume`, `checkpoint`,
         `preempted`, `exit`) are read, and an attempt judged ended stops its followers. While
         held, index 0 reads as running and its end's events wait in ``st.held``; they are
-        released after the lines read meanwhile."""
+        released after the lines read meanwhile. The flag says whether index 0's end is held."""
         pod = newest_per_index(list(st.pods.values())).get(0)
         uid = pod["metadata"]["uid"] if pod is not None else ""
         follower = st.log_threads.get(0)
@@ -72,11 +72,11 @@ class PodLogs:
             hold = time.monotonic() - since < self.drain_timeout
         if not hold:
             events, st.held = events + st.held, []
-            return events, nodes
+            return events, nodes, False
         st.held += [ev for ev in events if ev.node == 0 and ev.kind in _END_KINDS]
         events = [ev for ev in events if not (ev.node == 0 and ev.kind in _END_KINDS)]
         nodes = [b.NodeStatus(0, b.RUNNING, n.host) if n.node == 0 else n for n in nodes]
-        return events, nodes
+        return events, nodes, True
 
     # --- followers: progress and the output heartbeat ------------------------------------
     def start_followers(self, st: Attempt) -> None:
@@ -147,9 +147,13 @@ class PodLogs:
                 else:
                     st.stop.wait(0.05)
             except ApiException as exc:
-                if sdk.api_status(exc) == 404:
-                    with st.lock:
-                        st.logs_read.add(uid)      # the pod is gone, and its log with it
+                with st.lock:
+                    cur = st.pods.get(uid)
+                    if sdk.api_status(exc) == 404 or (sdk.api_status(exc) == 403 and (
+                            cur is None or container_terminated(cur))):
+                        # the pod is gone, and its log with it; or it ended and this user may not
+                        # read pods/log: nothing more will come, nothing holds its end (hold_end)
+                        st.logs_read.add(uid)
                 st.stop.wait(0.05 if sdk.api_status(exc) in (400, 404) else
                              delays.delay(exc) if is_transient(exc) else 0.5)
             except sdk.connection_errors():
