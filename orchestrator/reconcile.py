@@ -68,12 +68,13 @@ def reconcile(record: RunRecord, backend: b.Backend[Any], *, clock: Callable[[],
     tracker = AttemptTracker(started_at=last.submitted_at)
     deadline = now + wait_s
     while True:
-        tracker.feed(backend.poll(ref), clock())
+        obs = backend.poll(ref)
+        tracker.feed(obs, clock())
         done = b.Observation([], tracker.nodes).finished
         if (tracker.nodes and (done or F.root_cause(tracker.events))) or clock() >= deadline:
             break
-        if tracker.nodes and not done and tracker.last_step is not None:
-            break               # running and reporting: that is the answer
+        if tracker.nodes and not done and tracker.last_step is not None and not obs.settling:
+            break               # running and reporting: that is the answer (not a node ended, its last lines unread)
         sleep(0.2)
     for name in ("last_step", "last_checkpoint_step", "resumed_from_step"):
         value = getattr(tracker, name)

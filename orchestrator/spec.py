@@ -224,6 +224,10 @@ class KubernetesSpec:
     extra_resources: dict[str, str] = field(default_factory=dict)   # rdma/hca_shared_devices_a: 1, hugepages-1Gi: 8Gi
     host_network: bool = False          # hostNetwork, with dnsPolicy ClusterFirstWithHostNet
     capabilities: list[str] = field(default_factory=list)           # added to the container: IPC_LOCK, ...
+    # the container's securityContext, in the API's names: runAsUser, runAsNonRoot, seccompProfile, ...
+    security_context: dict[str, Any] = field(default_factory=dict, metadata={"hashed_when_set": True})
+    # the pods' RuntimeClass (runtimeClassName); default: the vendor's
+    runtime_class: str | None = field(default=None, metadata={"hashed_when_set": True})  # HASHED_WHEN_SET
     secret_env: dict[str, SecretKeyRef] = field(default_factory=dict)  # HF_TOKEN: {secret: hf, key: token}
     # `submit --in-cluster`: the watcher's image (wmctl installed) and ServiceAccount
     watcher_image: str | None = None
@@ -320,7 +324,8 @@ class JobSpec:
             if dataclasses.is_dataclass(section) and isinstance(data.get(f.name), dict):
                 # a field added to a section later: at its default it leaves the hash as it was
                 for g in dataclasses.fields(section):
-                    if g.metadata.get(HASHED_WHEN_SET) and getattr(section, g.name) == g.default:
+                    default = g.default_factory() if g.default_factory is not dataclasses.MISSING else g.default
+                    if g.metadata.get(HASHED_WHEN_SET) and getattr(section, g.name) == default:
                         data[f.name].pop(g.name, None)
         canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:12]

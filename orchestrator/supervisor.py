@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from . import failures as F
+from . import waitnote
 from .backends import base as b
 from .display import step_line, step_text, summary
 from .errors import EngineUnavailable, RunCancelled, RunFailed, WmctlError
@@ -130,7 +131,7 @@ class Supervisor:
             teardown_started = self.clock()
             if failure.kind == F.NODE_LOST:      # no survivor can finish a collective (or its checkpoint)
                 self.backend.cut_grace(ref, [failure.host] if failure.host else [])
-            self._ride_out(f"tearing down attempt {rec.attempt}", functools.partial(self.backend.cancel, ref))
+            self._ride_out(f"tearing down attempt {rec.attempt}", functools.partial(self.backend.cancel, ref), rec)
             rec.timings["teardown_s"] = round(self.clock() - teardown_started, 3)
             for note in self.backend.teardown_notes(ref):
                 self.echo(f"attempt {rec.attempt} teardown went on without a step: {note}")
@@ -265,7 +266,7 @@ class Supervisor:
             cancelled = self._cancelled()
             if cancelled is not None and not self._graceful_wait(cancelled, tracker, now):
                 return tracker, cancelled
-            obs = self._poll(ref, tracker, now)
+            obs = self._poll(ref, rec, tracker, now)
             if obs is None:
                 self.sleep(self.poll_interval)
                 continue
@@ -276,6 +277,8 @@ class Supervisor:
                 self._show(rec, ev, tracker, now)
                 if ev.kind == b.PROGRESS and ev.progress and kept.first(metric_key(ev.progress)):
                     self.store.append_metric({**ev.progress, "attempt": rec.attempt, "seen": round(now, 3)})
+            if tracker.waiting is None and tracker.queued is None:
+                self._note(rec, waitnote.pulling(tracker, now, self.spec.restart.image_pull_timeout_s))
             if (tracker.waiting, tracker.queued) != waited:
                 # Saved after the lines are shown: whoever reads the record's reason has been told it.
                 # `wmctl status` reads the record: the cluster's reason for the wait is said there
@@ -381,7 +384,15 @@ class Supervisor:
             return True
         return False
 
-    def _poll(self, ref: b.AttemptRef, tracker: AttemptTracker, now: float) -> b.Observation | None:
+    def _note(self, rec: AttemptRecord, note: str | None) -> None:
+        """Say ``note`` (waitnote.py: the API away, a node's image pulled) as the running attempt's
+        evidence, where `wmctl status` and the panel read it; None clears a note said before."""
+        if note != rec.evidence and (note is not None or waitnote.is_note(rec.evidence)):
+            rec.evidence = note
+            self.store.save(self.record)
+
+    def _poll(self, ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker,
+              now: float) -> b.Observation | None:
         """The backend's news, or None while its engine (Docker, the Kubernetes API) is out of
         reach. The run itself is untouched by an outage (a control-plane upgrade, a dockerd
         restart), so the watcher waits it out for up to heartbeat_timeout; time out of contact
@@ -392,6 +403,7 @@ class Supervisor:
             if self._outage_since is None:
                 self._outage_since = now
                 self.echo(f"lost contact with {self.backend.name} ({exc.message}); retrying, the run is not touched")
+                self._note(rec, waitnote.outage(self.backend.name, now, self.spec.restart.heartbeat_timeout_s))
             if now - self._outage_since > self.spec.restart.heartbeat_timeout_s:
                 raise
             return None
@@ -400,9 +412,10 @@ class Supervisor:
             self.echo(f"contact with {self.backend.name} restored after {gap:.0f} s")
             tracker.last_heartbeat += gap
             self._outage_since = None
+            self._note(rec, None)
         return obs
 
-    def _ride_out(self, what: str, step: Callable[[], Any]) -> None:
+    def _ride_out(self, what: str, step: Callable[[], Any], rec: AttemptRecord | None = None) -> None:
         """``step`` (a submission or a teardown, each idempotent: an existing attempt is adopted, a
         deleted object is done), tried again while the backend's engine is unavailable (a
         control-plane upgrade answers 503 or refuses connections for minutes; an expired
@@ -419,6 +432,9 @@ class Supervisor:
                     told = True
                     self.echo(f"{self.backend.name} API unavailable while {what} ({exc.message}); retrying for up "
                               f"to {self.spec.restart.heartbeat_timeout_s:.0f} s, nothing is marked failed")
+                    if rec is not None:
+                        self._note(rec, waitnote.outage(self.backend.name, started,
+                                                        self.spec.restart.heartbeat_timeout_s, what))
                 if waited + delay > self.spec.restart.heartbeat_timeout_s:
                     raise
                 self.sleep(delay)
@@ -426,6 +442,8 @@ class Supervisor:
                 continue
             if told:
                 self.echo(f"{self.backend.name} API back: {what} done after {self.clock() - started:.0f} s")
+                if rec is not None:
+                    self._note(rec, None)
             return
 
     def _show(self, rec: AttemptRecord, ev: b.Event, tracker: AttemptTracker, now: float) -> None:
@@ -524,7 +542,7 @@ class Supervisor:
             if parent is None:       # the first: an engine out of reach is said at once, to the user at hand
                 self.backend.submit(plan)
             else:                    # a resubmission rides out an outage (a control-plane upgrade)
-                self._ride_out(f"submitting attempt {attempt}", lambda: self.backend.submit(plan))
+                self._ride_out(f"submitting attempt {attempt}", lambda: self.backend.submit(plan), rec)
         except WmctlError as exc:
             if parent is not None and isinstance(exc, EngineUnavailable):
                 # Away past the budget: nothing was refused, so nothing is marked failed. The attempt

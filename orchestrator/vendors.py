@@ -52,6 +52,9 @@ class KubernetesExposure:
 
     env: dict[str, str] = field(default_factory=dict)
     host_mounts: list[str] = field(default_factory=list)   # hostPath mounts the device plugin does not add
+    # the RuntimeClass the vendor's container runtime is registered under on its clusters, where
+    # its devices need one (a spec's kubernetes.runtime_class overrides it); None: the default
+    runtime_class: str | None = None
 
 
 @record(frozen=True)

@@ -197,6 +197,9 @@ class Observation:
 
     events: list[Event]
     nodes: list[NodeStatus]
+    # a node that ended reads as running until its last output lines are read (Kubernetes:
+    # podlogs.hold_end): a one-look reader must not take it for a run still going
+    settling: bool = False
 
     @property
     def finished(self) -> bool:

@@ -141,6 +141,15 @@ def test_sim_a_resubmission_rides_out_a_control_plane_outage(fake_api, tmp_path,
         assert c.run_until(held, timeout=30)                   # attempt 1 about to be submitted
         fake_api.faults.outage(4.0)
         next(tmp_path.rglob("pause-submitting")).unlink()
+        notes: list[str] = []
+
+        def noted() -> bool:      # `wmctl status` and the panel read the attempt's evidence
+            attempts = store.load().attempts
+            if len(attempts) > 1 and attempts[1].evidence:
+                notes.append(attempts[1].evidence)
+            return any("kubernetes API unavailable, retrying while submitting attempt 1 (since " in n
+                       and ", budget 1m00s)" in n for n in notes)
+        assert c.run_until(noted, timeout=30), (notes, lines)
         thread.join(timeout=60)
         assert not thread.is_alive(), "\n".join(lines)
     finally:
@@ -149,6 +158,7 @@ def test_sim_a_resubmission_rides_out_a_control_plane_outage(fake_api, tmp_path,
     assert outcome.exit_code == 0, outcome.report + "\n" + "\n".join(lines)
     a0, a1 = store.load().attempts
     assert a0.outcome == "node_lost" and a1.outcome == "succeeded"
+    assert not a1.evidence or "API unavailable" not in a1.evidence      # cleared once it was back
     said = "\n".join(lines)
     assert "kubernetes API unavailable while submitting attempt 1" in said and "nothing is marked failed" in said
     assert "kubernetes API back: submitting attempt 1 done after" in said

@@ -187,3 +187,37 @@ def test_delete_removes_the_readers_gate_too(fake_api):
     store(fake_api.client).delete()
     assert not [n for n in (cm["metadata"]["name"] for cm in fake_api.store.list("configmaps", NS)[0])
                 if n.startswith("wmctl-run-rd")]
+
+
+def test_the_run_stores_own_client_reloads_a_rotated_token_like_the_engines(fake_api, tmp_path, monkeypatch):
+    """The store's client is loaded from the kubeconfig, as `wmctl status` or a watcher's lease
+    loads it; its user reads a tokenFile (a sidecar renews it). The token rotates: the next write
+    and read meet a 401, reload the kubeconfig once and carry on (credentials.py). Before: the
+    client read the file once, so each later request was 401 and a watcher lost its lease."""
+    import yaml
+
+    from orchestrator.backends.kubernetes.runstore import list_cluster_runs
+
+    token = tmp_path / "token"
+    token.write_text("t1")
+    fake_api.as_user("t1", role="edit", namespace=NS)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": fake_api.server.url}}],
+        "users": [{"name": "robot", "user": {"tokenFile": str(token)}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "robot", "namespace": NS}}]}))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("WMCTL_RUN_STORE_CONTEXT", raising=False)
+    kept = ClusterRunStore("rot", namespace=NS)
+    record = RunRecord(run="rot", backend="kubernetes", spec_path="", overrides={}, spec_hash="h",
+                       auto_resume=True, namespace=NS, spec={"name": "rot"})
+    kept.save(record)
+    fake_api.server.rbac.rotate("t1", "t2")
+    token.write_text("t2")
+    record.status = "succeeded"
+    kept.save(record)                                          # 401, reload, the write goes through
+    assert kept.load().status == "succeeded"
+    assert list_cluster_runs(namespace=NS) == ["rot"]          # a new client reads the new token at once
+    refused = [r for r in fake_api.api.requests if r.get("code") == 401]
+    assert len(refused) == 1, refused                          # one 401, then the reloaded token

@@ -719,3 +719,23 @@ def test_sim_stale_continue_token_is_410_expired(fake_api):
     with pytest.raises(ApiException) as err:
         core.list_node(limit=2, _continue="not-a-token")
     assert err.value.status == 400
+
+
+def test_sim_a_job_is_stored_with_its_selector_and_template_labels_from_the_first(fake_api):
+    """pkg/registry/batch/job/strategy.go PrepareForCreate -> generateSelector: the Job is stored
+    with its controller-uid selector and the template's job-name labels set; nobody (a watch, the
+    Job controller) ever sees it without them. The fake once added them by an update after the
+    create: its Job controller could make pods without `job-name` in between, which then ran no
+    script of the test's (the edit-role supervisor sim's flake: attempt 1 "succeeded" without one
+    line of its log)."""
+    batch = client.BatchV1Api(fake_api.client)
+    rv = batch.list_namespaced_job("default").metadata.resource_version
+    _, job = attempt_manifests("sel", 0, nodes=2)
+    batch.create_namespaced_job("default", job)
+    seen = [e["raw_object"] for e in watch.Watch().stream(batch.list_namespaced_job, "default",
+                                                           resource_version=rv, timeout_seconds=1)]
+    first = seen[0]
+    uid = first["metadata"]["uid"]
+    assert first["spec"]["selector"] == {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+    assert first["spec"]["template"]["metadata"]["labels"]["job-name"] == first["metadata"]["name"]
+    assert first["spec"]["template"]["metadata"]["labels"]["batch.kubernetes.io/controller-uid"] == uid

@@ -8,10 +8,13 @@ attempt a `rendezvous` failure, then "no new checkpoint"), and a pull that never
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from kubernetes import client
 
 from orchestrator.backends.kubernetes.engine import KubernetesBackend
+from orchestrator.errors import RunNotFound
 from orchestrator.specload import from_dict
 from orchestrator.state import LocalRunStore as RunStore
 from orchestrator.state import RunRecord
@@ -60,11 +63,27 @@ def test_sim_the_rendezvous_waits_out_a_peers_cold_pull_longer_than_join_timeout
     cluster.start()
     lines: list[str] = []
     backend, store, sup = _supervise(spec, fake_api, lines)
+    thread, result = run_supervisor(sup)
+    notes: list[str] = []
+
+    def noted() -> bool:          # `wmctl status` and the panel read the attempt's evidence while it waits
+        try:
+            attempts = store.load().attempts
+        except RunNotFound:
+            return False        # not saved yet
+        if attempts and attempts[0].evidence:
+            notes.append(attempts[0].evidence)
+        return any(re.fullmatch(r"starting \(pulling the image or creating the container\): node 1 on node-\w+ "
+                                r"for \d+s of restart.image_pull_timeout 30m00s", n) for n in notes)
     try:
-        outcome = sup.run()
+        assert cluster.run_until(noted, timeout=60), (notes, lines)
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "\n".join(lines)
     finally:
         backend.close()
+    outcome = result["outcome"]
     attempts = store.load().attempts
+    assert not (attempts[0].evidence or "").startswith("starting")     # cleared once every node ran
     assert outcome.exit_code == 0, outcome.report
     assert len(attempts) == 1, [(a.outcome, a.evidence) for a in attempts]
     assert not any(w == "rendezvous_timeout" for _, w, _ in cluster.timeline)

@@ -80,7 +80,8 @@ def test_sim_supervisor_replaces_an_attempt_that_lost_a_node(fake_api, tmp_path,
         def pods(job):
             return [p for p in fake_api.store.list("pods")[0]
                     if p["metadata"]["labels"].get("job-name") == job and p["status"].get("phase") == "Running"]
-        assert cluster.run_until(lambda: len(pods("sup-a0")) == 2 and any("checkpoint" in ln for ln in lines))
+        assert cluster.run_until(lambda: len(pods("sup-a0")) == 2 and any("checkpoint" in ln for ln in lines)), \
+            "\n".join(lines)
         dead = next(p["spec"]["nodeName"] for p in pods("sup-a0")
                     if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1")
         cluster.kill_node(dead)
@@ -93,7 +94,7 @@ def test_sim_supervisor_replaces_an_attempt_that_lost_a_node(fake_api, tmp_path,
     assert outcome.exit_code == 0, outcome.report
     a0, a1 = store.load().attempts
     assert (a0.outcome, a0.failed_node, a0.failed_host, a0.decision) == ("node_lost", 1, dead, "retry_elsewhere")
-    assert (a1.outcome, a1.excluded_nodes, a1.resumed_from_step) == ("succeeded", [dead], 10)
+    assert (a1.outcome, a1.excluded_nodes, a1.resumed_from_step) == ("succeeded", [dead], 10), "\n".join(lines)
     assert f"no backoff: {dead} is excluded, the next attempt goes elsewhere, so attempt 1 starts now" in lines, lines
     # attempt 0 is gone entirely, the pod stuck on the dead node included
     refused = {(r["verb"], request_attributes(r["verb"], r["path"], r["query"]).resource)

@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.watchview", 5),       # what a watcher hands its view: lines and news
     ("orchestrator.joberror", 5),        # a failure in the job's own words, read from its node's output
     ("orchestrator.failures", 5),
+    ("orchestrator.waitnote", 5),        # a running attempt's wait, said in status: the API away, a pull
     ("orchestrator.silence", 5),         # the runtime's node beat turned into node loss
     # backends: the registry, each package's face and its engine (they reach the SDKs and the store)
     ("orchestrator.backends", 4),

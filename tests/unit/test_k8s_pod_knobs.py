@@ -3,6 +3,8 @@ they render, what they refuse (naming the field and the fix), and the QoS class 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 from ruamel.yaml import YAML
@@ -35,7 +37,9 @@ def test_knobs_render_into_the_pod():
     assert template["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
     assert template["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "rdma-net@ib0"
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
-    assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK", "SYS_NICE"]}}
+    assert container["securityContext"] == {     # full.yaml's security_context, the capabilities added
+        "runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True, "allowPrivilegeEscalation": False,
+        "seccompProfile": {"type": "RuntimeDefault"}, "capabilities": {"add": ["IPC_LOCK", "SYS_NICE"]}}
     for side in ("limits", "requests"):
         assert container["resources"][side]["rdma/hca_shared_devices_a"] == "1"
         assert container["resources"][side]["hugepages-1Gi"] == "8Gi"
@@ -65,10 +69,36 @@ def test_unquoted_yaml_scalars_are_taken_as_written():
 
 
 def test_no_knobs_no_change():
-    _, template = _render()
+    _, template = _render(**{"kubernetes.security_context": {}, "kubernetes.runtime_class": None})
     pod = template["spec"]
-    assert "hostNetwork" not in pod and "dnsPolicy" not in pod
+    assert "hostNetwork" not in pod and "dnsPolicy" not in pod and "runtimeClassName" not in pod
     assert "securityContext" not in pod["containers"][0]
+
+
+def test_security_context_and_runtime_class_at_their_defaults_leave_every_spec_hash_as_it_was():
+    """A run submitted before the fields existed resumes with the same spec hash (the checkpoint
+    marker's check): 82bd288c585f is full.yaml's hash before it set them."""
+    unset = {"kubernetes.security_context": {}, "kubernetes.runtime_class": None}
+    assert full_spec("cuda", **unset).spec_hash() == "82bd288c585f"
+    assert full_spec("cuda").spec_hash() != "82bd288c585f"          # set, they count
+
+
+def test_security_context_and_runtime_class_render_into_the_pod_and_a_vendor_may_name_the_runtime_class():
+    sc = {"runAsUser": 1000, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+          "appArmorProfile": {"type": "Localhost", "localhostProfile": "k8s-train"}}
+    _, template = _render(**{"kubernetes.security_context": sc, "kubernetes.capabilities": ["IPC_LOCK"],
+                             "kubernetes.runtime_class": None})
+    container = template["spec"]["containers"][0]
+    assert container["securityContext"] == {**sc, "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}}
+    assert "runtimeClassName" not in template["spec"]
+    profile = load_profile("musa")
+    vendor = dataclasses.replace(profile, kubernetes=dataclasses.replace(profile.kubernetes, runtime_class="mthreads"))
+    spec = full_spec("musa", **{"kubernetes.runtime_class": None})
+    job = next(o for o in render_kubernetes(spec, vendor, AttemptContext()).resources if o["kind"] == "Job")
+    assert job["spec"]["template"]["spec"]["runtimeClassName"] == "mthreads"
+    spec = full_spec("musa", **{"kubernetes.runtime_class": "kata"})       # the spec's own wins
+    job = next(o for o in render_kubernetes(spec, vendor, AttemptContext()).resources if o["kind"] == "Job")
+    assert job["spec"]["template"]["spec"]["runtimeClassName"] == "kata"
 
 
 @pytest.mark.parametrize("overrides,field,words", [
@@ -91,6 +121,21 @@ def test_no_knobs_no_change():
     ({"kubernetes.secret_env": {"T": {"secret": "hf", "key": "a/b"}}}, "kubernetes.secret_env.T.key", "Secret key"),
     ({"kubernetes.secret_env": {"NCCL_DEBUG": {"secret": "hf", "key": "t"}}}, "kubernetes.secret_env.NCCL_DEBUG",
      "env.NCCL_DEBUG"),
+    ({"kubernetes.runtime_class": "Kata_GPU"}, "kubernetes.runtime_class", "RuntimeClass name"),
+    ({"kubernetes.security_context": {"runAsUsr": 1000}}, "kubernetes.security_context.runAsUsr", "runAsUser"),
+    ({"kubernetes.security_context": {"runAsUser": -1}}, "kubernetes.security_context.runAsUser", "user or group id"),
+    ({"kubernetes.security_context": {"runAsNonRoot": "yes"}}, "kubernetes.security_context.runAsNonRoot",
+     "true or false"),
+    ({"kubernetes.security_context": {"capabilities": {"add": ["NET_ADMIN"]}}},
+     "kubernetes.security_context.capabilities.add", "kubernetes.capabilities"),
+    ({"kubernetes.security_context": {"seccompProfile": {"type": "Localhost"}}},
+     "kubernetes.security_context.seccompProfile.localhostProfile", "Localhost"),
+    ({"kubernetes.security_context": {"seccompProfile": {"type": "runtime/default"}}},
+     "kubernetes.security_context.seccompProfile", "RuntimeDefault"),
+    ({"kubernetes.security_context": {"privileged": True, "allowPrivilegeEscalation": False}},
+     "kubernetes.security_context", "refused by the API server"),
+    ({"kubernetes.security_context": {"runAsNonRoot": True, "runAsUser": 0}}, "kubernetes.security_context",
+     "never starts"),
 ])
 def test_bad_knobs_name_the_field_and_the_fix(overrides, field, words):
     spec = full_spec("cuda", **overrides)

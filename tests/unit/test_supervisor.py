@@ -8,6 +8,8 @@ and when, what the next attempt is told (resume, excluded nodes), and why the lo
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 import pytest
@@ -398,6 +400,22 @@ def test_an_engine_outage_shorter_than_the_heartbeat_is_waited_out(home):
     assert outcome.exit_code == 0 and [a.outcome for a in record.attempts] == ["succeeded"]
     assert ("cancel", 0) not in backend.calls
     assert any("lost contact" in ln for ln in lines) and any("restored after 45 s" in ln for ln in lines)
+
+
+def test_while_the_engine_is_away_the_attempt_says_so_where_status_and_the_panel_read_it(home):
+    down = EngineUnavailable("connection refused")
+    said: list[str | None] = []
+
+    def look(_seconds):
+        said.append(RunStore("sup").load().attempts[0].evidence)
+    outcome, _, record, _, _ = supervise({
+        0: [([progress("checkpoint", 5)], running())] + [down] * 5 + [([progress("step", 9)], done())],
+    }, restart={"heartbeat_timeout": "60s"}, on_sleep=look)
+    assert outcome.exit_code == 0
+    notes = [n for n in said if n]
+    assert notes and all(re.fullmatch(r"scripted API unavailable, retrying \(since \d\d:\d\d:\d\d UTC, budget "
+                                      r"1m00s\)", n) for n in notes), notes
+    assert "API unavailable" not in (record.attempts[0].evidence or "")     # cleared once it answered
 
 
 def test_an_engine_outage_longer_than_the_heartbeat_is_an_error(home):

@@ -26,12 +26,13 @@ POD_SECURITY_FIELDS = (
     ("hostPort", "kubernetes.host_network"),
     ("privileged", "the vendor profile's privileged device access"),
     ("non-default capabilities", "kubernetes.capabilities"),
-    ("unrestricted capabilities", "kubernetes.capabilities (restricted allows only NET_BIND_SERVICE, "
-                                  "after dropping ALL)"),
-    ("allowPrivilegeEscalation != false", "the container's securityContext.allowPrivilegeEscalation"),
-    ("runAsNonRoot != true", "the container's securityContext.runAsNonRoot (the image must run as a non-root user)"),
-    ("runAsUser=0", "the container's securityContext.runAsUser"),
-    ("seccompProfile", "the pod's securityContext.seccompProfile (RuntimeDefault)"),
+    ("unrestricted capabilities", "kubernetes.capabilities (restricted allows only NET_BIND_SERVICE) and "
+                                  "kubernetes.security_context.capabilities.drop: [ALL]"),
+    ("allowPrivilegeEscalation != false", "kubernetes.security_context.allowPrivilegeEscalation: false"),
+    ("runAsNonRoot != true", "kubernetes.security_context.runAsNonRoot: true (with a non-zero runAsUser, or an "
+                             "image whose USER is not root)"),
+    ("runAsUser=0", "kubernetes.security_context.runAsUser"),
+    ("seccompProfile", "kubernetes.security_context.seccompProfile: {type: RuntimeDefault}"),
     ("restricted volume types", "volumes[] (restricted allows pvc, emptyDir, configMap, secret, projected)"),
 )
 PODSECURITY, QUOTA = "PodSecurity", "ResourceQuota"

@@ -56,6 +56,12 @@ def _raw(fn: Callable[..., Any]) -> Callable[..., Obj]:
     return read
 
 
+# Creates and patches ask the API server to decode strictly (fieldValidation=Strict, GA in 1.27):
+# a field it does not know (a misspelling, a field newer than the cluster) is a 400 naming the
+# field, where the default (Warn) drops it with only a warning header nobody reads.
+STRICT = "Strict"
+
+
 class Applier:
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
@@ -89,11 +95,17 @@ class Applier:
             create, read = _raw(create), _raw(read)
         what = f"create {kind.kind} {namespace}/{name}"
         try:
-            made: Obj = call(create, namespace, m, what=what)
+            made: Obj = call(create, namespace, m, what=what, field_validation=STRICT)
             return made
         except api_error() as exc:
-            if getattr(exc, "status", None) != 409:
-                raise BackendError(f"Kubernetes refused to {what}: {getattr(exc, 'status', None)} {reason(exc)}",
+            status, why = getattr(exc, "status", None), reason(exc)
+            if status == 400 and "strict decoding error" in why:
+                raise BackendError(f"Kubernetes refused to {what}: {why}",
+                                   hint="this cluster's API does not know that field (it is older than the field): "
+                                   "drop the spec setting that renders it (wmctl render shows the manifest), or "
+                                   "upgrade the cluster") from None
+            if status != 409:
+                raise BackendError(f"Kubernetes refused to {what}: {status} {why}",
                                    hint="check the manifest (wmctl render) and your RBAC") from None
         existing: Obj = call(read, name, namespace, what=f"read {kind.kind} {namespace}/{name}")
         meta = existing.get("metadata") or {}
@@ -126,6 +138,6 @@ class Applier:
             try:
                 call(self.method(kind, "patch", m.get("apiVersion")), name, namespace,
                      {"metadata": {"ownerReferences": [*refs, owner]}},
-                     what=f"set the owner of {kind.kind} {namespace}/{name}")
+                     what=f"set the owner of {kind.kind} {namespace}/{name}", field_validation=STRICT)
             except api_error():
                 pass        # 403 (no patch verb) or 404 (already gone): see the docstring

@@ -42,7 +42,10 @@ def pod_problems(spec: JobSpec, device_resource: str | None = None) -> Problems:
         bare = cap[4:] if isinstance(cap, str) and cap.startswith("CAP_") else cap
         if not isinstance(bare, str) or not re.fullmatch(CAPABILITY, bare):
             out.append((f"kubernetes.capabilities[{i}]", f"{cap!r} is not a Linux capability name like IPC_LOCK"))
-    return out + _secret_env_problems(spec)
+    if spec.kubernetes.runtime_class is not None and not is_dns_subdomain(spec.kubernetes.runtime_class):
+        out.append(("kubernetes.runtime_class", f"{spec.kubernetes.runtime_class!r} is not a RuntimeClass name: "
+                    "lowercase letters, digits, '-' and '.', e.g. nvidia or kata-qemu"))
+    return out + _secret_env_problems(spec) + security_problems(spec.kubernetes.security_context)
 
 
 def _annotation_problems(spec: JobSpec) -> Problems:
@@ -120,3 +123,64 @@ def capabilities(spec: JobSpec) -> list[str]:
         if bare not in seen:
             seen.append(bare)
     return seen
+
+
+# core/v1 SecurityContext (k8s.io/api/core/v1 types.go): the fields a container may set, and the
+# kinds of their values ("profile": {type, localhostProfile}). windowsOptions is left out: the
+# pods run Linux.
+_SECURITY_FIELDS = {"runAsUser": "id", "runAsGroup": "id", "runAsNonRoot": "bool", "allowPrivilegeEscalation": "bool",
+                    "readOnlyRootFilesystem": "bool", "privileged": "bool", "procMount": "procMount",
+                    "seccompProfile": "profile", "appArmorProfile": "profile", "capabilities": "capabilities",
+                    "seLinuxOptions": "seLinux"}
+_PROFILE_TYPES = ("RuntimeDefault", "Localhost", "Unconfined")
+
+
+def security_problems(sc: dict[str, object]) -> Problems:
+    """kubernetes.security_context, checked as the API server's ValidateSecurityContext would (and
+    against the kubelet's runAsNonRoot check): a wrong one fails at render, not as a pod that never
+    starts."""
+    out: Problems = []
+    if not isinstance(sc, dict):
+        return [("kubernetes.security_context", "a mapping of securityContext fields, e.g. {runAsNonRoot: true}")]
+    for key, value in sc.items():
+        path = f"kubernetes.security_context.{key}"
+        kind = _SECURITY_FIELDS.get(key)
+        if kind is None:
+            out.append((path, f"not a container securityContext field; known: {', '.join(sorted(_SECURITY_FIELDS))}"))
+        elif kind == "bool" and not isinstance(value, bool):
+            out.append((path, f"{value!r}: true or false"))
+        elif kind == "id" and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 2**31 - 1):
+            out.append((path, f"{value!r}: a user or group id, 0 to 2147483647"))
+        elif kind == "procMount" and value not in ("Default", "Unmasked"):
+            out.append((path, f"{value!r}: Default or Unmasked"))
+        elif kind == "profile":
+            out += _profile_problems(path, value)
+        elif kind == "capabilities":
+            if not isinstance(value, dict) or set(value) - {"drop", "add"}:
+                out.append((path, "{drop: [ALL]}: capabilities to drop"))
+            elif "add" in value:
+                out.append((f"{path}.add", "add capabilities with kubernetes.capabilities (checked against "
+                            "PodSecurity there)"))
+            elif not isinstance(value.get("drop"), list) or not all(
+                    isinstance(c, str) and re.fullmatch(CAPABILITY, c) for c in value["drop"]):
+                out.append((f"{path}.drop", f"{value.get('drop')!r}: a list of capability names, e.g. [ALL]"))
+        elif kind == "seLinux" and (not isinstance(value, dict) or set(value) - {"user", "role", "type", "level"}):
+            out.append((path, "{user, role, type, level}: SELinux labels"))
+    if sc.get("privileged") is True and sc.get("allowPrivilegeEscalation") is False:
+        # core/v1 validation ValidateSecurityContext: a privileged container always may escalate
+        out.append(("kubernetes.security_context", "privileged: true with allowPrivilegeEscalation: false is "
+                    "refused by the API server; drop one"))
+    if sc.get("runAsNonRoot") is True and sc.get("runAsUser") == 0:
+        # the kubelet's verifyRunAsNonRoot: the container would never start (CreateContainerConfigError)
+        out.append(("kubernetes.security_context", "runAsNonRoot: true with runAsUser: 0 never starts; give a "
+                    "non-zero runAsUser"))
+    return out
+
+
+def _profile_problems(path: str, value: object) -> Problems:
+    if not isinstance(value, dict) or value.get("type") not in _PROFILE_TYPES or set(value) - {"type",
+                                                                                              "localhostProfile"}:
+        return [(path, f"{value!r}: {{type: RuntimeDefault}} (or Localhost with localhostProfile, or Unconfined)")]
+    if (value["type"] == "Localhost") != bool(value.get("localhostProfile")):
+        return [(f"{path}.localhostProfile", "set it with type Localhost only (the profile's file on the node)")]
+    return []

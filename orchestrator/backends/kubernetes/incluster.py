@@ -29,6 +29,13 @@ STORE_NAME = "kubernetes"                              # WMCTL_RUN_STORE value o
 
 
 WATCHER_TOLERATION_S = 30
+# The watcher runs under the `restricted` Pod Security Standard, so any namespace may hold it: not
+# root (an image built `pip install wmctl` runs as root by default, so a uid is given, with a
+# writable HOME of its own), no privilege escalation, no capabilities, the runtime's default
+# seccomp profile. It reads the API with its service account's token (mode 0644) and writes
+# nothing else.
+WATCHER_UID = 65532
+WATCHER_HOME = "/home/wmctl"
 
 
 def deployment_name(run: str) -> str:
@@ -42,10 +49,13 @@ def watcher_manifest(run: str, namespace: str, image: str, service_account: str,
     env = [{"name": ENV_RUN_STORE, "value": STORE_NAME},
            {"name": ENV_NAMESPACE, "value": namespace},
            {"name": ENV_WATCHER_OBJECT, "value": name},
-           {"name": "PYTHONUNBUFFERED", "value": "1"}]
+           {"name": "PYTHONUNBUFFERED", "value": "1"},
+           {"name": "HOME", "value": WATCHER_HOME}]
     pod: dict[str, Any] = {
         "serviceAccountName": service_account,
         "restartPolicy": "Always",
+        "securityContext": {"runAsNonRoot": True, "runAsUser": WATCHER_UID, "runAsGroup": WATCHER_UID,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [{
             "name": "watcher", "image": image,
             # the record's own auto_resume (chosen at submit) decides, as for any `wmctl watch`
@@ -54,7 +64,10 @@ def watcher_manifest(run: str, namespace: str, image: str, service_account: str,
             # Small and Guaranteed: the watcher is the last pod to evict on a busy node.
             "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
                           "limits": {"cpu": "100m", "memory": "256Mi"}},
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+            "volumeMounts": [{"name": "home", "mountPath": WATCHER_HOME}],
         }],
+        "volumes": [{"name": "home", "emptyDir": {"sizeLimit": "64Mi"}}],
     }
     # Leave a dead node fast: the DefaultTolerationSeconds admission plugin would give the pod 300 s
     # on a not-ready or unreachable node before the taint manager evicts it and the Deployment
@@ -84,7 +97,8 @@ def start(api_client: Any, manifest: dict[str, Any], run: str) -> None:
     meta = manifest["metadata"]
     ns, name = meta["namespace"], meta["name"]
     try:
-        call_json(apps.create_namespaced_deployment, ns, manifest, what=f"create Deployment {ns}/{name}")
+        call_json(apps.create_namespaced_deployment, ns, manifest, what=f"create Deployment {ns}/{name}",
+                  field_validation="Strict")
     except api_exception() as exc:
         status = api_status(exc)
         if status not in (403, 409):

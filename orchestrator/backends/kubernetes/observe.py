@@ -227,9 +227,14 @@ class Observer:
         self._read_queue(st)
         with st.lock:
             events, st.events = st.events, []
-            nodes = (st.resolved if st.resolved is not None else
-                     node_statuses(list(st.pods.values()), st.completions, st.lost, st.gone))
-        return Observation(events, nodes)
+            settling = False
+            if st.resolved is not None:
+                nodes = st.resolved
+            else:
+                nodes = node_statuses(list(st.pods.values()), st.completions, st.lost, st.gone)
+                # rank 0's last lines before its end (podlogs.hold_end)
+                events, nodes, settling = self.podlogs.hold_end(st, events, nodes)
+        return Observation(events, nodes, settling)
 
     def _read_failed_create(self, st: Attempt) -> None:
         """While the Job has fewer pods than nodes, say why from its Events (classify.failed_create):

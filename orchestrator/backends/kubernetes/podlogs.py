@@ -32,12 +32,51 @@ LOG_READ_TIMEOUT_S = 60.0
 # for its reports about group rank 0 only (base.witness_progress); every other line there is
 # rank 0's to tell, and a second copy would only duplicate or mask it.
 WITNESS_INDEX = b.WITNESS_NODE
+# How long poll holds back the end of index 0's pod while its follower has not yet read the
+# terminated container's log to its end (hold_end). The kubelet serves a finished container's
+# log at once; a follower that cannot read it (pods/log refused, the kubelet away) costs this
+# much at an attempt's end, after which the end is reported and the lines not read stay in the
+# log tail kept in the run folder (`wmctl logs`).
+LOG_DRAIN_TIMEOUT_S = 10.0
+# What an ended pod's end is told by: held back with it (the exit may only be judged after the
+# job's last words, e.g. its `preempted` line before torchrun's exit 1 on SIGTERM).
+_END_KINDS = (b.NODE_EXITED, b.OOM_KILLED, b.EVICTED)
 
 
 class PodLogs:
-    def __init__(self, cluster: Cluster, read_timeout: float = LOG_READ_TIMEOUT_S):
+    def __init__(self, cluster: Cluster, read_timeout: float = LOG_READ_TIMEOUT_S,
+                 drain_timeout: float = LOG_DRAIN_TIMEOUT_S):
         self.cluster = cluster
         self.read_timeout = read_timeout
+        self.drain_timeout = drain_timeout
+
+    # --- an attempt's end waits for rank 0's last lines -----------------------------------
+    def hold_end(self, st: Attempt, events: list[b.Event],
+                 nodes: list[b.NodeStatus]) -> tuple[list[b.Event], list[b.NodeStatus], bool]:
+        """Under ``st.lock``: ``poll``'s events and node states, with index 0's end held back
+        while its follower has not read the terminated container's log to its end (at most
+        ``drain_timeout`` per pod). The pod watch and the log stream are separate: a short
+        attempt's pods can all be seen ended before rank 0's last lines (`resume`, `checkpoint`,
+        `preempted`, `exit`) are read, and an attempt judged ended stops its followers. While
+        held, index 0 reads as running and its end's events wait in ``st.held``; they are
+        released after the lines read meanwhile. The flag says whether index 0's end is held."""
+        pod = newest_per_index(list(st.pods.values())).get(0)
+        uid = pod["metadata"]["uid"] if pod is not None else ""
+        follower = st.log_threads.get(0)
+        ended = pod is not None and (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        hold = (pod is not None and ended and uid not in st.logs_read and uid not in st.lost
+                and container_started(pod) and not st.cancelled and not st.stop.is_set()
+                and follower is not None and follower.is_alive())
+        if hold:
+            since = st.held_since.setdefault(uid, time.monotonic())
+            hold = time.monotonic() - since < self.drain_timeout
+        if not hold:
+            events, st.held = events + st.held, []
+            return events, nodes, False
+        st.held += [ev for ev in events if ev.node == 0 and ev.kind in _END_KINDS]
+        events = [ev for ev in events if not (ev.node == 0 and ev.kind in _END_KINDS)]
+        nodes = [b.NodeStatus(0, b.RUNNING, n.host) if n.node == 0 else n for n in nodes]
+        return events, nodes, True
 
     # --- followers: progress and the output heartbeat ------------------------------------
     def start_followers(self, st: Attempt) -> None:
@@ -61,14 +100,13 @@ class PodLogs:
         ApiException = api_error()
         core = self.cluster.core()
         ns = self.cluster.ns(st.ref)
-        uid_done: set[str] = set()
         cursors: dict[str, LogCursor] = {}
         output_at: dict[int, float] = {}
         delays = Backoff(0.05, 2.0)      # reconnects: jittered, growing, at least a 429's Retry-After
         while not st.stop.is_set():
             with st.lock:
                 cands = [p for p in st.pods.values() if pod_index(p) == index
-                         and p["metadata"]["uid"] not in uid_done
+                         and p["metadata"]["uid"] not in st.logs_read
                          and container_started(p)]
                 pod = max(cands, key=lambda p: p["metadata"].get("creationTimestamp") or "",
                           default=None)
@@ -104,12 +142,18 @@ class PodLogs:
                 with st.lock:
                     cur = st.pods.get(uid)
                 if cur is None or container_terminated(cur):
-                    uid_done.add(uid)
+                    with st.lock:
+                        st.logs_read.add(uid)      # read to its end: poll may now report its pod's end
                 else:
                     st.stop.wait(0.05)
             except ApiException as exc:
-                if sdk.api_status(exc) == 404:
-                    uid_done.add(uid)
+                with st.lock:
+                    cur = st.pods.get(uid)
+                    if sdk.api_status(exc) == 404 or (sdk.api_status(exc) == 403 and (
+                            cur is None or container_terminated(cur))):
+                        # the pod is gone, and its log with it; or it ended and this user may not
+                        # read pods/log: nothing more will come, nothing holds its end (hold_end)
+                        st.logs_read.add(uid)
                 st.stop.wait(0.05 if sdk.api_status(exc) in (400, 404) else
                              delays.delay(exc) if is_transient(exc) else 0.5)
             except sdk.connection_errors():

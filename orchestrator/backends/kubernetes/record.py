@@ -50,6 +50,13 @@ class Attempt:
     log_threads: dict[int, threading.Thread] = field(default_factory=dict)   # pod index -> its follower
     stop: threading.Event = field(default_factory=threading.Event)
     log_resps: dict[int, Any] = field(default_factory=dict)    # pod index -> its open log stream
+    # pods whose log a follower read to its end (the container terminated, the stream ended) or
+    # found gone (404): nothing more of them can come (podlogs.py)
+    logs_read: set[str] = field(default_factory=set)
+    # node 0's end, held back by poll until its follower has read its log to the end
+    # (podlogs.hold_end): when the hold began (per pod uid), and the events it holds
+    held_since: dict[str, float] = field(default_factory=dict)
+    held: list[Event] = field(default_factory=list)
     # what the pods cannot tell, read at most every FAILED_CREATE_EVERY_S (_due): the Job's
     # Events for FailedCreate ("events"), its Kueue Workload ("queue"); name -> last read
     read_at: dict[str, float] = field(default_factory=dict)

@@ -6,6 +6,7 @@ this module computes every value, renders, parses the YAML back and checks the r
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from typing import Any
@@ -156,6 +157,7 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
         "working_dir": spec.workdir or spec.image.workdir, "env": env_list, "resources": resources,
         "volume_mounts": mounts, "volumes": volumes, "notes": notes,
         "host_network": k.host_network, "security_context": pod_security,
+        "runtime_class": k.runtime_class or profile.kubernetes.runtime_class,
     }
 
 
@@ -218,13 +220,17 @@ def _pod_security_notes(spec: JobSpec, notes: list[str]) -> dict[str, Any] | Non
                      f"rendezvous host still resolves through cluster DNS); port {spec.rendezvous.port} must be free "
                      "on every node, and the namespace's PodSecurity level must be privileged")
     caps = capabilities(spec)
+    own = copy.deepcopy(k.security_context)     # the spec's securityContext (check.security_problems)
+    if own.get("privileged") is True:
+        notes.append("security_context privileged: true is beyond PodSecurity baseline: the namespace must allow "
+                     "privileged pods (pod-security.kubernetes.io/enforce: privileged)")
     if not caps:
-        return None
+        return own or None
     beyond = [c for c in caps if c not in BASELINE_CAPABILITIES]
     if beyond:
         notes.append(f"capabilities {', '.join(beyond)} are beyond PodSecurity baseline: the namespace must allow "
                      "privileged pods (pod-security.kubernetes.io/enforce: privileged)")
-    return {"capabilities": {"add": caps}}
+    return {**own, "capabilities": {**own.get("capabilities", {}), "add": caps}}
 
 
 def _resources(spec: JobSpec, profile: VendorProfile, notes: list[str]) -> dict[str, Any]:

@@ -57,12 +57,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ... import labels as L
-from ...adaptors.kubernetes import api_exception, api_status, load_api_client, sdk
+from ...adaptors.kubernetes import api_exception, api_status, load_api_client, sdk, single_try
 from ...resources import rbac_manifest
 from ...errors import BackendError, EngineUnavailable, RunExists, RunNotFound
 from ...state import (LEASE_BEAT_S, LEASE_STALE_S, READER_QUEUE_S, READER_RECONCILE_S, Lease, RunRecord, RunStore,
                       parse_metrics, parse_record)
 from .client import call_json
+from .credentials import Credentials, describe_source
 
 ENV_NAMESPACE = "WMCTL_RUN_STORE_NAMESPACE"
 ENV_CONTEXT = "WMCTL_RUN_STORE_CONTEXT"
@@ -95,6 +96,18 @@ def store_namespace(environ: dict[str, str] | None = None) -> str:
     want = env.get(ENV_CONTEXT)
     chosen = next((c for c in contexts or [] if c.get("name") == want), None) if want else current
     return ((chosen or {}).get("context") or {}).get("namespace") or "default"
+
+
+def store_client(context: str | None = None) -> Any:
+    """The run store's own ApiClient, made as the engine's is (cluster.Cluster.api_client): a 401
+    loads the kubeconfig (or the in-cluster service account) again and sends the request once
+    more (credentials.py: a tokenFile rewritten, an oidc id-token or an exec plugin's certificate
+    renewed), and retries are client.call's alone. A watcher's lease beats through this client for
+    as long as the run lasts: without the reload an expired token cost it the lease."""
+    client = load_api_client(context)
+    source, _ = describe_source(context, None, None)
+    Credentials(client, lambda: load_api_client(context), source).install()
+    return single_try(client)
 
 
 def _call(fn: Any, *args: Any, what: str, **kwargs: Any) -> Any:
@@ -130,7 +143,7 @@ class ClusterRunStore(RunStore):
     # --- plumbing --------------------------------------------------------------------------------
     def _core(self) -> Any:
         if self._client is None:
-            self._client = load_api_client(os.environ.get(ENV_CONTEXT) or None)
+            self._client = store_client(os.environ.get(ENV_CONTEXT) or None)
         return sdk().CoreV1Api(self._client)
 
     def name(self, part: str = "") -> str:
@@ -475,7 +488,7 @@ def list_cluster_runs(core: Any = None, namespace: str | None = None) -> list[st
     """Runs whose record is kept in ``namespace``."""
     ns = namespace or store_namespace()
     if core is None:
-        core = sdk().CoreV1Api(load_api_client(os.environ.get(ENV_CONTEXT) or None))
+        core = sdk().CoreV1Api(store_client(os.environ.get(ENV_CONTEXT) or None))
     items = _call(core.list_namespaced_config_map, ns, label_selector=f"{STORE_LABEL}=record",
                       what=f"list runs in namespace {ns}")["items"]
     return sorted(((cm["metadata"].get("labels") or {}).get(L.RUN, "") for cm in items), key=str)

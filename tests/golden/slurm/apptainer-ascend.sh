@@ -1,5 +1,5 @@
 #!/bin/bash
-# wmctl plan: run worldmodel, attempt 1, spec 2224626b9e57
+# wmctl plan: run worldmodel, attempt 1, spec c64bc4c453fc
 # submitted as: sbatch --parsable --output=/shared/wmctl/runs/worldmodel/attempt-1/batch.log /shared/wmctl/runs/worldmodel/attempt-1/job.sbatch
 # note: attempt folder /shared/wmctl/runs/worldmodel/attempt-1: every node writes its log and exit record there, so it must be on a filesystem the nodes and this host share
 # note: checkpoints in /workspace/ckpt/worldmodel
@@ -67,7 +67,7 @@ fi
 
 export WMCTL_RUN=worldmodel
 export WMCTL_ATTEMPT=1
-export WMCTL_SPEC_HASH=2224626b9e57
+export WMCTL_SPEC_HASH=c64bc4c453fc
 export WMCTL_VENDOR=ascend
 export WMCTL_VENDOR_PROFILE='{"aliases":["huawei","npu"],"device_sources":["pci"],"dist_backend":"hccl","libraries":["ascendcl"],"name":"ascend","pci_vendor_ids":[6629],"smi":["npu-smi"],"torch_module":"npu","torch_plugin":"torch_npu","unverified":[],"visible_devices_env":"ASCEND_RT_VISIBLE_DEVICES"}'
 export WMCTL_TORCH_MODULE=npu

@@ -1,5 +1,5 @@
 #!/bin/bash
-# wmctl plan: run worldmodel, attempt 1, spec 1638f872b7fb
+# wmctl plan: run worldmodel, attempt 1, spec 53491a87fda7
 # submitted as: sbatch --parsable --output=/shared/wmctl/runs/worldmodel/attempt-1/batch.log /shared/wmctl/runs/worldmodel/attempt-1/job.sbatch
 # note: attempt folder /shared/wmctl/runs/worldmodel/attempt-1: every node writes its log and exit record there, so it must be on a filesystem the nodes and this host share
 # note: checkpoints in /workspace/ckpt/worldmodel
@@ -69,7 +69,7 @@ fi
 
 export WMCTL_RUN=worldmodel
 export WMCTL_ATTEMPT=1
-export WMCTL_SPEC_HASH=1638f872b7fb
+export WMCTL_SPEC_HASH=53491a87fda7
 export WMCTL_VENDOR=cambricon
 export WMCTL_VENDOR_PROFILE='{"aliases":["mlu"],"device_sources":["pci"],"dist_backend":"cncl","libraries":["cnrt"],"name":"cambricon","pci_vendor_ids":[51900],"smi":["cnmon"],"torch_module":"mlu","torch_plugin":"torch_mlu","unverified":[],"visible_devices_env":"MLU_VISIBLE_DEVICES"}'
 export WMCTL_TORCH_MODULE=mlu

@@ -1,5 +1,5 @@
 #!/bin/bash
-# wmctl plan: run worldmodel, attempt 1, spec b8c88d13474e
+# wmctl plan: run worldmodel, attempt 1, spec 181cd1c331f0
 # submitted as: sbatch --parsable --output=/shared/wmctl/runs/worldmodel/attempt-1/batch.log /shared/wmctl/runs/worldmodel/attempt-1/job.sbatch
 # note: attempt folder /shared/wmctl/runs/worldmodel/attempt-1: every node writes its log and exit record there, so it must be on a filesystem the nodes and this host share
 # note: checkpoints in /workspace/ckpt/worldmodel
@@ -68,7 +68,7 @@ fi
 
 export WMCTL_RUN=worldmodel
 export WMCTL_ATTEMPT=1
-export WMCTL_SPEC_HASH=b8c88d13474e
+export WMCTL_SPEC_HASH=181cd1c331f0
 export WMCTL_VENDOR=cpu
 export WMCTL_VENDOR_PROFILE='{"aliases":["none"],"device_sources":[],"dist_backend":"gloo","libraries":[],"name":"cpu","pci_vendor_ids":[],"smi":[],"torch_module":null,"torch_plugin":null,"unverified":[],"visible_devices_env":null}'
 export WMCTL_TORCH_MODULE=cpu

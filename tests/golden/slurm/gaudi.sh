@@ -1,5 +1,5 @@
 #!/bin/bash
-# wmctl plan: run worldmodel, attempt 1, spec 5ad1c766dce9
+# wmctl plan: run worldmodel, attempt 1, spec 98f98446b3d2
 # submitted as: sbatch --parsable --output=/shared/wmctl/runs/worldmodel/attempt-1/batch.log /shared/wmctl/runs/worldmodel/attempt-1/job.sbatch
 # note: attempt folder /shared/wmctl/runs/worldmodel/attempt-1: every node writes its log and exit record there, so it must be on a filesystem the nodes and this host share
 # note: checkpoints in /workspace/ckpt/worldmodel
@@ -69,7 +69,7 @@ fi
 
 export WMCTL_RUN=worldmodel
 export WMCTL_ATTEMPT=1
-export WMCTL_SPEC_HASH=5ad1c766dce9
+export WMCTL_SPEC_HASH=98f98446b3d2
 export WMCTL_VENDOR=gaudi
 export WMCTL_VENDOR_PROFILE='{"aliases":["habana","hpu","intel-gaudi"],"device_sources":["pci"],"dist_backend":"hccl","libraries":["hl_thunk"],"name":"gaudi","pci_vendor_ids":[7587],"smi":["hl-smi"],"torch_module":"hpu","torch_plugin":"habana_frameworks.torch.core","unverified":["libs"],"visible_devices_env":"HABANA_VISIBLE_MODULES"}'
 export WMCTL_TORCH_MODULE=hpu

@@ -1,5 +1,5 @@
 #!/bin/bash
-# wmctl plan: run worldmodel, attempt 1, spec 772c2855efc6
+# wmctl plan: run worldmodel, attempt 1, spec e7fbb1899db7
 # submitted as: sbatch --parsable --output=/shared/wmctl/runs/worldmodel/attempt-1/batch.log /shared/wmctl/runs/worldmodel/attempt-1/job.sbatch
 # note: attempt folder /shared/wmctl/runs/worldmodel/attempt-1: every node writes its log and exit record there, so it must be on a filesystem the nodes and this host share
 # note: checkpoints in /workspace/ckpt/worldmodel
@@ -69,7 +69,7 @@ fi
 
 export WMCTL_RUN=worldmodel
 export WMCTL_ATTEMPT=1
-export WMCTL_SPEC_HASH=772c2855efc6
+export WMCTL_SPEC_HASH=e7fbb1899db7
 export WMCTL_VENDOR=hygon
 export WMCTL_VENDOR_PROFILE='{"aliases":["dcu"],"device_sources":["drm","pci"],"dist_backend":"nccl","libraries":["amdhip64","galaxyhip"],"name":"hygon","pci_vendor_ids":[7572],"smi":["hy-smi"],"torch_module":"cuda","torch_plugin":null,"unverified":["libs","module"],"visible_devices_env":"HIP_VISIBLE_DEVICES"}'
 export WMCTL_TORCH_MODULE=cuda

@@ -1,5 +1,5 @@
 #!/bin/bash
-# wmctl plan: run worldmodel, attempt 1, spec adb421ae2184
+# wmctl plan: run worldmodel, attempt 1, spec dd083bd0ebfe
 # submitted as: sbatch --parsable --output=/shared/wmctl/runs/worldmodel/attempt-1/batch.log /shared/wmctl/runs/worldmodel/attempt-1/job.sbatch
 # note: attempt folder /shared/wmctl/runs/worldmodel/attempt-1: every node writes its log and exit record there, so it must be on a filesystem the nodes and this host share
 # note: checkpoints in /workspace/ckpt/worldmodel
@@ -69,7 +69,7 @@ fi
 
 export WMCTL_RUN=worldmodel
 export WMCTL_ATTEMPT=1
-export WMCTL_SPEC_HASH=adb421ae2184
+export WMCTL_SPEC_HASH=dd083bd0ebfe
 export WMCTL_VENDOR=iluvatar
 export WMCTL_VENDOR_PROFILE='{"aliases":[],"device_sources":["drm","pci"],"dist_backend":"nccl","libraries":["cuda"],"name":"iluvatar","pci_vendor_ids":[7742],"smi":["ixsmi"],"torch_module":"cuda","torch_plugin":null,"unverified":["libs","module","pci"],"visible_devices_env":"CUDA_VISIBLE_DEVICES"}'
 export WMCTL_TORCH_MODULE=cuda

@@ -1,5 +1,5 @@
 #!/bin/bash
-# wmctl plan: run worldmodel, attempt 1, spec 629f007d7dea
+# wmctl plan: run worldmodel, attempt 1, spec fdbce38b3cf7
 # submitted as: sbatch --parsable --output=/shared/wmctl/runs/worldmodel/attempt-1/batch.log /shared/wmctl/runs/worldmodel/attempt-1/job.sbatch
 # note: attempt folder /shared/wmctl/runs/worldmodel/attempt-1: every node writes its log and exit record there, so it must be on a filesystem the nodes and this host share
 # note: checkpoints in /workspace/ckpt/worldmodel
@@ -69,7 +69,7 @@ fi
 
 export WMCTL_RUN=worldmodel
 export WMCTL_ATTEMPT=1
-export WMCTL_SPEC_HASH=629f007d7dea
+export WMCTL_SPEC_HASH=fdbce38b3cf7
 export WMCTL_VENDOR=musa
 export WMCTL_VENDOR_PROFILE='{"aliases":["moorethreads","mthreads"],"device_sources":["drm","pci"],"dist_backend":"mccl","libraries":["musa","mthreads_core"],"name":"musa","pci_vendor_ids":[7893],"smi":["mthreads-gmi","mthreads-smi"],"torch_module":"musa","torch_plugin":"torch_musa","unverified":[],"visible_devices_env":"MUSA_VISIBLE_DEVICES"}'
 export WMCTL_TORCH_MODULE=musa

@@ -1,5 +1,5 @@
 #!/bin/bash
-# wmctl plan: run worldmodel, attempt 1, spec 3a355276437c
+# wmctl plan: run worldmodel, attempt 1, spec 666d796cbe7f
 # submitted as: sbatch --parsable --output=/shared/wmctl/runs/worldmodel/attempt-1/batch.log /shared/wmctl/runs/worldmodel/attempt-1/job.sbatch
 # note: attempt folder /shared/wmctl/runs/worldmodel/attempt-1: every node writes its log and exit record there, so it must be on a filesystem the nodes and this host share
 # note: checkpoints in /workspace/ckpt/worldmodel
@@ -67,7 +67,7 @@ fi
 export NVIDIA_DRIVER_CAPABILITIES=compute,utility
 export WMCTL_RUN=worldmodel
 export WMCTL_ATTEMPT=1
-export WMCTL_SPEC_HASH=3a355276437c
+export WMCTL_SPEC_HASH=666d796cbe7f
 export WMCTL_VENDOR=cuda
 export WMCTL_VENDOR_PROFILE='{"aliases":["nvidia"],"device_sources":["nvidia-proc","pci"],"dist_backend":"nccl","libraries":["cuda"],"name":"cuda","pci_vendor_ids":[4318],"smi":["nvidia-smi"],"torch_module":"cuda","torch_plugin":null,"unverified":[],"visible_devices_env":"CUDA_VISIBLE_DEVICES"}'
 export WMCTL_TORCH_MODULE=cuda

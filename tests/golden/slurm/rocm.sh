@@ -1,5 +1,5 @@
 #!/bin/bash
-# wmctl plan: run worldmodel, attempt 1, spec a8e6b92d665a
+# wmctl plan: run worldmodel, attempt 1, spec bd2b22f7d550
 # submitted as: sbatch --parsable --output=/shared/wmctl/runs/worldmodel/attempt-1/batch.log /shared/wmctl/runs/worldmodel/attempt-1/job.sbatch
 # note: attempt folder /shared/wmctl/runs/worldmodel/attempt-1: every node writes its log and exit record there, so it must be on a filesystem the nodes and this host share
 # note: checkpoints in /workspace/ckpt/worldmodel
@@ -69,7 +69,7 @@ fi
 
 export WMCTL_RUN=worldmodel
 export WMCTL_ATTEMPT=1
-export WMCTL_SPEC_HASH=a8e6b92d665a
+export WMCTL_SPEC_HASH=bd2b22f7d550
 export WMCTL_VENDOR=rocm
 export WMCTL_VENDOR_PROFILE='{"aliases":["amd","hip"],"device_sources":["drm","pci"],"dist_backend":"nccl","libraries":["amdhip64"],"name":"rocm","pci_vendor_ids":[4098],"smi":["rocm-smi","amd-smi"],"torch_module":"cuda","torch_plugin":null,"unverified":[],"visible_devices_env":"HIP_VISIBLE_DEVICES"}'
 export WMCTL_TORCH_MODULE=cuda

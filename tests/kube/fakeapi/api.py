@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import podsecurity
 from .store import ApiError, Obj, Store, now_rfc3339, random_suffix
 
 DEFAULT_TOLERATION_SECONDS = 300
@@ -206,10 +207,11 @@ class Api:
         """The validating admission plugins that refuse a pod the Job controller creates; the
         refusal reaches the user only as the controller's FailedCreate Event on the Job.
 
-        PodSecurity (staging/src/k8s.io/pod-security-admission/admission/admission.go, policy
-        check_hostPathVolumes.go): a namespace labelled pod-security.kubernetes.io/enforce
-        baseline or restricted refuses hostPath volumes: 403 'pods "x" is forbidden: violates
-        PodSecurity "baseline:latest": hostPath volumes (volume "a")' ("volumes" for several).
+        PodSecurity (staging/src/k8s.io/pod-security-admission/admission/admission.go): a namespace
+        labelled pod-security.kubernetes.io/enforce baseline refuses hostPath volumes, restricted
+        also a container that may escalate privileges, keeps capabilities, may run as root or has
+        no seccomp profile (podsecurity.py): 403 'pods "x" is forbidden: violates PodSecurity
+        "baseline:latest": hostPath volumes (volume "a")'.
 
         ResourceQuota (staging/src/k8s.io/apiserver/pkg/admission/plugin/resourcequota/
         controller.go): a pod that would take the namespace's pods count past a quota's
@@ -234,11 +236,10 @@ class Api:
             else None
         level = (((ns_obj or {}).get("metadata") or {}).get("labels") or {}).get(
             "pod-security.kubernetes.io/enforce", "privileged")
-        host = [v.get("name", "") for v in (pod.get("spec") or {}).get("volumes") or [] if "hostPath" in v]
-        if level in ("baseline", "restricted") and host:
-            what = ("volume " if len(host) == 1 else "volumes ") + ", ".join(f'"{h}"' for h in host)
+        refused = podsecurity.violations(level, pod.get("spec") or {})     # podsecurity.py: the checks modelled
+        if refused:
             raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: violates PodSecurity '
-                           f'"{level}:latest": hostPath volumes ({what})')
+                           f'"{level}:latest": {refused}')
         quotas, _ = self.store.list("resourcequotas", namespace)
         for q in quotas:
             hard = ((q.get("spec") or {}).get("hard") or {}).get("pods")
@@ -260,19 +261,21 @@ class Api:
                            "not match the namespace sent on the request")
         if res.plural == "pods":
             self._admit_pod(namespace or body_ns or "default", obj)
-        created = self.store.create(res.plural, namespace if res.namespaced else None, obj)
-        if res.plural == "jobs":
-            # the job controller's selector and labels keyed by the job's uid (manualSelector off)
-            uid, jname = created["metadata"]["uid"], created["metadata"]["name"]
-
-            def add_selector(j: Obj) -> None:
-                labels = {"batch.kubernetes.io/controller-uid": uid, "controller-uid": uid,
-                          "batch.kubernetes.io/job-name": jname, "job-name": jname}
-                j["spec"]["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
-                tm = j["spec"]["template"].setdefault("metadata", {})
-                tm.setdefault("labels", {}).update(labels)
-            created = self.store.update("jobs", namespace, jname, add_selector)
-        return created
+        def add_selector(j: Obj) -> None:
+            # The Job's selector and its template's labels keyed by the Job's uid (manualSelector
+            # off), set before the Job is stored: pkg/registry/batch/job/strategy.go
+            # PrepareForCreate -> generateSelector. (Set by an update after the create, the Job
+            # controller could see the Job without them and make pods without `job-name`: they
+            # then ran no script of the test's, exited 0 and the attempt "succeeded" without one
+            # line of its log.)
+            uid, jname = j["metadata"]["uid"], j["metadata"]["name"]
+            labels = {"batch.kubernetes.io/controller-uid": uid, "controller-uid": uid,
+                      "batch.kubernetes.io/job-name": jname, "job-name": jname}
+            j["spec"]["selector"] = {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}}
+            tm = j["spec"]["template"].setdefault("metadata", {})
+            tm.setdefault("labels", {}).update(labels)
+        return self.store.create(res.plural, namespace if res.namespaced else None, obj,
+                                 prepare=add_selector if res.plural == "jobs" else None)
 
     # --- updates -----------------------------------------------------------------
     def replace(self, res: Resource, namespace: str | None, name: str, body: Obj,

@@ -10,6 +10,11 @@ filters send it: ``Retry-After: 1`` and a plain-text body "Too many requests, pl
 later." (staging/src/k8s.io/apiserver/pkg/server/filters/maxinflight.go, tooManyRequests, which
 priority-and-fairness.go calls too when a request is rejected).
 
+A slow answer (``delay_next``): the server waits before it serves a request, as a loaded API
+server or, for pods/log, the kubelet the API server proxies the request to does (the API server
+opens the log from the node's kubelet, pkg/registry/core/pod/rest/log.go LogREST.Get, and
+answers once the kubelet does).
+
 Half-open streams (``stall_streams``): every watch and followed log open at that moment stops
 sending and is never closed, the connection kept, as when a NAT, load balancer or sleeping laptop
 drops the path without a FIN or RST (RFC 9293 3.5.1, half-open connections). The Python client
@@ -37,7 +42,7 @@ class Rule:
     verb: str | None          # GET, POST, PUT, PATCH, DELETE; None = any
     path: re.Pattern[str]
     remaining: int
-    action: str               # "error" | "lose_response"
+    action: str               # "error" | "lose_response" | "delay"
     code: int = 503
     reason: str = "ServiceUnavailable"
     watch: bool | None = None  # restrict to watch (True) / non-watch (False) requests
@@ -45,6 +50,7 @@ class Rule:
     retry_after: str | None = None   # the Retry-After header of the error (a 429's: "1")
     window: tuple[float, float] | None = None   # fires only between these time.monotonic() instants
     message: str | None = None       # a 429's plain-text body, when not maxinflight.go's
+    delay_s: float = 0.0             # "delay": how long the server waits before serving
 
 
 @dataclass
@@ -88,6 +94,10 @@ class Faults:
     def lose_response_next(self, n: int = 1, *, verb: str | None = None,
                            path: str = ".*") -> Rule:
         return self._add(Rule(verb, re.compile(path), n, "lose_response"))
+
+    def delay_next(self, n: int = 1, *, seconds: float, verb: str | None = None, path: str = ".*") -> Rule:
+        """The next ``n`` matching requests are served ``seconds`` late (see the module docstring)."""
+        return self._add(Rule(verb, re.compile(path), n, "delay", delay_s=seconds))
 
     def drop_watches(self) -> None:
         with self.lock:

@@ -169,6 +169,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(rule.code, err.status(),
                        headers={"Retry-After": rule.retry_after} if rule.retry_after else None)
             return
+        if rule is not None and rule.action == "delay":
+            time.sleep(rule.delay_s)     # faults.delay_next: a slow API server or kubelet
         if verb == "GET" and url.path in ("/apis", "/apis/"):
             self._send(200, self._api_groups())
             return

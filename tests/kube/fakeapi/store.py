@@ -95,7 +95,10 @@ class Store:
         return "" if resource in CLUSTER_SCOPED else (namespace or "default")
 
     # --- CRUD ----------------------------------------------------------------------
-    def create(self, resource: str, namespace: str | None, obj: Obj) -> Obj:
+    def create(self, resource: str, namespace: str | None, obj: Obj,
+               prepare: Callable[[Obj], None] | None = None) -> Obj:
+        """Store a new object. ``prepare`` completes it once it has its name and uid, before anyone
+        can see it (a registry strategy's PrepareForCreate: what it sets is never seen missing)."""
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         with self.cond:
@@ -124,6 +127,8 @@ class Store:
                 meta.pop("namespace", None)
             for k in ("deletionTimestamp", "deletionGracePeriodSeconds"):
                 meta.pop(k, None)
+            if prepare is not None:
+                prepare(obj)
             self._objects[key] = obj
             self._record(Change(rv, resource, ns, "ADDED", copy.deepcopy(obj), None))
             return copy.deepcopy(obj)
