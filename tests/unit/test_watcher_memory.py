@@ -103,7 +103,7 @@ def test_the_local_engine_reads_a_progress_bar_without_newlines_as_liveness_and_
 
 
 def test_the_watcher_remembers_a_bounded_number_of_progress_lines():
-    from orchestrator.supervisor import RECENT_KEYS, KeptMetrics, metric_key
+    from orchestrator.keptmetrics import RECENT_KEYS, KeptMetrics, metric_key
 
     kept = KeptMetrics({("step", 1, 1.0)})
     assert not kept.first(("step", 1, 1.0))       # an earlier watcher kept it: a replay, shown once
@@ -115,7 +115,7 @@ def test_the_watcher_remembers_a_bounded_number_of_progress_lines():
 
 
 def test_an_adopting_watcher_reads_the_store_as_a_stream_and_keeps_a_bounded_history():
-    from orchestrator.supervisor import HISTORY_STEPS, adopted_metrics
+    from orchestrator.keptmetrics import HISTORY_STEPS, adopted_metrics
 
     def stream():
         yield {"event": "start", "attempt": 0, "max_steps": 30000, "time": 0.0}
