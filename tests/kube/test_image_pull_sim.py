@@ -9,7 +9,7 @@ attempt a `rendezvous` failure, then "no new checkpoint"), and a pull that never
 from __future__ import annotations
 
 import pytest
-from kubernetes import client
+from .sdk import client
 
 from orchestrator.backends.kubernetes.engine import KubernetesBackend
 from orchestrator.specload import from_dict
