@@ -17,13 +17,14 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from orchestrator import backends
 from orchestrator.backends.slurm import classify
 from orchestrator.errors import OptionError, SpecError
-from orchestrator.plan import AttemptContext, HostFacts
+from orchestrator.plan import AttemptContext, HostFacts, Plan
 from orchestrator.specload import load_spec
 from orchestrator.vendors import load_profile
 
@@ -129,7 +130,7 @@ def _spec(c: dict, **slurm: object) -> object:
     return load_spec(path)
 
 
-def _run(c: dict, spec: object) -> tuple[subprocess.CompletedProcess, object]:
+def _run(c: dict, spec: object) -> tuple[subprocess.CompletedProcess, Plan[Any]]:
     host = HostFacts(cpus=(0,), python=str(c["python"]), home=c["home"])
     plan = backends.render_plan(spec, load_profile("cpu"), "slurm", AttemptContext(), host)
     script = c["tmp"] / "job.sbatch"
@@ -180,6 +181,7 @@ def test_the_job_leaves_exit_records_a_watcher_reads(cluster):
     assert [(e.node, e.host, e.exit_code, e.job_id) for e in ends if e] == [(0, "n1", 0, "4242"), (1, "n2", 3, "4242")]
     job = classify.job_end(Path(plan.request.job_exit_record).read_text())
     assert job is not None and (job.job_id, job.exit_code) == ("4242", 3)
+    assert ends[1] is not None
     event = classify.node_exited(ends[1])
     assert (event.kind, event.node, event.host, event.exit_code) == ("node_exited", 1, "n2", 3)
     assert not list(Path(plan.request.attempt_dir).glob("*.tmp"))

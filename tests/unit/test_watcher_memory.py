@@ -3,6 +3,8 @@ attempt does not grow with the number of lines a job prints."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from orchestrator import failures as F
 from orchestrator.backends import base as b
 from orchestrator.tracker import AttemptTracker
@@ -175,7 +177,8 @@ def test_metrics_json_printed_a_row_at_a_time_is_what_one_dump_of_all_prints(cap
 
     from orchestrator.commands.metrics import _echo_json
 
-    for rows in ([], [{"a": 1}], [{"a": 1, "b": {"c": [1, 2]}}, {"a": None}, {"a": "x"}]):
+    cases: list[list[dict[str, Any]]] = [[], [{"a": 1}], [{"a": 1, "b": {"c": [1, 2]}}, {"a": None}, {"a": "x"}]]
+    for rows in cases:
         _echo_json(iter(rows))
         assert capsys.readouterr().out == json.dumps(rows, indent=2) + "\n"
 

@@ -115,6 +115,6 @@ while step < args.steps:
 
 if rank == 0:
     with open(os.path.join(ckpt_dir, "final.txt"), "w") as fh:
-        fh.write(state.item().hex())
+        fh.write(float(state.item()).hex())
     emit_progress("exit", status="completed", step=step)
 dist.destroy_process_group()
