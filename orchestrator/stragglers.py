@@ -63,7 +63,7 @@ class Stragglers:
         if progress.get("event") != PACE:
             return [], []
         figures = _figures(progress.get("nodes"))
-        step = progress.get("step")
+        step = progress.get("steps")   # the job's timed steps (not "step": the tracker reads that as progress)
         if not isinstance(step, int) or len(figures) < 2:
             return [], []
         for g, host in _hosts(progress.get("nodes")).items():

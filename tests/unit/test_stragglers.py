@@ -14,7 +14,7 @@ from .helpers import spec_from
 
 
 def pace(step: int, **ms: float) -> dict:
-    return {"event": "pace", "step": step,
+    return {"event": "pace", "steps": step,
             "nodes": {k.lstrip("n"): {"reach_ms": v, "host": f"host-{k.lstrip('n')}"} for k, v in ms.items()}}
 
 
@@ -84,8 +84,8 @@ def test_a_one_node_job_and_sub_millisecond_gaps_are_never_flagged():
 def test_events_that_are_not_pace_or_malformed_are_ignored():
     det = Stragglers(window=1)
     assert det.feed({"event": "step", "step": 3}, 0.0) == ([], [])
-    assert det.feed({"event": "pace", "step": "x", "nodes": {"0": {"reach_ms": 1}}}, 0.0) == ([], [])
-    assert det.feed({"event": "pace", "step": 1, "nodes": {"0": {"reach_ms": "9"}, "b": {}, "1": 3}}, 0.0) == ([], [])
+    assert det.feed({"event": "pace", "steps": "x", "nodes": {"0": {"reach_ms": 1}}}, 0.0) == ([], [])
+    assert det.feed({"event": "pace", "steps": 1, "nodes": {"0": {"reach_ms": "9"}, "b": {}, "1": 3}}, 0.0) == ([], [])
 
 
 BASE = {"name": "st", "command": ["python", "train.py"], "nodes": 2, "image": {"vendor": "cpu", "tag": "x:1"}}
