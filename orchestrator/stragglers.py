@@ -108,3 +108,22 @@ def _hosts(nodes: object) -> dict[int, str]:
             if isinstance(value, dict) and isinstance(value.get("host"), str) and str(key).isdigit():
                 out[int(key)] = value["host"]
     return out
+
+
+def entry_text(entry: dict) -> str:
+    """A recorded straggler (``Straggler.as_dict`` plus what was done), for status, describe, the panel."""
+    host = entry.get("host") or f"of group rank {entry.get('group_rank')}"
+    cleared = f", caught up by step {entry['cleared_step']}" if entry.get("cleared_step") is not None else ""
+    return (f"node {host}: {entry.get('ms_per_step')} ms/step to reach the collective against a median of "
+            f"{entry.get('median_ms')} ms on the others, since step {entry.get('since_step')} "
+            f"({entry.get('action', 'warned')}{cleared})")
+
+
+def off_reason(nodes: object, paced: bool) -> str | None:
+    """Why stragglers were not looked for in an attempt; None when they were."""
+    if isinstance(nodes, int) and nodes <= 1:
+        return "not looked for: one node, nothing to compare it with"
+    if not paced:
+        return ("not looked for: the job sent no step pace (it does not time its steps with "
+                "orchestrator.runtime's StepTimer, or runs on one node)")
+    return None

@@ -66,5 +66,18 @@ def tend(spec: JobSpec, backend: b.Backend[Any], rec: AttemptRecord, tracker: At
             echo(f"attempt {rec.attempt}: the straggler on {entry['host'] or f'group rank {g}'} is not one of "
                  "the attempt's nodes any more: nothing to replace")
             continue
-        return F.Failure(STRAGGLER, node, entry["host"], now, entry["note"].split(";")[0])
+        figures = entry["note"].split(";")[0].split(" is a straggler: ", 1)[-1]
+        return F.Failure(STRAGGLER, node, entry["host"], now, figures)
     return None
+
+
+def settle(rec: AttemptRecord, host: str | None, replaced: bool) -> None:
+    """The recorded action of the straggler on ``host`` once its replacement was tried."""
+    for entry in rec.stragglers:
+        if entry["host"] == host and entry.get("action") == "replace at the next checkpoint":
+            if replaced and rec.recoveries:
+                got = rec.recoveries[-1]
+                entry["action"] = (f"replaced by spare node {got['spare_node']}, every worker resumed from "
+                                   f"checkpoint {got['checkpoint_step']}")
+            else:
+                entry["action"] = "warned: no spare node was warm to replace it"

@@ -259,7 +259,12 @@ class Supervisor:
             self._note(rec, waitnote.pulling(tracker, now, self.spec.restart.image_pull_timeout_s))
         slow = stragglerwatch.tend(self.spec, self.backend, rec, tracker, self.store, self.record, pending,
                                    self.echo, now)
-        return slow if slow is not None and self._recover_in_place(ref, rec, tracker, slow) else None
+        if slow is None:
+            return None
+        done = self._recover_in_place(ref, rec, tracker, slow)
+        stragglerwatch.settle(rec, slow.host, done)
+        self.store.save(self.record)
+        return slow if done else None
 
     def _watch(self, ref: b.AttemptRef, rec: AttemptRecord,
                prev: AttemptTracker | None = None) -> tuple[AttemptTracker, F.Failure | None]:
