@@ -120,6 +120,11 @@ class StepTimer:
     ``device_module``: the vendor's torch module (torch.cuda, torch.musa, ...) whose
     ``synchronize()`` is called before each clock reading; None or cpu: no sync.
 
+    Each step's summary also has ``reach_s``: from the step's first phase to the start of its
+    first collective phase (``backward(sync=True)`` or ``comm()``), the rank's own work without
+    the wait for a slow peer. ``publish`` (default True): on a multi-node torchrun job, send it to
+    the watcher through the c10d store (pace.py: stragglers).
+
     The communication advice fits the job: ``profile`` (default: the job's vendor profile, as
     wmctl hands it over) names the library the vendor tunes; ``dist_backend`` (default: the
     initialised process group's) the one in use. On CPU there is no vendor library to suggest.
