@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import failures as F
-from . import waitnote
+from . import stragglerwatch, waitnote
 from .backends import base as b
 from .display import step_line, step_text, summary
 from .errors import EngineUnavailable, RunCancelled, RunFailed, WmctlError
-from .inplace import recover_in_place
+from .inplace import STRAGGLER, recover_in_place
 from .joberror import node_tail, with_job_error
 from .keptmetrics import adopted_metrics, metric_key
 from .layout import run_dir
@@ -117,6 +117,9 @@ class Supervisor:
             # A cancel tears the attempt down, which looks like a lost node: the intent, written
             # before the teardown, says what it was.
             failure = self._cancelled() or failure
+            if failure is not None and failure.kind == STRAGGLER:
+                prev = tracker           # a straggler swapped for a spare in _watch: the attempt's new round
+                continue
             if failure is not None and self._recover_in_place(ref, rec, tracker, failure):
                 prev = tracker           # the same attempt, watched again from its new round
                 continue
@@ -247,12 +250,30 @@ class Supervisor:
             self.echo(line)
         return done
 
+    def _stragglers(self, ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker,
+                    pending: stragglerwatch.Pending, now: float) -> F.Failure | None:
+        """The image pull's note, then straggler news told and recorded (stragglerwatch.py); the
+        STRAGGLER 'failure' when a slow node was just swapped for a spare (restart.stragglers=replace):
+        the round is over."""
+        if tracker.waiting is None and tracker.queued is None:
+            self._note(rec, waitnote.pulling(tracker, now, self.spec.restart.image_pull_timeout_s))
+        slow = stragglerwatch.tend(self.spec, self.backend, rec, tracker, self.store, self.record, pending,
+                                   self.echo, now)
+        if slow is None:
+            return None
+        done = self._recover_in_place(ref, rec, tracker, slow)
+        stragglerwatch.settle(rec, slow.host, done)
+        self.store.save(self.record)
+        return slow if done else None
+
     def _watch(self, ref: b.AttemptRef, rec: AttemptRecord,
                prev: AttemptTracker | None = None) -> tuple[AttemptTracker, F.Failure | None]:
         silence = Silence(self.spec.restart.node_silence_timeout_s)
         # After an in-place recovery the attempt goes on: its steps and checkpoints so far stay.
-        tracker = (AttemptTracker(started_at=rec.submitted_at, silence=silence) if prev is None else
-                   prev.next_round(self.clock(), silence))
+        slow = stragglerwatch.detector(self.spec)
+        tracker = (AttemptTracker(started_at=rec.submitted_at, silence=silence, stragglers=slow) if prev is None else
+                   prev.next_round(self.clock(), silence, slow))
+        pending = stragglerwatch.Pending()
         timeout = self.spec.restart.heartbeat_timeout_s
         # A watcher adopting a running attempt reads its output from the start: the events an
         # earlier watcher kept are shown again (at their own times) but kept once.
@@ -277,8 +298,9 @@ class Supervisor:
                 self._show(rec, ev, tracker, now)
                 if ev.kind == b.PROGRESS and ev.progress and kept.first(metric_key(ev.progress)):
                     self.store.append_metric({**ev.progress, "attempt": rec.attempt, "seen": round(now, 3)})
-            if tracker.waiting is None and tracker.queued is None:
-                self._note(rec, waitnote.pulling(tracker, now, self.spec.restart.image_pull_timeout_s))
+            replaced = self._stragglers(ref, rec, tracker, pending, now)
+            if replaced is not None:
+                return tracker, replaced
             if (tracker.waiting, tracker.queued) != waited:
                 # Saved after the lines are shown: whoever reads the record's reason has been told it.
                 # `wmctl status` reads the record: the cluster's reason for the wait is said there

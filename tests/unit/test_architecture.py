@@ -48,6 +48,8 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.failures", 5),
     ("orchestrator.waitnote", 5),        # a running attempt's wait, said in status: the API away, a pull
     ("orchestrator.silence", 5),         # the runtime's node beat turned into node loss
+    ("orchestrator.stragglers", 5),      # the ranks' step pace turned into stragglers (pure)
+    ("orchestrator.stragglerwatch", 5),  # the supervisor's side of stragglers: told, recorded, replaced
     # backends: the registry, each package's face and its engine (they reach the SDKs and the store)
     ("orchestrator.backends", 4),
     ("orchestrator.backends.local.engine", 4),
