@@ -20,7 +20,8 @@ from .backends import base as b
 from .display import step_line, step_text, summary
 from .errors import EngineUnavailable, RunCancelled, RunFailed, WmctlError
 from .inplace import STRAGGLER, recover_in_place
-from .joberror import node_tail, with_job_error
+from .endgame import benign_exit, left_in_barrier
+from .joberror import with_job_error
 from .keptmetrics import adopted_metrics, metric_key
 from .layout import run_dir
 from .plan import AttemptContext, Plan
@@ -35,10 +36,6 @@ from .watchview import News, WatchView, interruptible_sleep
 POLL_INTERVAL_S = 0.25
 WAITING_PREFIX = "waiting to be placed: "   # a running attempt's evidence while the cluster says why it waits
 QUEUED_PREFIX = "queued: "                  # ... while a queue (Kueue) holds it and says why
-TEARDOWN_WAIT_S = 5.0     # a worker's signal death waits this long for rank 0's `completed` (teardown crash)
-# After the job completed and a node's exit was found benign, the other nodes' torchrun agents wait
-# in their exit barrier for an agent that has already left it; they are stopped after this long.
-EXIT_BARRIER_WAIT_S = 10.0
 # A submission or teardown the engine's outage interrupted is tried again after these delays,
 # doubling (Supervisor._ride_out); each try is itself a few retries (backends/kubernetes/client.py).
 OUTAGE_RETRY_MIN_S = 1.0
@@ -328,83 +325,14 @@ class Supervisor:
                 # The backend saw the cancel (a Job's annotation) after this round read no intent
                 # here: the next round reads it, and a graceful one waits for the checkpoint.
                 continue
-            if failure is not None and self._benign_exit(ref, rec, tracker, failure):
+            if failure is not None and benign_exit(self.backend, ref, rec, tracker, failure, self.echo, self.clock):
                 self.sleep(self.poll_interval)     # the other nodes' ends decide (or rank 0's words)
                 continue
             if failure is not None:
                 return tracker, failure
-            if tracker.succeeded or self._left_in_barrier(ref, rec, tracker, now):
+            if tracker.succeeded or left_in_barrier(self.backend, ref, rec, tracker, now, self.echo):
                 return tracker, None
             self.sleep(self.poll_interval)
-
-    def _left_in_barrier(self, ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker, now: float) -> bool:
-        """Nodes still up EXIT_BARRIER_WAIT_S after the job completed and a node's exit was found
-        benign are stopped, and the attempt counts as succeeded. torchrun's agent whose workers
-        succeeded waits in its exit barrier (torch/distributed/elastic/agent/server/api.py
-        `_exit_barrier`, 300 s by default and not a torchrun flag) for every agent, but an agent
-        whose worker failed returns without joining it: unless that agent hosted the c10d store, the
-        others would sit there five minutes, and a watcher would call their silence a hang."""
-        if tracker.done_at is None or now - tracker.done_at < EXIT_BARRIER_WAIT_S:
-            return False
-        up = [str(n.node) for n in tracker.nodes if n.phase not in (b.SUCCEEDED, b.FAILED, b.LOST)]
-        self.echo(f"attempt {rec.attempt}: node(s) {', '.join(up) or '-'} still up {now - tracker.done_at:.0f} s after "
-                  f"the job completed at step {tracker.completed_step}: torchrun's exit barrier waits for an agent "
-                  "that has left it; stopped")
-        self.backend.cancel(ref)
-        return True
-
-    def _benign_exit(self, ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker,
-                     failure: F.Failure) -> bool:
-        """Is this app-looking exit only an agent's shutdown noise after its workers succeeded
-        (failures.shutdown_noise), or a worker's crash on its way out after the job reported
-        completion (failures.teardown_crash)? Then it is noted and the attempt is watched on: the
-        other nodes' ends decide. True also while such a crash waits (TEARDOWN_WAIT_S) for rank
-        0's `completed` line."""
-        if failure.kind != F.APP_ERROR or failure.node is None or failure.node in tracker.benign:
-            return False
-        lines = tracker.tails.get(failure.node)
-        if lines is None:
-            lines = node_tail(self.backend, ref, failure.node)
-        if lines is not None:
-            tracker.tails[failure.node] = lines     # read once: the failure's report uses it too
-        noise = F.shutdown_noise(lines) if lines is not None else None
-        if noise is not None:
-            tracker.benign[failure.node] = noise
-            if tracker.completed_step is not None:
-                tracker.done_at = tracker.done_at or self.clock()
-            self.echo(f"attempt {rec.attempt}: node {failure.node}'s workers finished; its torchrun agent then "
-                      f"failed on its way out ({noise}): not counted as a failure")
-            return True
-        lost = F.rendezvous_failure(lines) if lines is not None and tracker.completed_step is not None else None
-        if lost is not None:
-            # After rank 0's `completed` no work is left, so an agent that lost the c10d store
-            # (its host's agent left first: it succeeded, or its worker crashed on the way out)
-            # stopped nothing: its workers were done or leaving.
-            tracker.benign[failure.node] = lost
-            tracker.done_at = tracker.done_at or self.clock()
-            self.echo(f"attempt {rec.attempt}: node {failure.node}'s torchrun agent lost the rendezvous store after "
-                      f"the job reported completion at step {tracker.completed_step} (the node hosting it had "
-                      "ended): not counted as a failure")
-            return True
-        crash = F.teardown_crash(lines) if lines is not None else None
-        if crash is not None and tracker.completed_step is None:
-            # Rank 0 says `completed` after the last barrier, so a rank that crashed leaving it
-            # can end before that line is read: while another node still runs, its words are
-            # awaited a moment before the exit counts as the job's failure.
-            held = tracker.crash_held.setdefault(failure.node, self.clock())
-            others = any(n.node != failure.node and n.phase == b.RUNNING for n in tracker.nodes)
-            return others and self.clock() - held < TEARDOWN_WAIT_S
-        if crash is not None:
-            # The job said it completed (its last checkpoint committed before it said so), then a
-            # worker died of a signal with no error of its own: a crash in the interpreter's or
-            # the collective library's teardown (gloo + DCP in torch 2.13 abort now and then).
-            # Retrying would redo nothing; failing the run would call finished work lost.
-            tracker.benign[failure.node] = crash
-            tracker.done_at = tracker.done_at or self.clock()
-            self.echo(f"attempt {rec.attempt}: node {failure.node}'s worker died after the job reported completion "
-                      f"at step {tracker.completed_step} ({crash}): a crash on the way out, not counted as a failure")
-            return True
-        return False
 
     def _note(self, rec: AttemptRecord, note: str | None) -> None:
         """Say ``note`` (waitnote.py: the API away, a node's image pulled) as the running attempt's

@@ -81,7 +81,7 @@ class Job:
         dies of SIGABRT in gloo's teardown after the job reported ``exit completed`` ("terminate
         called without an active exception", torchrun then SIGTERMs the rest and exits 1): every
         result was written before it (the final dump precedes the last barrier), and the
-        supervisor counts it as benign for the same reason (supervisor._benign_exit). Anything
+        supervisor counts it as benign for the same reason (endgame.benign_exit). Anything
         else fails the test."""
         rc = self.wait(timeout)
         if rc == 0:

@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.supervisor", 5),
     ("orchestrator.tracker", 5),         # what an attempt's observations add up to: the supervisor's verdict
     ("orchestrator.keptmetrics", 5),     # which progress lines the run store already has
+    ("orchestrator.endgame", 5),         # an attempt's end once the job is done: benign exits, the exit barrier
     ("orchestrator.inplace", 5),         # in-place recovery with spare nodes: the attempt goes on
     ("orchestrator.reconcile", 5),       # a run nobody watches: read from its backend, handed back to a watcher
     ("orchestrator.timeline", 5),        # `wmctl describe`: a run's events, from its folder

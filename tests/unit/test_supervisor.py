@@ -561,7 +561,7 @@ def test_a_node_left_in_torchruns_exit_barrier_after_a_benign_crash_is_stopped_a
     waits in torchrun's exit barrier for node 1's agent, which left without joining it: node 0
     stays up and silent. Past EXIT_BARRIER_WAIT_S it is stopped and the run succeeded, long
     before the heartbeat timeout would have called it a hang and retried finished work."""
-    from orchestrator.supervisor import EXIT_BARRIER_WAIT_S
+    from orchestrator.endgame import EXIT_BARRIER_WAIT_S
     from .test_failures import report
     said = b.Event(b.PROGRESS, START, 0, "host-0", progress={"event": "exit", "status": "completed", "step": 12})
     ScriptedBackend.output = {1: report(rank=1, code=-6)}
