@@ -161,7 +161,7 @@ def _check_lifecycle(spec: JobSpec, problems: Problems) -> None:
                "wmctl always keeps 2 so a torn save has a fallback")
     _check_int(spec.restart.max_attempts, "restart.max_attempts", 1, 10_000, problems, "1 = no retries")
     _check_int(spec.restart.spares, "restart.spares", 0, MAX_SPARES, problems, "0 = no spare nodes")
-    for fname in ("backoff", "node_loss_timeout"):
+    for fname in ("backoff", "node_loss_timeout", "remember_exclusions"):
         _check_duration(spec.restart, fname, f"restart.{fname}", problems)
     heartbeat = _check_duration(spec.restart, "heartbeat_timeout", "restart.heartbeat_timeout", problems)
     if heartbeat is not None and heartbeat < 1:

@@ -20,6 +20,7 @@ The Kubernetes client comes through ``adaptors.kubernetes``, loaded on first use
 from __future__ import annotations
 
 import json
+import os
 import threading
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -66,6 +67,7 @@ class _Rooms:
 class KubernetesBackend(b.Backend[KubernetesRequest]):
     name = "kubernetes"
     places_nodes = True      # the scheduler honours a node anti-affinity
+    remembers_exclusions = True   # nodes are machines: a lost one is avoided by the next runs too
     graceful_cancel = True   # suspend the Job: SIGTERM with the pods' grace period, then the teardown
     run_store = "orchestrator.backends.kubernetes.runstore"   # ConfigMaps: watchers on any machine, or in a pod
     cluster_watcher = True   # incluster.py: a one-replica Deployment running `wmctl watch`
@@ -98,6 +100,21 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
 
     def namespace_of(self, spec: JobSpec) -> str | None:
         return spec.kubernetes.namespace
+
+    def cluster_key(self) -> str | None:
+        """The API server's address: the given client's, else the kubeconfig context's cluster
+        server (read without the SDK), else the in-cluster service's."""
+        given = self.cluster._api_client
+        if given is not None:
+            host = getattr(getattr(given, "configuration", None), "host", None)
+            return host if isinstance(host, str) and host else None
+        from ...adaptors.kubernetes import kubeconfig_server
+
+        server = kubeconfig_server(self.cluster.context, self.cluster.kubeconfig)
+        if server is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+            server = f"https://{os.environ['KUBERNETES_SERVICE_HOST']}:{port}"
+        return server
 
     def __init__(self, api_client: Any = None, *, context: str | None = None,
                  kubeconfig: str | None = None, in_cluster: bool | None = None,

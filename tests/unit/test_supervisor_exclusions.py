@@ -1,0 +1,72 @@
+"""The supervisor remembers a node it left for a node failure (restart.remember_exclusions) and
+the next run on the same cluster avoids it from its first attempt; nothing else is remembered,
+another cluster's memory is never applied, and a remembered node never keeps a job from being placed."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import exclusions as X
+from orchestrator.backends import base as b
+
+from .test_supervisor import START, done, progress, running, supervise, waiting
+
+DAY = 24 * 3600.0
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("WMCTL_HOME", str(tmp_path))
+    monkeypatch.delenv("WMCTL_RUN_STORE", raising=False)
+    return tmp_path
+
+
+def lose_host_1(kind=b.NODE_LOST, reason="NodeNotReady"):
+    return {0: [([progress("checkpoint", 10)], running()),
+                ([progress("step", 12), b.Event(kind, START + 1, 1, "host-1", reason=reason)], running())],
+            1: [([progress("resume", 10)], running()), ([progress("step", 20)], done())]}
+
+
+def test_a_lost_node_is_remembered_and_the_next_run_avoids_it_from_its_first_attempt(home):
+    outcome, _, record, lines, clock = supervise(lose_host_1(), remembers="https://a:6443")
+    assert outcome.exit_code == 0, record.final_report
+    [kept] = X.active(X.LocalExclusionStore().load(), "https://a:6443", clock())
+    assert (kept.node, kept.kind, kept.run, kept.attempt) == ("host-1", "node_lost", "sup", 0)
+    assert kept.expires == kept.at + DAY and kept.evidence
+    assert any("host-1 remembered as excluded on https://a:6443 for 24 h" in ln for ln in lines), lines
+    # the next run, on the same cluster: its attempt 0 already keeps off host-1, and says why
+    outcome, backend, record, lines, _ = supervise({0: [([progress("step", 3)], done())]}, remembers="https://a:6443")
+    assert outcome.exit_code == 0
+    assert backend.submitted[0].excluded_nodes == ("host-1",)
+    assert record.attempts[0].remembered_nodes == ["host-1"]
+    assert any("remembered exclusions applied" in ln and "host-1 (node_lost in run sup attempt 0)" in ln
+               for ln in lines), lines
+    # ... and a run on another cluster does not
+    _, backend, _, _, _ = supervise({0: [([progress("step", 3)], done())]}, remembers="https://b:6443")
+    assert backend.submitted[0].excluded_nodes == ()
+
+
+def test_a_preemption_is_never_remembered(home):
+    outcome, backend, record, _, _ = supervise(lose_host_1(b.EVICTED, "Evicted"), remembers="c")
+    assert record.attempts[0].outcome == "preempted"
+    assert X.LocalExclusionStore().load() == []
+
+
+def test_off_when_remember_exclusions_is_0_or_the_backend_runs_no_machines(home):
+    outcome, backend, record, _, _ = supervise(lose_host_1(), remembers="c", restart={"remember_exclusions": "0"})
+    assert outcome.exit_code == 0 and backend.submitted[1].excluded_nodes == ("host-1",)   # this run's own stays
+    assert X.LocalExclusionStore().load() == []
+    supervise(lose_host_1())              # a backend whose nodes are not machines
+    assert X.LocalExclusionStore().load() == []
+
+
+def test_a_remembered_node_that_leaves_no_room_is_dropped_with_a_warning(home):
+    supervise(lose_host_1(), remembers="c")
+    pending = [b.NodeStatus(0, b.RUNNING, "host-0"), b.NodeStatus(1, b.PENDING)]
+    outcome, backend, record, lines, _ = supervise({
+        0: [([waiting(START + 2)], pending)],
+        1: [([progress("step", 5)], done())],
+    }, restart={"pending_timeout": "5s"}, remembers="c")
+    assert outcome.exit_code == 0, record.final_report
+    assert backend.submitted[0].excluded_nodes == ("host-1",) and backend.submitted[1].excluded_nodes == ()
+    assert any("warning: remembered exclusions of host-1 dropped" in ln for ln in lines), lines
