@@ -262,3 +262,22 @@ def test_nodes_lists_and_forgive_clears(home, capsys):
     assert code == 0 and out.strip() == "no remembered exclusions"
     code, out, _ = run_main(["nodes", "-o", "json"], capsys)
     assert json.loads(out) == []
+
+
+def test_the_kubernetes_key_is_the_contexts_api_server_read_as_kubectl_merges(tmp_path, monkeypatch):
+    from orchestrator.adaptors.kubernetes import kubeconfig_server
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.write_text(json.dumps({"current-context": "one", "contexts": [{"name": "one", "context": {"cluster": "c1"}}],
+                                 "clusters": [{"name": "c1", "cluster": {"server": "https://one:6443"}}]}))
+    second.write_text(json.dumps({"current-context": "two",
+                                  "contexts": [{"name": "one", "context": {"cluster": "c2"}},
+                                               {"name": "two", "context": {"cluster": "c2"}}],
+                                  "clusters": [{"name": "c2", "cluster": {"server": "https://two:6443"}}]}))
+    both = f"{first}{os.pathsep}{second}"
+    assert kubeconfig_server(None, both) == "https://one:6443"     # the first current-context and definition
+    assert kubeconfig_server("two", both) == "https://two:6443"
+    assert kubeconfig_server("nope", both) is None
+    assert kubeconfig_server(None, str(tmp_path / "missing")) is None
+    monkeypatch.setenv("KUBECONFIG", str(second))
+    assert KubernetesBackend(context=None).cluster_key() == "https://two:6443"
