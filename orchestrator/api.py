@@ -196,7 +196,8 @@ def dryrun(job: Job, backend: str, *, auto_resume: bool = False, context: str | 
 
     applied = for_attempt(exclude, remembers=engine.remembers_exclusions, cluster=engine.cluster_key,
                           ttl_s=job.spec.restart.remember_exclusions_s)
-    ctx = AttemptContext(attempt=attempt, excluded_nodes=applied.nodes, resume=auto_resume or attempt > 0
+    ctx = AttemptContext(attempt=attempt, excluded_nodes=applied.nodes,
+                         remembered_nodes=tuple(e.node for e in applied.remembered), resume=auto_resume or attempt > 0
                          or source is not None, parent=attempt - 1 if attempt > 0 else None, resume_from=source)
     plan = engine.plan(job.spec, job.profile, ctx)
     plan.notes.extend(applied.notes)

@@ -535,8 +535,8 @@ class Supervisor:
                       f"{ttl / 3600:g} h ({failure.kind}); `wmctl nodes forgive {failure.host}` clears it")
 
     def _submit(self, attempt: int, parent: AttemptRecord | None) -> AttemptRecord:
-        own = [n for n in (parent.excluded_nodes if parent else []) if n not in parent.remembered_nodes] \
-            if parent else []
+        # the run's own exclusions; the remembered ones are read again (one may have been forgiven)
+        own = [n for n in parent.excluded_nodes if n not in parent.remembered_nodes] if parent else []
         room: int | None = None
         if parent and parent.outcome == F.UNSCHEDULABLE and parent.excluded_nodes:
             # never exclude so many nodes that the job cannot be placed: the exclusions go
@@ -558,6 +558,7 @@ class Supervisor:
             self.record.attempts.append(rec)
             self.store.save(self.record)      # recorded before submitting: a restart adopts, never duplicates
         ctx = AttemptContext(attempt=attempt, excluded_nodes=tuple(excluded),
+                             remembered_nodes=tuple(e.node for e in applied.remembered),
                              resume=attempt > 0 or self.auto_resume or self.record.resume_from is not None,
                              parent=parent.attempt if parent else None, resume_from=self.record.resume_from)
         pause_point(self.spec.name, SUBMITTING)

@@ -104,6 +104,7 @@ def test_sim_a_node_lost_in_run_a_is_avoided_by_run_b_until_forgiven(fake_api, t
     shown = wmctl(env, "submit", str(spec_b), "-b", "kubernetes", "--context", "sim", "--dry-run")
     assert "# remembered exclusions applied" in shown.stdout and f"{dead} (node_lost in run runa attempt 0)" in \
         shown.stdout, shown.stdout
+    assert "failed earlier attempts" not in shown.stdout      # run B's attempt 0 has none of its own
     # another cluster's context: nothing remembered there
     elsewhere = wmctl(env, "submit", str(spec_b), "-b", "kubernetes", "--context", "other", "--dry-run", "-o", "json")
     assert elsewhere.returncode == 0 and not_in(next(o for o in json.loads(elsewhere.stdout)["items"]

@@ -215,6 +215,7 @@ def test_slurm_renders_a_remembered_node_into_exclude_and_says_so(home, tmp_path
     assert "cn09" not in json.dumps(plan)                     # another cluster's
     assert any("remembered exclusions applied" in n and "cn07 (device_fault in run earlier attempt 1)" in n
                for n in plan["notes"]), plan["notes"]
+    assert not any("failed earlier attempts" in n for n in plan["notes"])     # none of this run's own
     # turned off: nothing remembered is applied
     code, out, _ = run_main(["render", _slurm_spec(tmp_path, "restart: {remember_exclusions: 0}\n"), "-b", "slurm",
                              "-o", "json"], capsys)
