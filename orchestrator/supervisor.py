@@ -505,6 +505,11 @@ class Supervisor:
                 self.echo(f"adopting attempt {last.attempt} of {self.spec.name}")
                 return last
             if last.decision in (F.RETRY, F.RETRY_ELSEWHERE) and self.auto_resume:
+                if last.decision == F.RETRY_ELSEWHERE and last.outcome and last.failed_host:
+                    # failed while nobody watched it (or before its watcher could say so): the
+                    # node is remembered now (again, at worst: the newest evidence stands)
+                    self._remember(last, F.Failure(last.outcome, last.failed_node, last.failed_host,
+                                                   last.ended_at or self.clock(), last.evidence or ""))
                 if last.attempt in known:
                     # It failed while nobody watched it (or its watcher stopped before the
                     # teardown): what is left of it (a node blocked on the lost peer, exited

@@ -70,3 +70,32 @@ def test_a_remembered_node_that_leaves_no_room_is_dropped_with_a_warning(home):
     assert outcome.exit_code == 0, record.final_report
     assert backend.submitted[0].excluded_nodes == ("host-1",) and backend.submitted[1].excluded_nodes == ()
     assert any("warning: remembered exclusions of host-1 dropped" in ln for ln in lines), lines
+
+
+def test_a_node_lost_while_nobody_watched_is_remembered_when_a_watcher_takes_the_run_up(home):
+    from orchestrator.state import AttemptRecord, LocalRunStore, RunRecord
+    from orchestrator.supervisor import Supervisor, SupervisorOptions
+    from orchestrator.vendors import load_profile
+    from orchestrator.watchview import EchoView
+
+    from .test_supervisor import Clock, ScriptedBackend, spec_from
+
+    spec = spec_from({"name": "sup", "nodes": 2, "command": ["python", "t.py"],
+                      "restart": {"max_attempts": 4, "backoff": "0s", "heartbeat_timeout": "60s"}})
+    clock = Clock()
+    backend = ScriptedBackend(clock, {1: [([progress("resume", 10)], running()), ([progress("step", 20)], done())]})
+    backend.remembers_exclusions, backend.cluster = True, "c"
+    record = RunRecord(run=spec.name, backend=backend.name, spec_path="sup.yaml", overrides={},
+                       spec_hash=spec.spec_hash(), auto_resume=True)
+    record.attempts.append(AttemptRecord(attempt=0, submitted_at=START - 100, outcome="node_lost",
+                                         decision="retry_elsewhere", failed_node=1, failed_host="host-1",
+                                         ended_at=START - 10, last_checkpoint_step=10, evidence="vanished"))
+    store = LocalRunStore(spec.name)
+    store.save(record)
+    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView([].append),
+                     SupervisorOptions(auto_resume=True, clock=clock, sleep=clock.sleep, poll_interval=1.0))
+    assert sup.run().exit_code == 0
+    [kept] = X.active(X.LocalExclusionStore().load(), "c", START)
+    assert (kept.node, kept.kind, kept.evidence, kept.attempt) == ("host-1", "node_lost", "vanished", 0)
+    assert backend.submitted[1].excluded_nodes == ("host-1",)
+    assert backend.submitted[1].remembered_nodes == ()       # the run's own, not a remembered one
