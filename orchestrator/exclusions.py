@@ -92,25 +92,44 @@ class Applied:
     notes: tuple[str, ...]
 
 
-def apply(own: list[str] | tuple[str, ...], memory: list[Exclusion], *, room: int | None) -> Applied:
+def apply(own: list[str] | tuple[str, ...], memory: list[Exclusion], *, room: int | None = None,
+          usable: frozenset[str] | None = None, needed: int = 0) -> Applied:
     """The exclusions of one attempt. ``own``: the run's own (the nodes its earlier attempts
-    failed on); ``memory``: the cluster's remembered, oldest first; ``room``: how many nodes may be
-    excluded with the job still placeable (None: unknown, no cap). Never exclude so many that the
-    job cannot be placed: the remembered go first, oldest first, then the run's own (newest kept)."""
+    failed on); ``memory``: the cluster's remembered, oldest first. Never exclude so many that the
+    job cannot be placed: ``room`` caps how many may be excluded (0: none, after an attempt that
+    could not be placed); ``usable``, the nodes that could take the job's ``needed`` nodes now (the
+    backend's ``placeable_hosts``), must keep ``needed`` of them free. Either way the remembered
+    go first, oldest first, then the run's own (its newest kept); None: not known, no cap."""
     own = list(dict.fromkeys(own))
-    extra = [e for e in memory if e.node not in own]
-    seen: set[str] = set()
-    extra = [e for e in extra if not (e.node in seen or seen.add(e.node))]    # type: ignore[func-returns-value]
+    extra: list[Exclusion] = []
+    for e in memory:
+        if e.node not in own and all(e.node != x.node for x in extra):
+            extra.append(e)
     dropped: list[Exclusion] = []
+    cut: list[str] = []
+
+    def over_room() -> bool:
+        return room is not None and len(own) + len(extra) > max(0, room)
+
+    def too_few_left() -> bool:
+        return usable is not None and len(usable - set(own) - {e.node for e in extra}) < needed
+
+    def first(names: list[str]) -> int | None:
+        """Which to let go next: the oldest, or over ``usable`` the oldest that could take a node."""
+        if over_room():
+            return 0 if names else None
+        if too_few_left():
+            return next((i for i, n in enumerate(names) if usable is not None and n in usable), None)
+        return None
+
+    while (i := first([e.node for e in extra])) is not None:
+        dropped.append(extra.pop(i))
+    while (i := first(own)) is not None:
+        cut.append(own.pop(i))
     notes: list[str] = []
-    if room is not None:
-        room = max(0, room)
-        while extra and len(own) + len(extra) > room:
-            dropped.append(extra.pop(0))
-        if len(own) > room:
-            cut, own = own[:len(own) - room], own[len(own) - room:]
-            notes.append(f"warning: excluding {', '.join(cut)} too would leave too few nodes to place the job: "
-                         "they are not excluded")
+    if cut:
+        notes.append(f"warning: excluding {', '.join(cut)} too would leave too few nodes to place the job: "
+                     "they are not excluded")
     if dropped:
         notes.append(f"warning: remembered exclusions of {', '.join(e.node for e in dropped)} dropped (oldest "
                      "first): with them the job could not be placed")
@@ -203,21 +222,23 @@ def cluster_entries(store: ExclusionStore, cluster: str | None, now: float | Non
 
 def for_attempt(own: list[str] | tuple[str, ...], *, remembers: bool, cluster: Callable[[], str | None],
                 ttl_s: float, room: int | None = None, store: ExclusionStore | None = None,
-                now: float | None = None) -> Applied:
+                now: float | None = None, usable: Callable[[], frozenset[str] | None] | None = None,
+                needed: int = 0) -> Applied:
     """What one attempt excludes: ``own`` and, where the backend ``remembers`` and ``ttl_s`` > 0,
     the cluster's remembered nodes (``apply``). Remembered exclusions that cannot be read are
     said in a note and not applied: they never stop a submission."""
-    if not remembers or ttl_s <= 0:
-        return apply(own, [], room=room)
-    key = cluster()
-    if not key:
-        return apply(own, [], room=room)
-    try:
-        memory = list(cluster_entries(store or open_exclusions(), key, now))
-    except RecordDamaged as exc:
-        base = apply(own, [], room=room)
-        return Applied(base.nodes, (), (), (*base.notes, f"warning: {exc.message}; none applied ({exc.hint})"))
-    return apply(own, memory, room=room)
+    memory: list[Exclusion] = []
+    key = cluster() if remembers and ttl_s > 0 else None
+    warning: tuple[str, ...] = ()
+    if key:
+        try:
+            memory = list(cluster_entries(store or open_exclusions(), key, now))
+        except RecordDamaged as exc:
+            warning = (f"warning: {exc.message}; none applied ({exc.hint})",)
+    # the nodes that could take the job are asked for only when something is excluded
+    free = usable() if usable is not None and (own or memory) else None
+    applied = apply(own, memory, room=room, usable=free, needed=needed)
+    return Applied(applied.nodes, applied.remembered, applied.dropped, (*applied.notes, *warning))
 
 
 def remember(*, node: str, cluster: str, kind: str, evidence: str, run: str, attempt: int, ttl_s: float,

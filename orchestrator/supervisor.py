@@ -552,7 +552,9 @@ class Supervisor:
                 and parent.failed_host not in own and self.backend.places_nodes):
             own.append(parent.failed_host)
         applied = X.for_attempt(own, remembers=self.backend.remembers_exclusions, cluster=self.backend.cluster_key,
-                                ttl_s=self.spec.restart.remember_exclusions_s, room=room, now=self.clock())
+                                ttl_s=self.spec.restart.remember_exclusions_s, room=room, now=self.clock(),
+                                usable=functools.partial(self.backend.placeable_hosts, self.spec),
+                                needed=self.spec.nodes + self.spec.restart.spares)
         for note in applied.notes:
             self.echo(f"attempt {attempt}: {note}")
         excluded = list(applied.nodes)

@@ -374,6 +374,13 @@ class Backend(ABC, Generic[R]):
         """Where this backend keeps the run's objects (None on a backend without namespaces)."""
         return None
 
+    def placeable_hosts(self, spec: JobSpec) -> frozenset[str] | None:
+        """The nodes that could take an attempt of ``spec`` now (up, schedulable, in its pool), so
+        that exclusions never leave fewer than it needs; None when not known (nothing is capped
+        then, and an attempt that cannot be placed is retried with none excluded). Asked by a
+        watcher before each submission that excludes a node, never by a dry run."""
+        return None
+
     def cluster_key(self) -> str | None:
         """Which cluster this backend places nodes on, as remembered exclusions are keyed (two
         clusters never mix); None when it cannot tell (nothing is remembered or applied then).

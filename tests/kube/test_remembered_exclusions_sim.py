@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import yaml
@@ -137,3 +138,34 @@ def test_sim_the_configmap_store_keeps_every_racing_writers_entry(fake_api):
     assert cm["metadata"]["labels"]["wmctl.io/store"] == "exclusions"
     stores[1].update(lambda entries: X.forgive(entries, "w0-n0")[0])
     assert "w0-n0" not in {e.node for e in stores[2].load()}
+
+
+def test_sim_remembered_nodes_never_leave_too_few_ready_nodes(fake_api, backend, tmp_path, monkeypatch):
+    """Three nodes, a 2-node job, node-a and node-b remembered: excluding both would leave one
+    Ready node, so the older remembered one goes, with a warning. A node that is down anyway
+    (its machine gone) costs no room: only the ones in the way go."""
+    monkeypatch.setenv("WMCTL_HOME", str(tmp_path))
+    spec = from_dict(job_spec("capped"))
+    assert backend.placeable_hosts(spec) == {"node-a", "node-b", "node-c"}
+    url = backend.cluster_key()
+    for node, ago in (("node-a", 200.0), ("node-b", 100.0)):
+        X.remember(node=node, cluster=url, kind="node_lost", evidence="gone", run="earlier", attempt=0,
+                   ttl_s=DAY, now=time.time() - ago)
+
+    def plan():
+        return X.for_attempt([], remembers=True, cluster=backend.cluster_key, ttl_s=DAY,
+                             usable=lambda: backend.placeable_hosts(spec), needed=spec.nodes)
+
+    capped = plan()
+    assert capped.nodes == ("node-b",) and [e.node for e in capped.dropped] == ["node-a"]
+    assert any(n.startswith("warning: remembered exclusions of node-a dropped") for n in capped.notes)
+    # a node selector no node matches: nothing can be placed, so nothing is worth excluding
+    picky = from_dict({**job_spec("capped"), "kubernetes": {"node_selector": {"pool": "none"}}})
+    assert backend.placeable_hosts(picky) == frozenset()
+    # node-a's machine is gone (NotReady): excluding it costs no room and it stays excluded; the
+    # job now needs both Ready nodes, so node-b, though newer, goes
+    fake_api.cluster.start()
+    fake_api.cluster.kill_node("node-a")
+    assert fake_api.cluster.run_until(lambda: backend.placeable_hosts(spec) == {"node-b", "node-c"})
+    after = plan()
+    assert after.nodes == ("node-a",) and [e.node for e in after.dropped] == ["node-b"]

@@ -282,3 +282,27 @@ def test_the_kubernetes_key_is_the_contexts_api_server_read_as_kubectl_merges(tm
     assert kubeconfig_server(None, str(tmp_path / "missing")) is None
     monkeypatch.setenv("KUBECONFIG", str(second))
     assert KubernetesBackend(context=None).cluster_key() == "https://two:6443"
+
+
+def test_over_the_nodes_that_could_take_the_job_only_those_excluded_in_their_way_go():
+    memory = [entry("down", at=NOW - 40), entry("m-old", at=NOW - 30), entry("m-new", at=NOW - 10)]
+    usable = frozenset({"a", "b", "m-old", "m-new", "own1"})     # "down" could take nothing anyway
+    kept = X.apply(["own1"], memory, usable=usable, needed=3)
+    # free without exclusions: 5; own1 + m-old + m-new excluded leaves 2 < 3: m-old goes (oldest in the way)
+    assert kept.nodes == ("own1", "down", "m-new") and [e.node for e in kept.dropped] == ["m-old"]
+    assert X.apply(["own1"], memory, usable=usable, needed=2).dropped == ()
+    # the job needs every usable node: all in the way go, the remembered first, then the run's own
+    every = X.apply(["own1"], memory, usable=usable, needed=5)
+    assert every.nodes == ("down",) and any("own1" in n and "too few nodes" in n for n in every.notes)
+    # asked only when something is excluded at all
+    asked: list[int] = []
+    X.for_attempt([], remembers=False, cluster=lambda: None, ttl_s=DAY,
+                  usable=lambda: asked.append(1) or frozenset(), needed=2)
+    assert asked == []
+
+
+def test_parse_usable_slurm_nodes():
+    from orchestrator.backends.slurm.tools import parse_usable_nodes
+
+    text = "cn01|idle\ncn02|mixed\ncn03|down*\ncn04|drained\ncn05|allocated\ncn01|idle\ncn06|idle*\n"
+    assert parse_usable_nodes(text) == {"cn01", "cn02", "cn05"}

@@ -71,8 +71,13 @@ class ScriptedBackend:
     remembers_exclusions = False
     cluster: str | None = None
 
+    placeable: frozenset[str] | None = None
+
     def cluster_key(self) -> str | None:
         return self.cluster
+
+    def placeable_hosts(self, spec) -> frozenset[str] | None:
+        return self.placeable
 
     def __init__(self, clock: Clock, scripts: dict[int, list[tuple[list[b.Event], list[b.NodeStatus]]]]):
         self.clock, self.scripts = clock, scripts

@@ -99,3 +99,29 @@ def test_a_node_lost_while_nobody_watched_is_remembered_when_a_watcher_takes_the
     assert (kept.node, kept.kind, kept.evidence, kept.attempt) == ("host-1", "node_lost", "vanished", 0)
     assert backend.submitted[1].excluded_nodes == ("host-1",)
     assert backend.submitted[1].remembered_nodes == ()       # the run's own, not a remembered one
+
+
+def test_remembered_nodes_that_would_leave_too_few_usable_ones_are_dropped_before_submitting(home):
+    """The backend says which nodes could take the job; host-2 (older) and host-1 are remembered.
+    With four usable nodes both stay excluded (two left for two); with three, the older goes
+    before anything is submitted, with a warning: no attempt waits to be found unschedulable."""
+    for host, at in (("host-2", START - 50), ("host-1", START - 10)):
+        X.remember(node=host, cluster="c", kind="device_fault", evidence="Xid 79", run="old", attempt=0,
+                   ttl_s=DAY, now=at)
+    from . import test_supervisor as T
+
+    T.ScriptedBackend.placeable = frozenset({"host-0", "host-1", "host-2", "host-3"})
+    try:
+        outcome, backend, record, lines, _ = supervise({0: [([progress("step", 3)], done())]}, remembers="c",
+                                                       restart={"spares": 0})
+    finally:
+        T.ScriptedBackend.placeable = None
+    assert outcome.exit_code == 0
+    assert backend.submitted[0].excluded_nodes == ("host-2", "host-1")      # oldest first; 4 - 2 = 2 needed
+    T.ScriptedBackend.placeable = frozenset({"host-1", "host-2", "host-3"})
+    try:
+        outcome, backend, record, lines, _ = supervise({0: [([progress("step", 3)], done())]}, remembers="c")
+    finally:
+        T.ScriptedBackend.placeable = None
+    assert backend.submitted[0].excluded_nodes == ("host-1",)                # the older, host-2, went
+    assert any("warning: remembered exclusions of host-2 dropped" in ln for ln in lines), lines

@@ -32,8 +32,8 @@ from ...vendors import VendorProfile
 from .. import base as b
 from ..base import AttemptRef, Observation
 from .check import pod_problems, volume_problems
-from .client import Contact
-from .cluster import Cluster
+from .client import Contact, call_json
+from .cluster import Cluster, api_error
 from .render import KubernetesRequest, render_kubernetes
 
 if TYPE_CHECKING:
@@ -100,6 +100,19 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
 
     def namespace_of(self, spec: JobSpec) -> str | None:
         return spec.kubernetes.namespace
+
+    def placeable_hosts(self, spec: JobSpec) -> frozenset[str] | None:
+        """The Ready, uncordoned nodes that match kubernetes.node_selector (taints and free room are
+        not weighed: a cap, not a placement); None when the nodes cannot be read (RBAC)."""
+        selector = ",".join(f"{k}={v}" for k, v in sorted(spec.kubernetes.node_selector.items()))
+        try:
+            items = call_json(self.cluster.core().list_node, label_selector=selector or None,
+                              what="list nodes")["items"]
+        except (api_error(), BackendError):
+            return None
+        return frozenset(n["metadata"]["name"] for n in items if not (n.get("spec") or {}).get("unschedulable")
+                         and any(c.get("type") == "Ready" and c.get("status") == "True"
+                                 for c in (n.get("status") or {}).get("conditions") or []))
 
     def cluster_key(self) -> str | None:
         """The API server's address: the given client's, else the kubeconfig context's cluster

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import tempfile
 import time
 from contextlib import contextmanager
@@ -500,7 +501,8 @@ def list_cluster_runs(core: Any = None, namespace: str | None = None) -> list[st
 
 EXCLUSIONS_NAME = "wmctl-exclusions"     # no run's object: those are all wmctl-run-<run>...
 EXCLUSIONS_KEY = "exclusions.json"
-EXCLUSIONS_TRIES = 10                    # writers racing on one object: each retry reads it again
+EXCLUSIONS_TRIES = 20                    # writers racing on one object: each retry reads it again,
+EXCLUSIONS_BACKOFF_S = 0.05              # after a random pause of up to this much times the tries so far
 
 
 class ClusterExclusionStore(ExclusionStore):
@@ -523,7 +525,9 @@ class ClusterExclusionStore(ExclusionStore):
         return self._get()[0]
 
     def update(self, change: Callable[[list[Exclusion]], list[Exclusion]]) -> list[Exclusion]:
-        for _ in range(EXCLUSIONS_TRIES):
+        for tries in range(EXCLUSIONS_TRIES):
+            if tries:
+                time.sleep(random.uniform(0, EXCLUSIONS_BACKOFF_S * tries))
             entries, rv, exists = self._get()
             new = change(entries)
             data = {EXCLUSIONS_KEY: encode(new)}

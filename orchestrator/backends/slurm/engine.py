@@ -119,6 +119,11 @@ class SlurmBackend(b.Backend[SlurmRequest]):
             return dump(plan.to_dict(), "json")
         return plan.request.script
 
+    def placeable_hosts(self, spec: JobSpec) -> frozenset[str] | None:
+        """The nodes of slurm.partition (else every partition) that are not down, drained or
+        failing (`sinfo -N`); None when sinfo does not answer."""
+        return self.tools.usable_nodes(spec.slurm.partition)
+
     def cluster_key(self) -> str | None:
         """``slurm:<ClusterName>`` from `scontrol show config`, else ``slurm:<SLURM_CONF path>``;
         None when neither is known (no remembered exclusion is kept or applied then)."""

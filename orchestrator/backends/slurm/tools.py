@@ -97,6 +97,18 @@ class SlurmTools:
             raise EngineUnavailable(f"Slurm's {argv[0]} is not installed on this host",
                                     hint="run wmctl on a Slurm login node (slurm-client installed)") from None
 
+    def usable_nodes(self, partition: str | None) -> frozenset[str] | None:
+        """The nodes (of ``partition``) sinfo does not report down, drained or failing; None when
+        sinfo does not answer."""
+        argv = ["sinfo", "-h", "-N", "-o", "%N|%T"] + (["-p", partition] if partition else [])
+        try:
+            out = self.run(argv)
+        except EngineUnavailable:
+            return None
+        if out.returncode != 0:
+            return None
+        return parse_usable_nodes(out.stdout)
+
     def cluster_name(self) -> str | None:
         """What keys this cluster's remembered exclusions: ``slurm:<ClusterName>`` (`scontrol show
         config`), else ``slurm:<the SLURM_CONF path>``, else None."""
@@ -213,3 +225,14 @@ def parse_cluster_name(text: str) -> str | None:
         if sep and key.strip() == "ClusterName" and value.strip() and value.strip() != "(null)":
             return value.strip()
     return None
+
+
+def parse_usable_nodes(text: str) -> frozenset[str]:
+    """`sinfo -h -N -o '%N|%T'` -> the nodes not down, drained or failing (a node listed once per
+    partition is one node)."""
+    out = set()
+    for line in text.splitlines():
+        name, sep, state = line.strip().partition("|")
+        if sep and name and not NodeState(name, state.strip(), "").down:
+            out.add(name)
+    return frozenset(out)
