@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from . import layout
-from .errors import RecordDamaged
+from .errors import BackendError, RecordDamaged
 
 # The failure classes whose node is remembered (failures.py's NODE_LOST, DEVICE_FAULT, HANG:
 # the node, not the job). Pressure (an eviction), a graceful shutdown, a slow pull, a preemption
@@ -226,15 +226,17 @@ def for_attempt(own: list[str] | tuple[str, ...], *, remembers: bool, cluster: C
                 needed: int = 0) -> Applied:
     """What one attempt excludes: ``own`` and, where the backend ``remembers`` and ``ttl_s`` > 0,
     the cluster's remembered nodes (``apply``). Remembered exclusions that cannot be read are
-    said in a note and not applied: they never stop a submission."""
+    said in a note and not applied (a damaged file, a cluster store out of reach): they never stop
+    a submission. ``usable``/``needed``: see ``apply``."""
     memory: list[Exclusion] = []
     key = cluster() if remembers and ttl_s > 0 else None
     warning: tuple[str, ...] = ()
     if key:
         try:
             memory = list(cluster_entries(store or open_exclusions(), key, now))
-        except RecordDamaged as exc:
-            warning = (f"warning: {exc.message}; none applied ({exc.hint})",)
+        except (RecordDamaged, BackendError) as exc:     # damaged; the cluster's store out of reach or refused
+            warning = (f"warning: remembered exclusions not read: {exc.message}; none applied"
+                       + (f" ({exc.hint})" if exc.hint else ""),)
     # the nodes that could take the job are asked for only when something is excluded
     free = usable() if usable is not None and (own or memory) else None
     applied = apply(own, memory, room=room, usable=free, needed=needed)
