@@ -31,6 +31,7 @@ def entry(node: str, cluster: str = "https://a:6443", at: float = NOW, ttl: floa
 
 
 def run_main(args, capsys):
+    code: str | int | None
     try:
         main(list(args))
         code = 0
@@ -296,8 +297,12 @@ def test_over_the_nodes_that_could_take_the_job_only_those_excluded_in_their_way
     assert every.nodes == ("down",) and any("own1" in n and "too few nodes" in n for n in every.notes)
     # asked only when something is excluded at all
     asked: list[int] = []
-    X.for_attempt([], remembers=False, cluster=lambda: None, ttl_s=DAY,
-                  usable=lambda: asked.append(1) or frozenset(), needed=2)
+
+    def usable() -> frozenset[str]:
+        asked.append(1)
+        return frozenset()
+
+    X.for_attempt([], remembers=False, cluster=lambda: None, ttl_s=DAY, usable=usable, needed=2)
     assert asked == []
 
 

@@ -4,6 +4,8 @@ another cluster's memory is never applied, and a remembered node never keeps a j
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from orchestrator import exclusions as X
@@ -83,7 +85,8 @@ def test_a_node_lost_while_nobody_watched_is_remembered_when_a_watcher_takes_the
     spec = spec_from({"name": "sup", "nodes": 2, "command": ["python", "t.py"],
                       "restart": {"max_attempts": 4, "backoff": "0s", "heartbeat_timeout": "60s"}})
     clock = Clock()
-    backend = ScriptedBackend(clock, {1: [([progress("resume", 10)], running()), ([progress("step", 20)], done())]})
+    backend: Any = ScriptedBackend(clock, {1: [([progress("resume", 10)], running()),
+                                               ([progress("step", 20)], done())]})
     backend.remembers_exclusions, backend.cluster = True, "c"
     record = RunRecord(run=spec.name, backend=backend.name, spec_path="sup.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=True)
@@ -92,7 +95,7 @@ def test_a_node_lost_while_nobody_watched_is_remembered_when_a_watcher_takes_the
                                          ended_at=START - 10, last_checkpoint_step=10, evidence="vanished"))
     store = LocalRunStore(spec.name)
     store.save(record)
-    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView([].append),
+    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(list[str]().append),
                      SupervisorOptions(auto_resume=True, clock=clock, sleep=clock.sleep, poll_interval=1.0))
     assert sup.run().exit_code == 0
     [kept] = X.active(X.LocalExclusionStore().load(), "c", START)
