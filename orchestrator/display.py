@@ -21,6 +21,7 @@ import click
 
 from . import panel as P
 from .state import RunRecord
+from .stragglers import entry_text
 from .watchview import News
 
 DUMB_TERMS = ("dumb", "unknown")
@@ -185,6 +186,7 @@ def summary(record: RunRecord) -> str:
         for rec in a.recoveries:      # spare nodes (docs/spares.md): inside the attempt, no new one
             parts.append(f"in place: node {rec.get('lost_node')} replaced at step {rec.get('step')} by spare node "
                          f"{rec.get('spare_node')}, resumed from checkpoint {rec.get('checkpoint_step')}")
+        parts += [f"straggler {entry_text(s)}" for s in a.stragglers]
         lines.append("; ".join(parts))
         lines += [f"    | {text}" for text in a.error]
     redone = steps_redone(record)

@@ -13,10 +13,12 @@ from . import failures as F
 from .backends import base as b
 from .display import step_text
 from .spec import JobSpec
+from .stragglers import REPLACE, Straggler
 from .state import AttemptRecord
 from .tracker import AttemptTracker
 
-WHAT = {F.NODE_LOST: "lost", F.HANG: "frozen", F.DEVICE_FAULT: "lost its device"}
+STRAGGLER = "straggler"     # not a failure of the attempt: a slow node swapped out at a checkpoint
+WHAT = {F.NODE_LOST: "lost", F.HANG: "frozen", F.DEVICE_FAULT: "lost its device", STRAGGLER: "is a straggler"}
 NODE_FAILURES = (F.NODE_LOST, F.HANG, F.DEVICE_FAULT)     # when they name a node
 
 
@@ -25,10 +27,14 @@ def recover_in_place(spec: JobSpec, backend: b.Backend[Any], ref: b.AttemptRef, 
                      clock: Callable[[], float]) -> tuple[bool, str | None]:
     """Whether the attempt goes on (a spare took the lost node's place; the recovery appended to
     ``rec.recoveries``), and the line to tell the user (None: spares do not apply)."""
-    if not (spec.restart.spares and backend.spares) or failure.kind not in NODE_FAILURES or failure.node is None:
+    if (not (spec.restart.spares and backend.spares) or failure.kind not in (*NODE_FAILURES, STRAGGLER)
+            or failure.node is None):
         return False, None
     decided = clock()
     got = backend.recover_in_place(ref, failure.node)
+    if got is None and failure.kind == STRAGGLER:
+        return False, (f"attempt {rec.attempt}: {failure.evidence}; restart.stragglers=replace but no spare node is "
+                       f"warm (restart.spares={spec.restart.spares}, all used): warned only, the node keeps its place")
     if got is None:
         return False, (f"attempt {rec.attempt}: node {failure.node} failed ({failure.kind}) and no spare node is left "
                        f"(restart.spares={spec.restart.spares}): a new attempt replaces this one")
@@ -42,3 +48,16 @@ def recover_in_place(spec: JobSpec, backend: b.Backend[Any], ref: b.AttemptRef, 
                   f"takes its place in round {got.round}, every worker restarts in place from the newest "
                   f"checkpoint (step {step_text(tracker.last_checkpoint_step)}); {got.spares_left} spare(s) left, "
                   "no new attempt")
+
+
+def straggler_line(spec: JobSpec, backend: b.Backend[Any], attempt: int, straggler: Straggler) -> tuple[str, bool]:
+    """What to say about a node just named a straggler, and whether it is to be replaced at the
+    next checkpoint (restart.stragglers=replace with a spare to take its place)."""
+    said = f"attempt {attempt}: {straggler.describe(spec.restart.straggler_ratio)}"
+    if spec.restart.stragglers != REPLACE:
+        return f"{said} (restart.stragglers=warn: warned only)", False
+    if not (spec.restart.spares and backend.spares):
+        why = (f"the {backend.name} backend keeps no spare nodes" if not backend.spares
+               else "restart.spares is 0")
+        return f"{said}; restart.stragglers=replace but {why}: warned only", False
+    return f"{said}; restart.stragglers=replace: a spare takes its place at the next checkpoint", True

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backends import base as b
 from .state import RunRecord
+from .stragglers import entry_text
 
 if TYPE_CHECKING:
     from .watchview import News
@@ -148,6 +149,8 @@ def rows(state: PanelState, now: float, unicode: bool = True) -> list[Row]:
     if current is not None and current.outcome is None and current.evidence and record.status == "running":
         # the cluster's or the queue's reason while nodes wait to be created, placed or admitted
         out.append(Row("waiting", current.evidence, WARN))
+    if current is not None:
+        out += [Row("straggler", entry_text(s), WARN) for s in current.stragglers if s.get("cleared_step") is None]
     out += _failure_rows(record)
     if state.backoff_until is not None and record.status == "running":
         left = max(0, math.ceil(state.backoff_until - now))

@@ -148,6 +148,12 @@ class RestartSpec:
     # warm spare nodes started with each attempt: a dead node is replaced in place by one of them
     # (docs/spares.md); 0 keeps today's behaviour, a whole new attempt per failure
     spares: int = field(default=0, metadata={"hashed_when_set": True})  # HASHED_WHEN_SET
+    # a node whose time to reach the step's collective stays over straggler_ratio x the median of
+    # the others for straggler_window steps is a straggler (runtime jobs that use StepTimer):
+    # warn names it; replace swaps it for a warm spare at the next checkpoint (docs/spares.md)
+    stragglers: str = field(default="warn", metadata={"hashed_when_set": True})  # HASHED_WHEN_SET
+    straggler_ratio: float = field(default=1.3, metadata={"hashed_when_set": True})  # HASHED_WHEN_SET
+    straggler_window: int = field(default=20, metadata={"hashed_when_set": True})  # HASHED_WHEN_SET
     # how long a node excluded for a lost node, a device fault or a hang is avoided by the next
     # runs on the same cluster too (Kubernetes, Slurm; `wmctl nodes`); 0 remembers nothing
     remember_exclusions: Union[str, float] = field(default="24h", metadata={"hashed_when_set": True})  # HASHED_WHEN_SET

@@ -161,6 +161,15 @@ def _check_lifecycle(spec: JobSpec, problems: Problems) -> None:
                "wmctl always keeps 2 so a torn save has a fallback")
     _check_int(spec.restart.max_attempts, "restart.max_attempts", 1, 10_000, problems, "1 = no retries")
     _check_int(spec.restart.spares, "restart.spares", 0, MAX_SPARES, problems, "0 = no spare nodes")
+    if spec.restart.stragglers not in ("warn", "replace"):
+        problems.append(("restart.stragglers", f"must be warn or replace, not {spec.restart.stragglers!r}: warn names "
+                         "a slow node, replace also swaps it for a warm spare at the next checkpoint"))
+    ratio = spec.restart.straggler_ratio
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 1.0 < ratio <= 100.0:
+        problems.append(("restart.straggler_ratio", f"must be a number above 1 (at most 100), not {ratio!r}: "
+                         "how many times the other nodes' median a straggler's step time is; the default is 1.3"))
+    _check_int(spec.restart.straggler_window, "restart.straggler_window", 1, INT32_MAX, problems,
+               "steps a node must stay slow before it is called a straggler; the default is 20")
     for fname in ("backoff", "node_loss_timeout", "remember_exclusions"):
         _check_duration(spec.restart, fname, f"restart.{fname}", problems)
     heartbeat = _check_duration(spec.restart, "heartbeat_timeout", "restart.heartbeat_timeout", problems)

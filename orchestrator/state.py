@@ -74,6 +74,9 @@ class AttemptRecord:
     error: list[str] = field(default_factory=list)   # the failing rank's traceback tail (its own words)
     # in-place recoveries inside the attempt (spare nodes): each a lost node replaced by a spare
     recoveries: list[dict[str, Any]] = field(default_factory=list)
+    # nodes named stragglers (orchestrator/stragglers.py): their figures and what was done
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
+    paced: bool = False     # the job's ranks sent their step pace (StepTimer): stragglers are looked for
 
 
 @dataclass

@@ -11,18 +11,18 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from . import exclusions as X
 from . import failures as F
-from . import waitnote
+from . import stragglerwatch, waitnote
 from .backends import base as b
 from .display import step_line, step_text, summary
 from .errors import EngineUnavailable, RunCancelled, RunFailed, WmctlError
-from .inplace import recover_in_place
+from .inplace import STRAGGLER, recover_in_place
 from .joberror import node_tail, with_job_error
+from .keptmetrics import adopted_metrics, metric_key
 from .layout import run_dir
 from .plan import AttemptContext, Plan
 from .runtime.protocol import ENV_TEST_PAUSE_AT
@@ -118,6 +118,9 @@ class Supervisor:
             # A cancel tears the attempt down, which looks like a lost node: the intent, written
             # before the teardown, says what it was.
             failure = self._cancelled() or failure
+            if failure is not None and failure.kind == STRAGGLER:
+                prev = tracker           # a straggler swapped for a spare in _watch: the attempt's new round
+                continue
             if failure is not None and self._recover_in_place(ref, rec, tracker, failure):
                 prev = tracker           # the same attempt, watched again from its new round
                 continue
@@ -250,12 +253,30 @@ class Supervisor:
             self.echo(line)
         return done
 
+    def _stragglers(self, ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker,
+                    pending: stragglerwatch.Pending, now: float) -> F.Failure | None:
+        """The image pull's note, then straggler news told and recorded (stragglerwatch.py); the
+        STRAGGLER 'failure' when a slow node was just swapped for a spare (restart.stragglers=replace):
+        the round is over."""
+        if tracker.waiting is None and tracker.queued is None:
+            self._note(rec, waitnote.pulling(tracker, now, self.spec.restart.image_pull_timeout_s))
+        slow = stragglerwatch.tend(self.spec, self.backend, rec, tracker, self.store, self.record, pending,
+                                   self.echo, now)
+        if slow is None:
+            return None
+        done = self._recover_in_place(ref, rec, tracker, slow)
+        stragglerwatch.settle(rec, slow.host, done)
+        self.store.save(self.record)
+        return slow if done else None
+
     def _watch(self, ref: b.AttemptRef, rec: AttemptRecord,
                prev: AttemptTracker | None = None) -> tuple[AttemptTracker, F.Failure | None]:
         silence = Silence(self.spec.restart.node_silence_timeout_s)
         # After an in-place recovery the attempt goes on: its steps and checkpoints so far stay.
-        tracker = (AttemptTracker(started_at=rec.submitted_at, silence=silence) if prev is None else
-                   prev.next_round(self.clock(), silence))
+        slow = stragglerwatch.detector(self.spec)
+        tracker = (AttemptTracker(started_at=rec.submitted_at, silence=silence, stragglers=slow) if prev is None else
+                   prev.next_round(self.clock(), silence, slow))
+        pending = stragglerwatch.Pending()
         timeout = self.spec.restart.heartbeat_timeout_s
         # A watcher adopting a running attempt reads its output from the start: the events an
         # earlier watcher kept are shown again (at their own times) but kept once.
@@ -280,8 +301,9 @@ class Supervisor:
                 self._show(rec, ev, tracker, now)
                 if ev.kind == b.PROGRESS and ev.progress and kept.first(metric_key(ev.progress)):
                     self.store.append_metric({**ev.progress, "attempt": rec.attempt, "seen": round(now, 3)})
-            if tracker.waiting is None and tracker.queued is None:
-                self._note(rec, waitnote.pulling(tracker, now, self.spec.restart.image_pull_timeout_s))
+            replaced = self._stragglers(ref, rec, tracker, pending, now)
+            if replaced is not None:
+                return tracker, replaced
             if (tracker.waiting, tracker.queued) != waited:
                 # Saved after the lines are shown: whoever reads the record's reason has been told it.
                 # `wmctl status` reads the record: the cluster's reason for the wait is said there
@@ -645,56 +667,3 @@ class Supervisor:
     def _say(self, text: str, at: float | None) -> None:
         """A line about an event, stamped with the event's time when a view shows times."""
         self.view.line(text, at)
-
-
-# How many of the newest progress lines a watcher remembers to keep a line delivered twice once,
-# and how many of the earlier attempts' step events it shows an adopted run's panel (its loss trend
-# shows panel.SPARK_POINTS of them): what it holds stays flat, however long the run.
-RECENT_KEYS = 4096
-HISTORY_STEPS = 256
-
-
-class KeptMetrics:
-    """Which progress lines of an attempt the run store has: those an earlier watcher kept (a
-    watcher adopting a running attempt reads its output again from the start; each such line is
-    forgotten once seen again, since a replay shows it once) and the newest RECENT_KEYS seen."""
-
-    def __init__(self, stored: set[tuple[Any, ...]] | None = None):
-        self.stored = stored or set()
-        self.recent: set[tuple[Any, ...]] = set()
-        self.order: deque[tuple[Any, ...]] = deque()
-
-    def first(self, key: tuple[Any, ...]) -> bool:
-        """Is this line new to the store? Remembers it if so."""
-        if key in self.stored:
-            self.stored.discard(key)
-            return False
-        if key in self.recent:
-            return False
-        self.recent.add(key)
-        self.order.append(key)
-        if len(self.order) > RECENT_KEYS:
-            self.recent.discard(self.order.popleft())
-        return True
-
-
-def adopted_metrics(events: Iterable[dict[str, Any]], attempt: int, *,
-                    history: bool) -> tuple[KeptMetrics, list[dict[str, Any]]]:
-    """From the run store's events, read as a stream: which of ``attempt``'s it has, and (with
-    ``history``) what the panel shows of the earlier attempts: every event but steps, and the
-    newest HISTORY_STEPS steps, in order."""
-    stored: set[tuple[Any, ...]] = set()
-    others: list[tuple[int, dict[str, Any]]] = []
-    steps: deque[tuple[int, dict[str, Any]]] = deque(maxlen=HISTORY_STEPS)
-    for n, m in enumerate(events):
-        if m.get("attempt") == attempt:
-            stored.add(metric_key(m))
-        elif history and isinstance(m.get("attempt"), int) and m["attempt"] < attempt:
-            (steps if m.get("event") == "step" else others).append((n, m))
-    # back in the store's order: the panel folds them as they were kept
-    return KeptMetrics(stored), [m for _, m in sorted([*others, *steps], key=lambda t: t[0])]
-
-
-def metric_key(progress: dict[str, Any]) -> tuple[Any, ...]:
-    """What tells one progress line from another within an attempt: its event, step and the job's time."""
-    return progress.get("event"), progress.get("step"), progress.get("time")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .state import RunRecord, RunStore
+from .stragglers import entry_text, off_reason
 
 DESCRIBE_KEYS = ("time", "attempt", "event", "detail")
 
@@ -70,6 +71,11 @@ def events(record: RunRecord, store: RunStore) -> list[dict[str, Any]]:
                         "detail": f"node {r.get('lost_node')} replaced by spare node {r.get('spare_node')} "
                                   f"(round {r.get('round')}, at step {r.get('step')}, from checkpoint "
                                   f"{r.get('checkpoint_step')}): {r.get('evidence') or '-'}"})
+        for s in a.stragglers:      # slow nodes (docs/spares.md): named with their figures
+            out.append({"time": s.get("since"), "attempt": a.attempt, "event": "straggler", "detail": entry_text(s)})
+        off = off_reason((record.spec or {}).get("nodes"), a.paced) if a.outcome is not None else None
+        if off:
+            out.append({"time": a.ended_at, "attempt": a.attempt, "event": "stragglers", "detail": off})
     for e in store.metrics():
         if e.get("event") in SHOWN_PROGRESS:
             t = e.get("time", e.get("seen"))

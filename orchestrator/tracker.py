@@ -16,6 +16,7 @@ from . import failures as F
 from .backends import base as b
 from .display import step_text
 from .silence import Silence
+from .stragglers import Straggler, Stragglers
 
 
 @dataclass
@@ -51,15 +52,21 @@ class AttemptTracker:
     pull_cause: b.Event | None = None
     silence: Silence | None = None                    # the runtime's per-node beat (silence.py)
     in_place: bool = False      # a later round of the attempt (spare nodes): its resume keeps the attempt's own
+    stragglers: Stragglers | None = None              # the ranks' step pace (stragglers.py)
+    paced: bool = False                               # a pace event arrived
+    # news for the supervisor to tell: nodes newly declared stragglers, group ranks no longer one
+    straggler_news: list[Straggler] = field(default_factory=list)
+    straggler_cleared: list[int] = field(default_factory=list)
 
-    def next_round(self, now: float, silence: Silence | None) -> "AttemptTracker":
+    def next_round(self, now: float, silence: Silence | None,
+                   stragglers: Stragglers | None = None) -> "AttemptTracker":
         """The tracker of the attempt's next round after an in-place recovery: what the attempt
         did so far stays (its newest step and checkpoint, where it resumed from), its nodes and
         failure evidence start over."""
         return AttemptTracker(started_at=now, silence=silence, last_step=self.last_step,
                               last_checkpoint_step=self.last_checkpoint_step,
                               resumed_from_step=self.resumed_from_step, resume_not_exact=self.resume_not_exact,
-                              in_place=True)
+                              in_place=True, stragglers=stragglers, paced=self.paced)
 
     def __post_init__(self) -> None:
         self.last_heartbeat = self.started_at
@@ -105,6 +112,11 @@ class AttemptTracker:
                 self.completed_step = p["step"] if isinstance(p.get("step"), int) else self.last_step
             if self.silence is not None:
                 self.silence.feed(p, now)
+            if self.stragglers is not None and p.get("event") == "pace":
+                self.paced = True
+                new, cleared = self.stragglers.feed(p, now)
+                self.straggler_news += new
+                self.straggler_cleared += cleared
         return obs.events
 
     def _fold_waits(self, obs: b.Observation, now: float) -> None:

@@ -16,7 +16,8 @@ class Lines:
     PYTHONUNBUFFERED=1, as the in-cluster watcher's Deployment sets)."""
 
     def __init__(self, proc: subprocess.Popen):
-        self.proc, self.lines = proc, []
+        self.proc = proc
+        self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 

@@ -29,6 +29,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable
 
+from . import pace
 from . import vendor as vendor_profiles
 from .advice import communication_hint, hint
 
@@ -119,6 +120,11 @@ class StepTimer:
     ``device_module``: the vendor's torch module (torch.cuda, torch.musa, ...) whose
     ``synchronize()`` is called before each clock reading; None or cpu: no sync.
 
+    Each step's summary also has ``reach_s``: from the step's first phase to the start of its
+    first collective phase (``backward(sync=True)`` or ``comm()``), the rank's own work without
+    the wait for a slow peer. ``publish`` (default True): on a multi-node torchrun job, send it to
+    the watcher through the c10d store (pace.py: stragglers).
+
     The communication advice fits the job: ``profile`` (default: the job's vendor profile, as
     wmctl hands it over) names the library the vendor tunes; ``dist_backend`` (default: the
     initialised process group's) the one in use. On CPU there is no vendor library to suggest.
@@ -126,7 +132,8 @@ class StepTimer:
 
     def __init__(self, device_module=None, warn_comm_share: float = 0.30, warn_data_share: float = 0.30,
                  clock: Callable[[], float] = time.perf_counter,
-                 profile: vendor_profiles.RuntimeProfile | None = None, dist_backend: str | None = None):
+                 profile: vendor_profiles.RuntimeProfile | None = None, dist_backend: str | None = None,
+                 publish: bool = True):
         is_cpu = (device_module is None or device_module == "cpu"
                   or getattr(device_module, "__name__", "") == "torch.cpu")
         self._sync = None if is_cpu else getattr(device_module, "synchronize", None)
@@ -143,7 +150,9 @@ class StepTimer:
         self._total_step = 0.0
         self._unmeasured_steps = 0
         self._step_start: float | None = None
+        self._reached: float | None = None     # when this step's first collective began
         self._active: str | None = None
+        self._publish = publish
         self.steps = 0
 
     def comm_advice(self) -> str:
@@ -163,12 +172,14 @@ class StepTimer:
         return self._clock()
 
     @contextmanager
-    def _phase(self, name: str, sink: list[float] | None = None):
+    def _phase(self, name: str, sink: list[float] | None = None, collective: bool = False):
         if self._active is not None:
             raise RuntimeError(f"timer phase {name!r} started inside {self._active!r}: phases do not nest")
         start = self._now()
         if self._step_start is None:
             self._step_start = start
+        if collective and self._reached is None:
+            self._reached = start
         self._active = name
         try:
             yield
@@ -190,10 +201,10 @@ class StepTimer:
     optimizer = compute
 
     def backward(self, sync: bool = False):
-        return self._phase("backward", self._bwd_sync if sync else self._bwd_nosync)
+        return self._phase("backward", self._bwd_sync if sync else self._bwd_nosync, collective=sync)
 
     def comm(self):
-        return self._phase("comm")
+        return self._phase("comm", collective=True)
 
     def end_step(self) -> dict:
         """Close the step: its times, shares, bottleneck and warnings. The step runs from its
@@ -211,6 +222,11 @@ class StepTimer:
             compute += self._current["comm"]
         summary = classify(data, compute, comm, step_s, self.warn_comm_share, self.warn_data_share,
                            self.comm_advice())
+        # The time to reach the step's first collective: this rank's own work, a slow peer's wait
+        # excluded (pace.py). A step with no collective timed is all its own work.
+        reach = (self._reached - self._step_start if self._reached is not None and self._step_start is not None
+                 else step_s)
+        summary["reach_s"] = _rounded(reach)
         self._totals["data"] += data
         self._totals["compute"] += compute
         self._totals["comm"] += comm or 0.0
@@ -219,8 +235,11 @@ class StepTimer:
         self.steps += 1
         self._current = dict.fromkeys(PHASES, 0.0)
         self._bwd_nosync, self._bwd_sync = [], []
-        self._step_start = None
+        self._step_start = self._reached = None
         summary["step"] = self.steps
+        publisher = pace.publisher() if self._publish else None
+        if publisher is not None:
+            publisher.record(reach, self.steps)
         return summary
 
     def summary(self) -> dict:

@@ -25,6 +25,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import yaml
@@ -46,7 +47,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.docker)
 
 
-def unavailable(reason: str) -> None:
+def unavailable(reason: str) -> NoReturn:
     """Fail under WMCTL_REQUIRE_DOCKER=1 or CI=true (CI promised an engine), skip otherwise."""
     if REQUIRE_DOCKER:
         pytest.fail(f"WMCTL_REQUIRE_DOCKER=1 or CI=true, but {reason}", pytrace=False)

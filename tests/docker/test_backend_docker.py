@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import docker.errors
 import pytest
@@ -35,6 +35,17 @@ DATA = Path(__file__).resolve().parent / "data" / "backend"
 LAUNCHER = ["python3", "-m", "orchestrator.runtime.affinity"]
 VOLUME = "wmctl-dkb-ckpt"   # the spec's named volume: must survive every cancel
 SLEEP = ["python3", "-c", "import time; time.sleep(120)"]
+
+
+def _failure_kind(ev: b.Event) -> str:
+    failure = failures.classify_event(ev)
+    assert failure is not None, ev
+    return failure.kind
+
+
+def _payload(e: b.Event) -> dict[str, Any]:
+    assert e.progress is not None, e
+    return e.progress
 
 
 def make_plan(name: str, image: str, *, commands: dict[int, list[str]] | None = None,
@@ -130,7 +141,7 @@ def test_two_node_torchrun_job_runs_adopts_and_tears_down(backend, docker_client
     # node 0's own lines (torchrun's, the job's) are sampled as its sign of life
     assert any(e.kind == b.OUTPUT and e.message for e in node_events(seen, 0))
     progress = [e for e in seen if e.kind == b.PROGRESS]
-    assert [(e.node, e.progress["event"], e.progress["step"], e.progress["sum"]) for e in progress] == [
+    assert [(e.node, _payload(e)["event"], _payload(e)["step"], _payload(e)["sum"]) for e in progress] == [
         (0, "step", 1, 3.0)]   # all_reduce of 1 + 2 across the two containers
 
     # Inside the containers: what the job itself saw.
@@ -182,14 +193,14 @@ def test_two_node_torchrun_job_runs_adopts_and_tears_down(backend, docker_client
 def test_docker_kill_of_a_worker_node_reads_as_a_lost_node(backend, docker_client, base_image):
     plan = make_plan("dkb-kill", base_image, env={"WMCTL_TEST_LOOP_S": "90"})
     ref = backend.submit(plan)
-    poll_until(backend, ref, lambda o, s: any(e.kind == b.PROGRESS and e.progress["step"] >= 2 for e in s))
+    poll_until(backend, ref, lambda o, s: any(e.kind == b.PROGRESS and _payload(e)["step"] >= 2 for e in s))
     docker_client.containers.get("dkb-kill-a0-1").kill()
     killed = time.monotonic()
     obs, seen = poll_until(backend, ref, lambda o, s: bool(node_events(s, 1, b.NODE_EXITED)), limit=60)
     print(f"docker kill -> NODE_EXITED reported after {time.monotonic() - killed:.2f} s")
     [ev] = node_events(seen, 1, b.NODE_EXITED)
     assert (ev.exit_code, ev.reason, ev.host) == (137, "SIGKILL", "dkb-kill-a0-1")
-    assert failures.classify_event(ev).kind == failures.NODE_LOST
+    assert _failure_kind(ev) == failures.NODE_LOST
     assert obs.nodes[1].phase == b.FAILED and obs.nodes[1].reason == "SIGKILL"
 
     backend.cancel(ref)   # the survivor would sit in the collective: tear it down now
@@ -204,7 +215,7 @@ def test_docker_pause_reads_as_paused_then_unpaused(backend, docker_client, base
     docker_client.containers.get("dkb-pause-a0-1").pause()
     obs, seen = poll_until(backend, ref, lambda o, s: bool(node_events(s, 1, b.NODE_PAUSED)), limit=30)
     assert obs.nodes[1].phase == b.PAUSED and obs.nodes[0].phase == b.RUNNING
-    assert failures.classify_event(node_events(seen, 1, b.NODE_PAUSED)[0]).kind == failures.HANG
+    assert _failure_kind(node_events(seen, 1, b.NODE_PAUSED)[0]) == failures.HANG
     docker_client.containers.get("dkb-pause-a0-1").unpause()
     obs, seen = poll_until(backend, ref, lambda o, s: any(e.reason == "unpaused" for e in s), limit=30)
     assert obs.nodes[1].phase == b.RUNNING
@@ -225,7 +236,7 @@ def test_memory_limit_exceeded_reads_as_oom(backend, docker_client, base_image):
     [ev] = node_events(seen, 0, b.OOM_KILLED)
     assert (ev.exit_code, ev.reason) == (137, "OOMKilled")
     assert not node_events(seen, 0, b.NODE_EXITED)
-    assert failures.classify_event(ev).kind == failures.OOM
+    assert _failure_kind(ev) == failures.OOM
     assert (obs.nodes[0].phase, obs.nodes[1].phase) == (b.FAILED, b.RUNNING)
 
 
@@ -235,7 +246,7 @@ def test_app_exit_1_reads_as_an_app_error(backend, docker_client, base_image):
     obs, seen = poll_until(backend, ref, lambda o, s: bool(node_events(s, 1, b.NODE_EXITED)), limit=60)
     [ev] = node_events(seen, 1, b.NODE_EXITED)
     assert (ev.exit_code, ev.reason) == (1, None)
-    assert failures.classify_event(ev).kind == failures.APP_ERROR
+    assert _failure_kind(ev) == failures.APP_ERROR
     assert list(backend.logs(ref, 1)) == ["boom"]
 
 
@@ -246,7 +257,7 @@ def test_a_container_removed_by_someone_else_reads_as_lost(backend, docker_clien
     obs, seen = poll_until(backend, ref, lambda o, s: bool(node_events(s, 1, b.NODE_LOST)), limit=30)
     [ev] = node_events(seen, 1, b.NODE_LOST)
     assert ev.reason == "ContainerRemoved" and ev.host == "dkb-gone-a0-1"
-    assert failures.classify_event(ev).kind == failures.NODE_LOST
+    assert _failure_kind(ev) == failures.NODE_LOST
     assert obs.nodes[1].phase == b.LOST and obs.nodes[0].phase == b.RUNNING
 
 
@@ -273,6 +284,7 @@ def test_a_container_removed_while_nobody_watched_is_lost_to_a_reader_however_la
     wait_for(survivor_exited, "node 0 to exit")
     assert survivor.attrs["State"]["ExitCode"] == 1
     exited = parse_docker_time(survivor.attrs["State"]["FinishedAt"])
+    assert exited is not None
     while time.time() < exited + failures.CONSEQUENCE_WINDOW_S + 1:    # a late look
         time.sleep(0.2)
     reader = DockerBackend(docker_client)
@@ -337,7 +349,7 @@ def test_docker_stop_and_graceful_cancel_give_the_job_its_sigterm(backend, docke
     obs, seen = poll_until(backend, ref, lambda o, s: bool(node_events(s, 1, b.NODE_EXITED)), limit=30)
     [ev] = node_events(seen, 1, b.NODE_EXITED)
     assert (ev.exit_code, ev.reason) == (83, "SIGTERM")
-    assert failures.classify_event(ev).kind == failures.PREEMPTED
+    assert _failure_kind(ev) == failures.PREEMPTED
 
     backend.cancel(ref, graceful=True, timeout=30)
     assert containers_of(docker_client, "dkb-stop") == []

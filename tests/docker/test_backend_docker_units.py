@@ -19,9 +19,21 @@ from orchestrator.errors import BackendError
 from orchestrator.plan import Plan
 
 
+def _failure_kind(ev: b.Event) -> str:
+    failure = failures.classify_event(ev)
+    assert failure is not None, ev
+    return failure.kind
+
+
+def _ns(text: str) -> int:
+    ns = parse_docker_ns(text)
+    assert ns is not None, text
+    return ns
+
+
 def test_parse_docker_ns_is_exact_to_the_nanosecond():
-    assert parse_docker_ns("2024-05-01T10:00:00.000000001Z") - parse_docker_ns("2024-05-01T10:00:00Z") == 1
-    assert parse_docker_ns("2024-05-01T10:00:00.1Z") > parse_docker_ns("2024-05-01T10:00:00.012Z")
+    assert _ns("2024-05-01T10:00:00.000000001Z") - _ns("2024-05-01T10:00:00Z") == 1
+    assert _ns("2024-05-01T10:00:00.1Z") > _ns("2024-05-01T10:00:00.012Z")
     assert parse_docker_ns("2024-05-01T12:00:00.5+02:00") == parse_docker_ns("2024-05-01T10:00:00.5Z")
     assert parse_docker_ns("not a time") is None
     assert parse_docker_time("0001-01-01T00:00:00Z") is None
@@ -67,7 +79,7 @@ def test_transition_events_cover_a_missed_start_and_use_engine_times():
     assert [e.kind for e in evs] == [b.NODE_STARTED, b.NODE_EXITED]
     assert (evs[0].time, evs[1].time, evs[1].exit_code, evs[1].reason) == (10.0, 12.5, 137, "SIGKILL")
     # The classifier reads exit 137 with reason SIGKILL as a lost node, not an app error.
-    assert failures.classify_event(evs[1]).kind == failures.NODE_LOST
+    assert _failure_kind(evs[1]) == failures.NODE_LOST
     assert transition_events(cur, cur, started_at=10.0, finished_at=12.5, event_time=None, name="c-1") == []
 
 
@@ -76,13 +88,13 @@ def test_transition_events_pause_unpause_oom_and_removal():
     paused = b.NodeStatus(0, b.PAUSED, "c-0", None, "paused")
     [ev] = transition_events(running, paused, started_at=1.0, finished_at=None, event_time=5.0, name="c-0")
     assert (ev.kind, ev.time) == (b.NODE_PAUSED, 5.0)
-    assert failures.classify_event(ev).kind == failures.HANG
+    assert _failure_kind(ev) == failures.HANG
     [ev] = transition_events(paused, running, started_at=1.0, finished_at=None, event_time=6.0, name="c-0")
     assert (ev.kind, ev.reason, ev.time) == (b.NODE_STARTED, "unpaused", 6.0)
     oom = node_status(0, "c-0", _state("exited", 137, oom=True), signal=None, cancelled=False, previous=running)
     [ev] = transition_events(running, oom, started_at=1.0, finished_at=7.0, event_time=None, name="c-0")
     assert (ev.kind, ev.exit_code, ev.reason) == (b.OOM_KILLED, 137, "OOMKilled")
-    assert failures.classify_event(ev).kind == failures.OOM
+    assert _failure_kind(ev) == failures.OOM
     lost = node_status(0, "c-0", None, signal=None, cancelled=False, previous=running)
     [ev] = transition_events(running, lost, started_at=1.0, finished_at=None, event_time=8.0, name="c-0")
     assert (ev.kind, ev.reason, ev.time) == (b.NODE_LOST, "ContainerRemoved", 8.0)
@@ -100,7 +112,7 @@ def test_container_kwargs_split_and_unknown_keys_are_refused():
 def test_submit_refuses_a_plan_for_another_backend_without_touching_the_engine():
     with pytest.raises(BackendError, match="kubernetes plan cannot be submitted to Docker"):
         DockerBackend(client=object()).submit(Plan(backend="kubernetes", run="r", attempt=0, spec_hash="h",
-                                                          request=KubernetesRequest(namespace="default")))
+                                                          request=KubernetesRequest(namespace="default")))  # type: ignore[arg-type]  # another backend's, on purpose
 
 
 def test_a_container_killed_while_nobody_watched_is_the_cause_however_late_anyone_looks():

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 import yaml
@@ -133,8 +134,10 @@ def test_docker_graceful_cancel_keeps_the_sigterm_checkpoint(docker_client, imag
 @pytest.mark.parametrize("outcome", ["succeeded", "app_error", "killed", "cancelled", "running"])
 def test_docker_status_of_a_run_nobody_watches_is_the_truth(docker_client, image, home, outcome):
     run = f"dkl-unwatched-{outcome.replace('_', '-')}"
-    args = {"succeeded": {"steps": 6}, "app_error": {"steps": 400, "job_args": ["--fail-at", "3"]},
-            "killed": {"steps": 400}, "cancelled": {"steps": 400}, "running": {"steps": 4000}}[outcome]
+    cases: dict[str, dict[str, Any]] = {
+        "succeeded": {"steps": 6}, "app_error": {"steps": 400, "job_args": ["--fail-at", "3"]},
+        "killed": {"steps": 400}, "cancelled": {"steps": 400}, "running": {"steps": 4000}}
+    args = cases[outcome]
     spec = write_spec(home, run, image, **args)
     sub = wmctl(home, "submit", str(spec), "--backend", "docker")
     assert sub.returncode == 0, sub.stdout + sub.stderr

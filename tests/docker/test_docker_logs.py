@@ -97,6 +97,7 @@ def test_log_follower_keeps_lines_the_engine_stamped_out_of_order(docker_client,
         c.remove(force=True)
     behind, newest = 0, 0
     for stamp, _ in stamped:
+        assert stamp is not None
         behind += stamp < newest
         newest = max(newest, stamp)
     # the premise: the engine did write some lines after one stamped later (26 of 20,000 here)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -109,7 +110,7 @@ def test_containers_write_host_folders_as_docker_user_and_refuse_one_it_cannot_w
     mine.mkdir()
     os.chown(mine, 4321, 4321)
     spec = tmp_path / "job.yaml"
-    data = {
+    data: dict[str, Any] = {
         "name": RUN_USER, "nodes": 1, "nproc_per_node": 1, "affinity": "none",
         "image": {"vendor": "cpu", "tag": base_image}, "resources": {"shm": "256Mi"},
         "docker": {"user": "4321:4321"},

@@ -70,7 +70,9 @@ def test_submit_runs_the_pushed_digest_until_a_rebuild_without_push(docker_clien
     try:
         pushed = run_wmctl("build-image", str(spec), "--tag", tag, "--push", cwd=tmp_path)
         assert pushed.returncode == 0, pushed.stdout[-3000:] + pushed.stderr[-3000:]
-        ref = re.search(r"^digest: (\S+@sha256:[0-9a-f]{64})$", pushed.stdout, re.M).group(1)
+        digest = re.search(r"^digest: (\S+@sha256:[0-9a-f]{64})$", pushed.stdout, re.M)
+        assert digest is not None, pushed.stdout[-3000:]
+        ref = digest.group(1)
         used, note = _rendered_images(spec, tag, tmp_path)
         assert used == {ref}
         assert "pinned to digest" in note

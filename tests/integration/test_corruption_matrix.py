@@ -128,10 +128,14 @@ def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(case, pristine
     assert [{k: v for k, v in e.items() if k != "seen"} for e in kept] == [{**e, "attempt": 0} for e in events]
 
 
+def damage_every_checkpoint(root: Path) -> None:
+    for step in ("step-00000005", NEWEST):
+        flip_bit(root / step / SHARED_FILE)
+
+
 STOPS = {
     # case -> (damage, what the final report must say)
-    "every-checkpoint-damaged": (lambda root: [flip_bit(root / s / SHARED_FILE) for s in ("step-00000005", NEWEST)],
-                                 "damaged"),
+    "every-checkpoint-damaged": (damage_every_checkpoint, "damaged"),
     "newest-marker-names-another-run": (lambda root: other_runs_marker(root / NEWEST), "someone-else"),
 }
 

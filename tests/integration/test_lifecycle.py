@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -171,8 +172,10 @@ def test_a_second_watcher_is_refused_naming_the_first(home):
 @pytest.mark.parametrize("outcome", ["succeeded", "app_error", "killed", "cancelled", "running"])
 def test_status_of_a_run_nobody_watches_is_the_truth(home, outcome):
     run = f"unwatched-{outcome.replace('_', '-')}"
-    args = {"succeeded": {"steps": 10}, "app_error": {"steps": 400, "job_args": ["--fail-at", "3"]},
-            "killed": {"steps": 400}, "cancelled": {"steps": 400}, "running": {"steps": 4000}}[outcome]
+    cases: dict[str, dict[str, Any]] = {
+        "succeeded": {"steps": 10}, "app_error": {"steps": 400, "job_args": ["--fail-at", "3"]},
+        "killed": {"steps": 400}, "cancelled": {"steps": 400}, "running": {"steps": 4000}}
+    args = cases[outcome]
     spec = h.write_spec(home, run, nodes=2, **args)
     sub = wmctl(home, "submit", str(spec))
     assert sub.returncode == 0, sub.stdout + sub.stderr

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -69,7 +70,7 @@ def reference(home):
     spec = fsdp_spec(home, "fsdp-ref")
     w = h.Watch(spec, home)
     assert w.wait() == 0, w.output
-    got = {"final": final(spec), "samples": samples(spec, 2), "spec": spec}
+    got: dict[str, Any] = {"final": final(spec), "samples": samples(spec, 2), "spec": spec}
     # Sanity of the comparison: training moved the weights, the ranks saw different samples.
     assert got["samples"][0][1] != got["samples"][1][1]
     return got
@@ -102,7 +103,7 @@ def test_fsdp2_node_killed_during_an_async_save_resumes_bit_exact(home, referenc
     torn = h.run_checkpoints(spec) / f"step-{2 * EVERY:08d}"
     h.wait_until(lambda: all((torn / f"rank-{r:05d}.done").exists() for r in range(2)), 120, "step 8 written")
     assert (torn / "dcp" / ".metadata").exists() and not (torn / COMMIT_MARKER).exists()
-    assert latest_complete(h.run_checkpoints(spec)).step == EVERY
+    assert (info := latest_complete(h.run_checkpoints(spec))) is not None and info.step == EVERY
     assert h.kill_node(run, 0, 0) > 0
     assert w.wait() == 0, w.output
     rec = h.record(home, run)
@@ -121,7 +122,7 @@ def test_fsdp2_a_torn_shard_never_counts_and_the_resume_is_still_exact(home, ref
     shard = root / f"step-{STEPS:08d}" / "dcp" / "__1_0.distcp"
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])
-    assert latest_complete(root).step == 2 * EVERY
+    assert (info := latest_complete(root)) is not None and info.step == 2 * EVERY
     w = h.Watch(reference["spec"], home, "--replace")
     assert w.wait() == 0, w.output
     rec = h.record(home, "fsdp-ref")
@@ -137,7 +138,7 @@ def test_fsdp2_four_ranks_resume_on_two_not_exact_and_no_sample_repeated(home):
     h.wait_step(home, run, 0, EVERY + 1)
     assert h.kill_node(run, 0, 1) > 0          # lost for good: the run stops (no retries left)
     assert w.wait() != 0, w.output
-    assert latest_complete(h.run_checkpoints(spec)).step == EVERY
+    assert (info := latest_complete(h.run_checkpoints(spec))) is not None and info.step == EVERY
     four = samples(spec, 4)
 
     w = h.Watch(spec, home, "--set", "nodes=1", "--replace")   # what is left: one node of 2 ranks

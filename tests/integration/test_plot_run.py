@@ -59,6 +59,7 @@ def test_plot_of_a_run_with_a_killed_node(tmp_path, monkeypatch):
 
     from orchestrator import runs
     record = runs.status(run, reconcile=False).record
+    assert record is not None
     d = plotdata.build(run, runs.metrics(run), [asdict(a) for a in record.attempts])
     assert d.boundaries == [plotdata.Boundary(1, resumed["step"], resumed=True, exact=True)]
     assert d.failures == [plotdata.Failure(0, reached, "node_lost")]

@@ -67,5 +67,5 @@ def test_a_node_whose_store_host_is_late_waits_read_timeout_and_its_failure_is_a
     lines = (out.stdout + out.stderr).splitlines()
     evidence = F.rendezvous_failure(lines)
     assert evidence and "RendezvousConnectionError" in evidence, "\n".join(lines[-20:])
-    assert F.job_error(lines) is None or "RendezvousConnectionError" not in F.job_error(lines).summary
+    assert (err := F.job_error(lines)) is None or "RendezvousConnectionError" not in err.summary
     assert took < 45, f"gave up after {took:.0f} s: torch's 60 s default, not read_timeout, applied"

@@ -82,3 +82,41 @@ def test_second_death_with_the_only_spare_spent_resubmits(home, reference):
     assert "no spare node is left" in w.output
     assert rec["attempts"][1]["resumed_from_step"] >= 30
     assert not h.leftover_processes(run)
+
+
+def test_a_straggler_is_named_and_swapped_for_the_spare_at_the_next_checkpoint(home, reference):
+    """Node 1's machine made slow (50 ms more per step before the step's first collective, an env
+    var the job reads): the watcher names it from the ranks' pace with its figures, and with
+    restart.stragglers=replace the spare takes its place once a checkpoint has committed; the run
+    ends bit-identical to the uninterrupted reference."""
+    import yaml
+
+    run = "spare-straggler"
+    spec = h.write_spec(home, run, job_args=["--timer"],
+                        restart={"spares": 1, "stragglers": "replace", "straggler_window": 10})
+    data = yaml.safe_load(spec.read_text())
+    data["env"] = {"COUNTER_SLOW_HOST": "localhost-1", "COUNTER_SLOW_S": "0.05"}
+    spec.write_text(yaml.safe_dump(data))
+    w = h.Watch(spec, home)
+    assert w.wait() == 0, w.output
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["succeeded"], w.output
+    slow = rec["attempts"][0]["stragglers"]
+    assert [(s["group_rank"] is not None, s["host"]) for s in slow] == [(True, "localhost-1")], slow
+    assert slow[0]["ms_per_step"] >= 40 and slow[0]["median_ms"] < 0.5 * slow[0]["ms_per_step"], slow
+    assert "localhost-1 is a straggler:" in w.output and "a spare takes its place at the next checkpoint" in w.output
+    recoveries = _recoveries(home, run)
+    assert [(r["lost_node"], r["spare_node"]) for r in recoveries] == [(1, 2)], w.output
+    # replaced only after a checkpoint committed since it was named: every worker resumed from it
+    assert recoveries[0]["checkpoint_step"] >= slow[0]["step"] - 5
+    assert "node 1 is a straggler (50." in w.output and "spare node 2 takes its place" in w.output
+    assert h.final_state(spec) == reference
+    assert not h.leftover_processes(run)
+    described = subprocess.run([sys.executable, "-m", "orchestrator.cli", "describe", run], env=w.env,
+                               capture_output=True, text=True, timeout=60)
+    assert "straggler   node localhost-1:" in described.stdout, described.stdout
+    assert "(replaced by spare node 2, every worker resumed from checkpoint" in described.stdout, described.stdout
+    status = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", run], env=w.env,
+                            capture_output=True, text=True, timeout=60)
+    assert "straggler node localhost-1:" in status.stdout and "ms/step to reach the collective" in status.stdout, \
+        status.stdout

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
-from orchestrator.backends.base import Event, Observation
+from orchestrator.backends.base import PROGRESS, Event, Observation
 from orchestrator.supervisor import Supervisor
 
 
@@ -18,14 +18,20 @@ class Collector:
     def __init__(self, backend, ref):
         self.backend, self.ref = backend, ref
         self.events: list[Event] = []
-        self.last: Observation | None = None
+        self._last: Observation | None = None
+
+    @property
+    def last(self) -> Observation:
+        """The latest poll's observation (until() polls before each test of its predicate)."""
+        assert self._last is not None, "read before the first poll()"
+        return self._last
 
     def poll(self) -> Observation:
-        self.last = self.backend.poll(self.ref)
-        self.events.extend(self.last.events)
-        return self.last
+        self._last = self.backend.poll(self.ref)
+        self.events.extend(self._last.events)
+        return self._last
 
-    def until(self, pred: Callable[["Collector"], bool], timeout: float = 60.0) -> bool:
+    def until(self, pred: Callable[["Collector"], object], timeout: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.poll()
@@ -33,10 +39,18 @@ class Collector:
                 return True
             time.sleep(0.02)
         self.poll()
-        return pred(self)
+        return bool(pred(self))
 
     def kinds(self, kind: str) -> list[Event]:
         return [e for e in self.events if e.kind == kind]
+
+    def progress(self) -> list[dict[str, Any]]:
+        """The payloads of the progress events so far (each one carries its line's payload)."""
+        out = []
+        for e in self.kinds(PROGRESS):
+            assert e.progress is not None, e
+            out.append(e.progress)
+        return out
 
 
 def run_supervisor(sup: Supervisor) -> tuple[threading.Thread, dict]:

@@ -9,14 +9,14 @@ import json
 import time
 
 import pytest
-from kubernetes import client as k8s
+from .sdk import client as k8s
 
 from orchestrator.backends.kubernetes import admission
 from orchestrator.backends.kubernetes.engine import KubernetesBackend
 from orchestrator.specload import from_dict
 from orchestrator.state import LocalRunStore as RunStore
 from orchestrator.state import RunRecord
-from orchestrator.supervisor import Supervisor, SupervisorOptions
+from orchestrator.supervisor import Outcome, Supervisor, SupervisorOptions
 from orchestrator.vendors import load_profile
 from orchestrator.watchview import EchoView
 
@@ -35,7 +35,7 @@ def test_explain_names_the_fields_a_podsecurity_refusal_is_about_and_the_quota()
 
 
 def _run(fake_api, data: dict, labels: dict, setup=None,
-         run_seconds: float | None = None) -> tuple[object, list[str], RunStore, float]:
+         run_seconds: float | None = None) -> tuple[Outcome, list[str], RunStore, float]:
     core = k8s.CoreV1Api(fake_api.client)
     core.create_namespace({"metadata": {"name": "team", "labels": labels}})
     if setup is not None:
@@ -73,6 +73,7 @@ def test_sim_a_podsecurity_refusal_ends_the_attempt_at_once_naming_the_field(fak
     (a0,) = store.load().attempts
     assert outcome.exit_code == 7, outcome.report
     assert (a0.outcome, a0.decision) == ("unschedulable", "stop")
+    assert a0.evidence is not None
     assert 'violates PodSecurity "baseline:latest": hostPath volumes' in a0.evidence
     assert "volumes[].host_path" in a0.evidence and "refused, not retried" in a0.evidence
     assert took < 60
@@ -94,6 +95,7 @@ def test_sim_a_quota_refusal_names_the_quota_while_it_waits(fake_api, tmp_path, 
     }, {}, quota)
     (a0,) = store.load().attempts
     assert outcome.exit_code == 7 and a0.outcome == "unschedulable"
+    assert a0.evidence is not None
     assert "ResourceQuota 'compute' is full" in a0.evidence and "restart.pending_timeout" in a0.evidence
     assert any("node_waiting" in ln and "ResourceQuota 'compute' is full" in ln for ln in lines), lines
 
@@ -113,6 +115,7 @@ def test_contract_strict_field_validation_refuses_an_unknown_field_and_default_k
     with pytest.raises(ApiException) as err:
         batch.create_namespaced_job("default", job, field_validation="Strict")
     assert err.value.status == 400
+    assert err.value.body is not None
     assert ('Job in version "v1" cannot be handled as a Job: strict decoding error: unknown field '
             '"spec.template.spec.resources"') == json.loads(err.value.body)["message"]
     batch.create_namespaced_job("default", job)          # no fieldValidation: not checked here
@@ -131,7 +134,7 @@ def test_contract_podsecurity_restricted_refuses_a_pod_that_may_run_as_root_in_u
     bare = {"metadata": {"name": "bare"}, "spec": {"containers": [{"name": "main", "image": "busybox"}]}}
     with pytest.raises(ApiException) as err:
         core.create_namespaced_pod("locked", bare)
-    assert err.value.status == 403
+    assert err.value.status == 403 and err.value.body is not None
     assert json.loads(err.value.body)["message"] == (
         'pods "bare" is forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false '
         '(container "main" must set securityContext.allowPrivilegeEscalation=false), unrestricted capabilities '
@@ -147,6 +150,7 @@ def test_contract_podsecurity_restricted_refuses_a_pod_that_may_run_as_root_in_u
         core.create_namespaced_pod("locked", {"metadata": {"name": "root"}, "spec": {
             "securityContext": {"runAsNonRoot": False},
             "containers": [{"name": "main", "image": "busybox", "securityContext": {**ok, "runAsNonRoot": None}}]}})
+    assert err.value.body is not None
     assert json.loads(err.value.body)["message"].endswith(
         'violates PodSecurity "restricted:latest": runAsNonRoot != true (pod must not set '
         'securityContext.runAsNonRoot=false)')
@@ -217,4 +221,4 @@ def test_sim_kubernetes_security_context_lets_a_job_run_where_podsecurity_is_res
         assert (outcome.exit_code, a0.outcome) == (0, "succeeded"), (outcome.report, lines)
     else:
         assert (outcome.exit_code, a0.outcome) == (7, "unschedulable"), outcome.report
-        assert "kubernetes.security_context.runAsNonRoot: true" in a0.evidence
+        assert a0.evidence is not None and "kubernetes.security_context.runAsNonRoot: true" in a0.evidence

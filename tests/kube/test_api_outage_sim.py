@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from kubernetes import client
+from .sdk import client
 from kubernetes.client.exceptions import ApiException
 
 from orchestrator.adaptors.kubernetes import single_try
@@ -65,6 +65,7 @@ def test_contract_an_outage_is_429_shutting_down_then_503_then_service(fake_api)
     fake_api.faults.outage(0.6, shutting_down_s=0.6)
     with pytest.raises(ApiException) as err:
         core.list_namespaced_config_map("default")
+    assert err.value.headers is not None and err.value.body is not None
     assert err.value.status == 429 and err.value.headers["Retry-After"] == "5"   # with_retry_after.go
     assert "The apiserver is shutting down" in err.value.body
     assert _status_until(lambda: core.list_namespaced_config_map("default"), 503) == 503

@@ -90,7 +90,7 @@ def test_one_loss_fact_however_it_is_seen():
     dt = [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]
     keys = {k for k, e in pod_events(pod(conds=dt), node("Unknown")) if e.kind == base.NODE_LOST}
     deleted = pod_deleted_event(pod(), cancelled=False, job_finished=None, failure_seen=False)
-    assert keys == {("lost", "u1")} and deleted[0] == ("lost", "u1")
+    assert keys == {("lost", "u1")} and deleted is not None and deleted[0] == ("lost", "u1")
 
 
 @pytest.mark.parametrize("kw,lost", [
@@ -125,7 +125,12 @@ def test_loss_without_node_access_is_read_from_the_pod():
     reason) or a pod in its grace period is no loss."""
     from orchestrator.backends.kubernetes.classify import TERMINATION_SLACK_S, pod_loss_evidence
 
-    running = {"running": {}}
+    def reason(p: dict, now: float) -> str:
+        found = pod_loss_evidence(p, now)
+        assert found is not None, p
+        return found[0]
+
+    running: dict = {"running": {}}
     marked = pod(state=running, conds=[{"type": "ContainersReady", "status": "True"},
                                        {"type": "Ready", "status": "False"}])
     probe = pod(state=running, conds=[{"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady"},
@@ -136,11 +141,11 @@ def test_loss_without_node_access_is_read_from_the_pod():
     stuck = pod(state=running)
     stuck["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:30Z"
     due = 1767225630.0            # 2026-01-01T00:00:30Z
-    assert pod_loss_evidence(marked, due)[0] == "NodeNotReady"
-    assert pod_loss_evidence(gc, due)[0] == "DeletionByPodGC"
+    assert reason(marked, due) == "NodeNotReady"
+    assert reason(gc, due) == "DeletionByPodGC"
     assert pod_loss_evidence(probe, due) is None and pod_loss_evidence(evicted, due) is None
     assert pod_loss_evidence(stuck, due + TERMINATION_SLACK_S - 1) is None
-    assert pod_loss_evidence(stuck, due + TERMINATION_SLACK_S + 1)[0] == "TerminationUnconfirmed"
+    assert reason(stuck, due + TERMINATION_SLACK_S + 1) == "TerminationUnconfirmed"
     facts = pod_events(marked, None, nodes_known=False, node_access=False, now=due)
     assert [(k[0], e.kind, e.reason) for k, e in facts if e.kind != base.NODE_STARTED] == \
         [("lost", base.NODE_LOST, "NodeNotReady")]
@@ -153,7 +158,8 @@ def test_job_end_from_the_job_controllers_events():
 
     def ev(reason, etype, when, message=""):
         return {"reason": reason, "type": etype, "lastTimestamp": when, "message": message}
-    assert job_end_event([ev("SuccessfulCreate", "Normal", "t1"), ev("Completed", "Normal", "t2")])[0] == "Complete"
+    end = job_end_event([ev("SuccessfulCreate", "Normal", "t1"), ev("Completed", "Normal", "t2")])
+    assert end is not None and end[0] == "Complete"
     assert job_end_event([ev("BackoffLimitExceeded", "Warning", "t2", "Job has reached the specified backoff limit")]) \
         == ("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
     assert job_end_event([ev("SuccessfulCreate", "Normal", "t1"), ev("FailedCreate", "Warning", "t2")]) is None
@@ -233,4 +239,4 @@ def test_a_failed_exit_on_a_node_with_a_problem_condition_is_a_device_fault_with
     n["status"]["conditions"][-1]["status"] = "False"
     n["status"]["conditions"].append({"type": "MemoryPressure", "status": "True"})
     (ev,) = [e for _, e in pod_events(pod("Failed", state=TERM(1, "Error")), n) if e.kind != base.NODE_STARTED]
-    assert F.classify_event(ev).kind == F.APP_ERROR
+    assert (failure := F.classify_event(ev)) is not None and failure.kind == F.APP_ERROR

@@ -80,7 +80,7 @@ def test_a_plan_for_another_backend_is_rejected():
     other = Plan(backend="docker", run="r", attempt=0, spec_hash="h", request=DockerRequest("net"),
                  resources=[{"kind": "container"}])
     with pytest.raises(BackendError, match="cannot be submitted to Kubernetes"):
-        KubernetesBackend(api_client=object()).submit(other)
+        KubernetesBackend(api_client=object()).submit(other)  # type: ignore[arg-type]  # a Docker plan, on purpose
 
 
 def test_importing_the_backend_does_not_import_kubernetes():

@@ -9,7 +9,7 @@ import time
 
 import kubernetes_validate
 import pytest
-from kubernetes import client
+from .sdk import client
 
 from orchestrator.backends import base
 from orchestrator.backends.kubernetes.engine import KubernetesBackend

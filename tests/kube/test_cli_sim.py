@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -149,7 +150,7 @@ def test_sim_cancel_annotates_the_job_before_teardown_and_a_watcher_elsewhere_ob
         assert fake_api.cluster.run_until(lambda: jobs() == ["clicross-a0"], timeout=30)
         time.sleep(0.5)
         # Another machine's cancel: the annotation alone (its run folder is not this one).
-        from kubernetes import client as k8s
+        from .sdk import client as k8s
         cfg = k8s.Configuration(host=fake_api.server.url)
         cfg.api_key = {"authorization": "Bearer sim-token"}
         k8s.BatchV1Api(k8s.ApiClient(cfg)).patch_namespaced_job(
@@ -196,9 +197,10 @@ def test_sim_status_of_a_run_nobody_watches_is_read_from_the_cluster(fake_api, t
         "volumes": [{"name": "ckpt", "mount": "/ckpt", "pvc": "wm-ckpt"}], "checkpoint": {"dir": "/ckpt"},
     }))
     cluster = fake_api.cluster
-    behaviour = {"succeeded": {"run_seconds": 0.3}, "app_error": {"run_seconds": 0.3, "exit_code": 1},
-                 "killed": {"run_seconds": None}, "cancelled": {"run_seconds": None},
-                 "running": {"run_seconds": None}}[outcome]
+    behaviours: dict[str, dict[str, Any]] = {
+        "succeeded": {"run_seconds": 0.3}, "app_error": {"run_seconds": 0.3, "exit_code": 1},
+        "killed": {"run_seconds": None}, "cancelled": {"run_seconds": None}, "running": {"run_seconds": None}}
+    behaviour = behaviours[outcome]
     cluster.script(job=f"{run}-a0", **behaviour)
     first = {**behaviour, "run_seconds": 0.8} if outcome == "app_error" else behaviour   # rank 1 fails first
     cluster.script(job=f"{run}-a0", index=0, logs=[(0.0, progress("start", 0)), (0.05, progress("step", 3))],

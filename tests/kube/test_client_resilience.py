@@ -9,7 +9,8 @@ import time
 
 import pytest
 import urllib3
-from kubernetes import client, watch
+from kubernetes import watch
+from .sdk import client
 from kubernetes.client.exceptions import ApiException
 
 from orchestrator.adaptors.kubernetes import single_try
@@ -35,6 +36,7 @@ def test_contract_429_carries_retry_after_and_a_plain_text_body(fake_api):
     with pytest.raises(ApiException) as err:
         core.list_namespaced_config_map("default")
     assert err.value.status == 429
+    assert err.value.headers is not None and err.value.body is not None
     assert err.value.headers["Retry-After"] == "1"         # maxinflight.go: retryAfter = "1"
     assert "Too many requests" in err.value.body
     assert core.list_namespaced_config_map("default").items == []     # one shot only
@@ -150,7 +152,7 @@ def test_sim_half_open_streams_are_timed_out_and_reopened(fake_api, monkeypatch)
         assert col.until(lambda col: len(col.kinds(base.PROGRESS)) >= 3, timeout=30)
         fake_api.faults.stall_streams()
         assert col.until(lambda col: col.last.finished and len(col.kinds(base.PROGRESS)) == 20, timeout=30)
-        assert [e.progress["step"] for e in col.kinds(base.PROGRESS)] == list(range(20))
+        assert [p["step"] for p in col.progress()] == list(range(20))
         assert sorted((e.node, e.exit_code) for e in col.kinds(base.NODE_EXITED)) == [(0, 0), (1, 0)]
         assert sum(s["reconnects"] for s in b.watch_stats(ref).values()) >= 1
     finally:
@@ -180,7 +182,7 @@ def test_sim_bookmarks_keep_a_quiet_watch_resumable_after_compaction(fake_api):
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and any(int(w.resource_version or 0) < now_rv for w in watchers):
             time.sleep(0.05)
-        assert all(int(w.resource_version) >= now_rv for w in watchers)
+        assert all(w.resource_version is not None and int(w.resource_version) >= now_rv for w in watchers)
         fake_api.store.compact()
         fake_api.faults.drop_watches()
 

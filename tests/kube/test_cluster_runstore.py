@@ -72,6 +72,7 @@ def test_one_watcher_at_a_time_and_a_stale_lease_is_taken_over(fake_api):
     note = b.acquire_watcher()
     assert note and "took over the stale lease" in note
     # a renews on its next beat and finds the lease gone to b: it stops, never supervises beside b
+    assert a._lease is not None
     a._lease = a._lease.__class__(a._lease.pid, a._lease.host, a._lease.started, 0.0)
     with pytest.raises(RunExists, match="lost its watcher lease"):
         a.beat()
@@ -106,7 +107,7 @@ def test_the_first_cancel_intent_stands(fake_api):
     assert s.cancel_intent() is None
     first = s.request_cancel(by="alice", graceful=True)
     again = store(fake_api).request_cancel(by="bob", graceful=False)
-    assert again == first and store(fake_api).cancel_intent()["by"] == "alice"
+    assert again == first and (intent := store(fake_api).cancel_intent()) is not None and intent["by"] == "alice"
 
 
 def test_metrics_are_kept_in_chunks_under_the_configmap_limit(fake_api, monkeypatch):
@@ -172,6 +173,7 @@ def test_the_fake_refuses_a_configmap_over_one_mib(fake_api):
     for name, value in (("big", "y" * (1024 * 1024 + 1)), ("wide", "\u00e9" * (512 * 1024 + 1))):  # bytes
         with pytest.raises(ApiException) as err:
             core.create_namespaced_config_map(NS, {"metadata": {"name": name}, "data": {"x": value}})
+        assert err.value.body is not None
         assert err.value.status == 422 and "Too long" in err.value.body
 
 
@@ -180,6 +182,7 @@ def test_a_nodes_log_keeps_its_tail_within_the_limit(fake_api):
     lines = [f"line {i} " + "z" * 60 for i in range(20_000)]        # ~1.4 MB
     s.archive_log(0, 1, ("\n".join(lines) + "\n").encode())
     kept = store(fake_api).archived_log(0, 1)
+    assert kept is not None
     assert kept[-1] == lines[-1] and kept[0] in lines and len(kept) < len(lines)
     assert store(fake_api).archived_log(0, 0) is None
 
@@ -290,13 +293,15 @@ def test_every_store_operation_is_allowed_to_the_watcher_and_to_edit(fake_api, w
     s = ClusterRunStore("rb", api_client=client, namespace=NS)
     s.acquire_watcher()
     s.save(record("rb"))
+    assert s._lease is not None
     s._lease = s._lease.__class__(s._lease.pid, s._lease.host, s._lease.started, 0.0)
     s.beat()
     s.append_metric({"event": "step", "step": 1})
     s.append_metric({"event": "checkpoint", "step": 2})       # written at once: the chunk replaced
     s.archive_log(0, 0, b"x\n")
     s.request_cancel(by="me", graceful=False)
-    assert s.load().run == "rb" and len(s.metrics()) == 2 and s.cancel_intent()["by"] == "me"
+    assert s.load().run == "rb" and len(s.metrics()) == 2
+    assert (intent := s.cancel_intent()) is not None and intent["by"] == "me"
     s.release_watcher()
     assert list_cluster_runs(__import__("kubernetes").client.CoreV1Api(client), NS) == ["rb"]
     s.delete()
@@ -335,12 +340,14 @@ def test_a_renewal_whose_answer_was_lost_keeps_the_lease(fake_api):
 
     a, b = store(fake_api), store(fake_api)
     a.acquire_watcher()
+    assert a._lease is not None
     a._lease = dataclasses.replace(a._lease, beat=a._lease.beat - 10)     # due for renewal
     fake_api.faults.lose_response_next(1, verb="PUT", path="wmctl-run-cs.lease")
     a.beat()
     assert a.lease() is not None
     with pytest.raises(RunExists):
         b.acquire_watcher()
+    assert a._lease is not None
     a._lease = dataclasses.replace(a._lease, beat=a._lease.beat - 10)
     a.beat()                                                                 # and renews again after that
     a.release_watcher()
@@ -379,6 +386,7 @@ def test_a_watcher_that_slept_past_its_lease_writes_nothing_over_its_successor(f
     a.acquire_watcher()
     a.save(record())
     a.append_metric({"event": "step", "step": 1})
+    assert a._lease is not None
     a._lease = dataclasses.replace(a._lease, beat=a._lease.beat - LEASE_STALE_S - 1)   # a slept
     backdate_lease(fake_api, "cs", LEASE_STALE_S + 1, namespace=NS)
     assert b.acquire_watcher()

@@ -10,7 +10,7 @@ import json
 
 import pytest
 import yaml
-from kubernetes import client
+from .sdk import client
 from kubernetes.client.exceptions import ApiException
 
 from orchestrator.backends.kubernetes.doctor import ACCESS
@@ -41,6 +41,7 @@ def test_contract_access_reviews_follow_the_rbac_rules(fake_api):
     with pytest.raises(ApiException) as err:
         client.AuthorizationV1Api(editor).create_self_subject_access_review(
             {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview", "spec": {}})
+    assert err.value.body is not None
     assert err.value.status == 422 and "exactly one of" in err.value.body
 
 

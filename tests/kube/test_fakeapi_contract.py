@@ -10,7 +10,8 @@ import time
 
 import pytest
 import urllib3
-from kubernetes import client, watch
+from kubernetes import watch
+from .sdk import client
 from kubernetes.client.exceptions import ApiException
 
 from .fakeapi.server import _parse_rfc3339_ns
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _pod(name: str, labels: dict[str, str] | None = None, node: str | None = None) -> dict:
-    spec = {"containers": [{"name": "c", "image": "busybox"}]}
+    spec: dict = {"containers": [{"name": "c", "image": "busybox"}]}
     if node:
         spec["nodeName"] = node
     return {"apiVersion": "v1", "kind": "Pod",
@@ -28,6 +29,7 @@ def _pod(name: str, labels: dict[str, str] | None = None, node: str | None = Non
 
 
 def _status(exc: ApiException) -> dict:
+    assert exc.body is not None
     return json.loads(exc.body)
 
 

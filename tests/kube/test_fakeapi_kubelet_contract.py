@@ -5,7 +5,7 @@ pkg/kubelet/nodeshutdown/nodeshutdown_manager_linux.go."""
 
 from __future__ import annotations
 
-from kubernetes import client
+from .sdk import client
 
 from .fakeapi import kubelet_terminations as kt
 
@@ -51,7 +51,7 @@ def test_sim_a_node_pressure_eviction_taints_the_node_and_sets_disruption_target
     first, second = _updates(fake_api, rv, "p")
     assert first["status"]["phase"] == "Running" and _dt(first) is None
     assert (second["status"]["phase"], second["status"]["reason"]) == ("Failed", "Evicted")
-    assert _dt(second)["reason"] == "TerminationByKubelet"
+    assert (dt := _dt(second)) is not None and dt["reason"] == "TerminationByKubelet"
     assert second["status"]["message"].startswith("The node was low on resource: ephemeral-storage.")
     node = fake_api.store.get("nodes", None, "node-a")
     taint = node["spec"]["taints"][0]
@@ -68,6 +68,6 @@ def test_sim_a_graceful_node_shutdown_sigterms_and_says_terminated(fake_api):
     assert first["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 1   # torchrun on SIGTERM
     assert (second["status"]["phase"], second["status"]["reason"]) == ("Failed", "Terminated")
     assert second["status"]["message"] == kt.SHUTDOWN_MESSAGE
-    assert _dt(second)["reason"] == "TerminationByKubelet"
+    assert (dt := _dt(second)) is not None and dt["reason"] == "TerminationByKubelet"
     ready = next(c for c in fake_api.store.get("nodes", None, "node-b")["status"]["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["message"]) == ("False", "node is shutting down")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from kubernetes import client
+from .sdk import client
 
 from orchestrator.backends.kubernetes.engine import KubernetesBackend
 from orchestrator.errors import RunNotFound

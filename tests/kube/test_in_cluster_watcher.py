@@ -249,12 +249,12 @@ def test_in_cluster_watcher_deployment_in_the_way_is_a_clear_error(tls_api, tmp_
     }))
     fake.cluster.script(job="inc-a0", run_seconds=None, logs=[(0.0, progress("start", 0))])
     fake.cluster.start()
-    import kubernetes.client
-
     from orchestrator.backends.kubernetes import incluster
 
+    from .sdk import client
+
     old = incluster.watcher_manifest("inc", NS, "registry.example.com/wmctl:0.8", "wmctl-watcher")
-    kubernetes.client.AppsV1Api(fake.client).create_namespaced_deployment(NS, old)
+    client.AppsV1Api(fake.client).create_namespaced_deployment(NS, old)
     alice = laptop(fake, cert, tmp_path / "laptop")
     sub = run(alice, "submit", str(spec), "-b", "kubernetes", "--auto-resume", "--in-cluster")
     assert "Traceback" not in sub.stderr, sub.stderr

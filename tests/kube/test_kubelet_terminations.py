@@ -74,7 +74,9 @@ def test_the_status_decides_before_the_exit_code(p, expected, kind, decision):
 def test_the_kubelets_words_reach_the_failure():
     (ev,) = [e for _, e in pod_events(pod("Failed", code=137, reason="Evicted", message=EMPTYDIR), NODE)
              if e.kind != base.NODE_STARTED]
-    evidence = F.classify_event(ev).evidence
+    failure = F.classify_event(ev)
+    assert failure is not None
+    evidence = failure.evidence
     assert 'EmptyDir volume "scratch" exceeds the limit "1Gi"' in evidence and "n1" in evidence
     (topo,) = [e for _, e in pod_events(pod("Failed", reason="TopologyAffinityError"), NODE)
                if e.kind != base.NODE_STARTED]

@@ -67,6 +67,7 @@ def test_sim_an_emptydir_over_its_size_limit_stops_with_the_kubelets_words_and_b
     try:
         assert cluster.run_until(lambda: _node_of(fake_api, "evs-a0", 1) is not None, timeout=30)
         host = _node_of(fake_api, "evs-a0", 1)
+        assert host is not None
         assert kt.evict_for_storage_limit(cluster, host, kt.emptydir_message("scratch", "1Gi"))
         thread.join(timeout=60)
         assert not thread.is_alive()
@@ -93,6 +94,7 @@ def test_sim_a_graceful_node_shutdown_is_retried_without_blaming_the_node(fake_a
     try:
         assert cluster.run_until(lambda: _node_of(fake_api, "shd-a0", 1) is not None, timeout=30)
         host = _node_of(fake_api, "shd-a0", 1)
+        assert host is not None
         assert kt.shut_down_node(cluster, host)
         thread.join(timeout=60)
         assert not thread.is_alive()

@@ -6,7 +6,7 @@ for readmission (fakeapi/kueue_preempt.py)."""
 from __future__ import annotations
 
 import pytest
-from kubernetes import client as k8s
+from .sdk import client as k8s
 
 from orchestrator.backends.kubernetes.engine import KubernetesBackend
 from orchestrator.specload import from_dict
@@ -94,5 +94,6 @@ def test_a_kueue_preemption_is_preempted_and_the_next_attempt_waits_for_readmiss
     a0, a1 = store.load().attempts
     assert result["outcome"].exit_code == 0, result["outcome"].report
     assert (a0.outcome, a0.decision) == ("preempted", "retry"), a0.evidence
+    assert a0.evidence is not None
     assert "Kueue" in a0.evidence and "readmission" in a0.evidence
     assert a1.outcome == "succeeded"

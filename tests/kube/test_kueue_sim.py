@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from kubernetes import client as k8s
+from .sdk import client as k8s
 
 from orchestrator.backends.kubernetes.classify import kueue_wait
 from orchestrator.backends.kubernetes.engine import KubernetesBackend
@@ -45,7 +45,7 @@ def workloads(fake_api, ns: str = "default") -> list[dict]:
 
 
 def condition(wl: dict, ctype: str) -> tuple:
-    c = next((c for c in (wl.get("status") or {}).get("conditions") or [] if c["type"] == ctype), {})
+    c: dict = next((c for c in (wl.get("status") or {}).get("conditions") or [] if c["type"] == ctype), {})
     return c.get("status"), c.get("reason"), c.get("message")
 
 

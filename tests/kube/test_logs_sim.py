@@ -55,6 +55,7 @@ def test_tail_since_and_timestamps_reach_pods_log(fake_api, backend, tmp_path, m
     assert list(backend.logs(ref, 0, query=base.LogQuery(tail=1))) == ["late"]
     with pytest.raises(OptionError) as err:
         list(backend.logs(ref, 0, query=base.LogQuery(since=time.time() - 60)))
+    assert err.value.hint is not None
     assert "--since" in err.value.message and "--tail" in err.value.hint
 
 
@@ -106,6 +107,7 @@ def test_cli_logs_follow_every_node_into_the_next_attempt_with_kubeconfig(fake_a
         assert tail.returncode == 0, err
         assert out.splitlines() == ["[node 0] " + progress("checkpoint", 10), "[node 1] a0 hello"], out
         follower = wmctl("logs", "klogs", "-f", "--all-nodes", "--timestamps")
+        assert follower.stdout is not None
         first = follower.stdout.readline()         # it follows attempt 0 before its node is killed
         assert re.fullmatch(r"\[node [01]\] \S+ a0 hello\n", first), first
         dead = next(p["spec"]["nodeName"] for p in running("klogs-a0")

@@ -61,6 +61,7 @@ class SilenceRun:
         ran elsewhere from the checkpoint."""
         a0, a1 = self.store.load().attempts
         assert (a0.outcome, a0.failed_host, a0.decision) == ("node_lost", dead, "retry_elsewhere"), a0.evidence
+        assert a0.evidence is not None and a0.ended_at is not None
         assert "no liveness beat" in a0.evidence
         assert (a1.outcome, a1.excluded_nodes, a1.resumed_from_step) == ("succeeded", [dead], 10)
         # declared lost before the node lifecycle controller called the node Unknown
@@ -120,7 +121,7 @@ def test_sim_silent_node_is_lost_before_kubernetes_notices_and_survivors_get_a_s
                (r["body"] or {}).get("gracePeriodSeconds", r["query"].get("gracePeriodSeconds"))
                for r in fake_api.api.sent("DELETE", "/pods/") if "sil-a0" in r["path"]}
     grace = {i: deletes.get(p["metadata"]["name"]) for i, p in by_index.items()}
-    assert {i: int(g) for i, g in grace.items()} == {"0": DEAD_PEER_GRACE_S, "1": 0}, deletes
+    assert {i: None if g is None else int(g) for i, g in grace.items()} == {"0": DEAD_PEER_GRACE_S, "1": 0}, deletes
 
 
 @pytest.mark.fake_api(scale=0.1)

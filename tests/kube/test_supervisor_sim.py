@@ -97,8 +97,12 @@ def test_sim_supervisor_replaces_an_attempt_that_lost_a_node(fake_api, tmp_path,
     assert (a1.outcome, a1.excluded_nodes, a1.resumed_from_step) == ("succeeded", [dead], 10), "\n".join(lines)
     assert f"no backoff: {dead} is excluded, the next attempt goes elsewhere, so attempt 1 starts now" in lines, lines
     # attempt 0 is gone entirely, the pod stuck on the dead node included
-    refused = {(r["verb"], request_attributes(r["verb"], r["path"], r["query"]).resource)
-               for r in fake_api.refused(403)}
+    def resource(r: dict) -> str:
+        attrs = request_attributes(r["verb"], r["path"], r["query"])
+        assert attrs is not None, r            # a refused request names a resource
+        return attrs.resource
+
+    refused = {(r["verb"], resource(r)) for r in fake_api.refused(403)}
     if who in ("unrestricted", "rbac-watcher"):
         assert not refused
     else:
@@ -182,7 +186,7 @@ def test_sim_an_attempt_that_cannot_be_placed_says_why_and_ends_unschedulable(fa
     Job's FailedCreate Event says so) are shown with the cluster's reason while they wait, and
     after restart.pending_timeout the attempt ends `unschedulable` with it, instead of waiting forever."""
     monkeypatch.setenv("WMCTL_HOME", str(tmp_path))
-    from kubernetes import client as k8s
+    from .sdk import client as k8s
 
     core = k8s.CoreV1Api(fake_api.client)
     data: dict = {
@@ -229,6 +233,7 @@ def test_sim_an_attempt_that_cannot_be_placed_says_why_and_ends_unschedulable(fa
     assert outcome.exit_code == 7, outcome.report
     assert (a0.outcome, a0.decision) == ("unschedulable", "stop")
     # a PodSecurity refusal is refused for good: it ends at once (test_admission_sim.py)
+    assert a0.evidence is not None
     assert expect in a0.evidence and ("restart.pending_timeout" in a0.evidence) == (why != "pod-security")
     assert any("node_waiting" in ln and expect in ln for ln in lines), lines      # shown while it waited
     assert not any("node None" in ln for ln in lines), lines        # a refused pod names no node
@@ -264,6 +269,7 @@ def test_sim_a_kubelet_that_refuses_the_pod_is_a_node_fault_retried_elsewhere(fa
     a0, a1 = store.load().attempts
     assert outcome.exit_code == 0, outcome.report
     assert (a0.outcome, a0.failed_host, a0.decision) == ("node_lost", "node-a", "retry_elsewhere")
+    assert a0.evidence is not None
     assert "UnexpectedAdmissionError" in a0.evidence or "no healthy devices" in a0.evidence
     assert a1.excluded_nodes == ["node-a"]
 
@@ -312,5 +318,6 @@ def test_sim_a_gpu_the_device_plugin_marks_unhealthy_is_a_device_fault_retried_e
     assert result["outcome"].exit_code == 0, result["outcome"].report
     a0, a1 = store.load().attempts
     assert (a0.outcome, a0.failed_host, a0.decision) == ("device_fault", sick, "retry_elsewhere")
+    assert a0.evidence is not None
     assert f"decided by node {sick}'s allocatable nvidia.com/gpu: 2 -> 1" in a0.evidence
     assert a1.excluded_nodes == [sick]

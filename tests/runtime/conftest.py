@@ -12,12 +12,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from orchestrator.vendors import load_profile, register_runtime_profiles
 from tests.session_once import build_once, session_root
+
+if TYPE_CHECKING:        # the job's runtime (torch) is imported by the tests that use it, not here
+    from orchestrator.runtime.checkpoint import CheckpointManager, ResumeState
 
 # The runtime reads no YAML: in a job wmctl hands it the profile (WMCTL_VENDOR_PROFILE), and the
 # CLI registers every profile before calling into it. The tests play the CLI's part.
@@ -215,6 +218,31 @@ def baseline(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Cal
     return get
 
 
+def committed_step(root: Path | str) -> int:
+    """The step of the newest complete checkpoint under ``root``, which must hold one."""
+    from orchestrator.runtime.checkpoint import latest_complete
+
+    info = latest_complete(root)
+    assert info is not None, f"no complete checkpoint under {root}"
+    return info.step
+
+
+def progress_payload(line: str) -> dict[str, Any]:
+    """What a WMCTL-PROGRESS line says: ``line`` must be one."""
+    from orchestrator.runtime.protocol import parse_progress
+
+    payload = parse_progress(line)
+    assert payload is not None, line
+    return payload
+
+
+def restored(manager: CheckpointManager) -> ResumeState:
+    """``manager.restore()``'s ResumeState: there must be a checkpoint to resume from."""
+    state = manager.restore()
+    assert state is not None, "nothing to resume from"
+    return state
+
+
 def sigkill_resume_chain(tmp_path: Path, base: list[str], ckpt: Path, sharded: bool = False) -> Path:
     """The chain of SIGKILLs of the whole 2-rank job that test_resume_exact (DDP) and
     test_resume_exact_fsdp (FSDP2) run, each attempt resumed by the next; ``base`` are the
@@ -228,7 +256,7 @@ def sigkill_resume_chain(tmp_path: Path, base: list[str], ckpt: Path, sharded: b
       attempt 3  runs to the end, its resume reported exact.
 
     ``sharded``: the checkpoints also hold DCP shards, listed and digested in the marker."""
-    from orchestrator.runtime.checkpoint import COMMIT_MARKER, META_FILE, latest_complete, list_checkpoints, read_marker
+    from orchestrator.runtime.checkpoint import COMMIT_MARKER, META_FILE, list_checkpoints, read_marker
 
     def kill(job: Job) -> None:
         kill_tree(job.proc.pid)
@@ -239,7 +267,7 @@ def sigkill_resume_chain(tmp_path: Path, base: list[str], ckpt: Path, sharded: b
                     job_env(WMCTL_ATTEMPT="0"))
     wait_until(pause.exists, 180, job, "pause at step 7 micro 1")
     kill(job)
-    assert latest_complete(ckpt).step == 4
+    assert committed_step(ckpt) == 4
     if sharded:
         marker = read_marker(ckpt / "step-00000004") or {}
         assert {"dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp"} <= set(marker["digests"])
@@ -253,7 +281,7 @@ def sigkill_resume_chain(tmp_path: Path, base: list[str], ckpt: Path, sharded: b
     kill(job)
     assert not (torn / COMMIT_MARKER).exists()
     assert not sharded or (torn / "dcp" / ".metadata").exists()
-    assert latest_complete(ckpt).step == 8, [(c.step, c.committed) for c in list_checkpoints(ckpt)]
+    assert committed_step(ckpt) == 8, [(c.step, c.committed) for c in list_checkpoints(ckpt)]
 
     job = start_job(base + ["--pause-at", "13:0", "--pause-file", str(pause)], tmp_path / "a2.log",
                     job_env(WMCTL_ATTEMPT="2"))
@@ -261,7 +289,7 @@ def sigkill_resume_chain(tmp_path: Path, base: list[str], ckpt: Path, sharded: b
     assert [e["step"] for e in job.events("resume")] == [8]
     assert 12 in [e["step"] for e in job.events("checkpoint")]
     kill(job)
-    assert latest_complete(ckpt).step == 12
+    assert committed_step(ckpt) == 12
     assert not any(c.step == 12 and not c.committed for c in list_checkpoints(ckpt))
 
     final = tmp_path / "final.pt"

@@ -104,8 +104,8 @@ progress = Progress(every=1)
 ckpt = None
 if args.checkpoint_dir:
     ckpt = CheckpointManager(args.checkpoint_dir, keep=2, every_steps=args.every, progress=progress)
-    ckpt.register(model=model, optimizer=opt, generators={"data": dataset.g} if args.data == "iterable" else None,
-                  **({"loader": loader} if args.register else {}))
+    ckpt.register(model=model, optimizer=opt, generators={"data": dataset.g} if isinstance(dataset, Shuffled) else None,
+                  loader=loader if args.register else None)
 progress.start(world_size=dist.world_size())
 step = 0
 resumed = ckpt.restore() if ckpt is not None else None

@@ -19,7 +19,7 @@ from orchestrator.runtime.checkpoint import (COMMIT_MARKER, CheckpointManager, a
                                              list_checkpoints, write_atomic)
 from orchestrator.runtime.data import ResumableDistributedSampler
 from orchestrator.runtime.progress import Progress
-from orchestrator.runtime.protocol import parse_progress
+from tests.runtime.conftest import committed_step, progress_payload, restored
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -90,10 +90,11 @@ def test_latest_complete_skips_torn_and_falls_back(tmp_path: Path) -> None:
     (tmp_path / "step-00000016.stale-1").mkdir()        # not a checkpoint name
     (tmp_path / "step-20").mkdir()
     info = latest_complete(tmp_path)
+    assert info is not None
     assert info.step == 8 and info.path.name == "step-00000008"
     # Damage the newest committed one (a file shrank): it no longer counts, 4 is next.
     (tmp_path / "step-00000008" / "shared.pt").write_bytes(b"x")
-    assert latest_complete(tmp_path).step == 4
+    assert committed_step(tmp_path) == 4
     (tmp_path / "step-00000004" / "shared.pt").unlink()
     assert latest_complete(tmp_path) is None
     # A garbage marker is not a commit either.
@@ -219,12 +220,12 @@ def test_save_restore_round_trip_is_exact(tmp_path: Path) -> None:
     for _ in range(3):
         toy.step()
     path = mgr.save(3, epoch=0, samples=15, extra={"dtype": "fp32"})
-    assert (path / COMMIT_MARKER).exists() and latest_complete(tmp_path).step == 3
+    assert (path / COMMIT_MARKER).exists() and committed_step(tmp_path) == 3
     expected = toy.fingerprint()   # state + the random draws that follow the save
 
     other = Toy(seed=1)            # different init: everything must come from the checkpoint
     other.step()
-    state = other.manager(tmp_path).restore()
+    state = restored(other.manager(tmp_path))
     assert (state.step, state.epoch, state.samples, state.extra, state.exact) == (3, 0, 15, {"dtype": "fp32"}, True)
     assert same(other.fingerprint(), expected)
 
@@ -239,7 +240,7 @@ def test_async_save_snapshots_at_call_time(tmp_path: Path) -> None:
         for p in toy.model.parameters():
             p.add_(1.0)
     mgr.wait()
-    assert latest_complete(tmp_path).step == 1
+    assert committed_step(tmp_path) == 1
     assert (tmp_path / "step-00000001" / "rank-00000.done").exists()
     fresh = Toy(seed=5)
     fresh.manager(tmp_path).restore()
@@ -264,7 +265,7 @@ def test_old_checkpoints_survive_a_failed_commit(tmp_path: Path, monkeypatch: py
         mgr.save(3)
     # Nothing was deleted: retention only runs after a commit.
     assert [(c.step, c.committed) for c in list_checkpoints(tmp_path)] == [(1, True), (2, True), (3, False)]
-    assert latest_complete(tmp_path).step == 2
+    assert committed_step(tmp_path) == 2
 
 
 def test_a_sync_save_skips_the_zip_crc_and_gives_torch_its_option_back(tmp_path: Path,
@@ -280,7 +281,7 @@ def test_a_sync_save_skips_the_zip_crc_and_gives_torch_its_option_back(tmp_path:
     assert crcs and set(crcs) == {0}              # the digest is the check; torch.load does not read it
     assert torch.serialization.get_crc32_options() is True
     fresh = Toy(seed=3)
-    assert fresh.manager(tmp_path).restore().step == 1 and same(fresh.fingerprint(), expected)
+    assert restored(fresh.manager(tmp_path)).step == 1 and same(fresh.fingerprint(), expected)
 
     # A save that fails midway sets the option back too; and a user's own choice is kept.
     def broken(obj, p):
@@ -306,6 +307,7 @@ def test_save_replaces_a_torn_folder_of_the_same_step(tmp_path: Path) -> None:
     mgr = toy.manager(tmp_path)
     mgr.save(4)
     info = latest_complete(tmp_path)
+    assert info is not None
     assert info.step == 4
     assert not (info.path / "rank-00007.pt").exists()
     assert json.loads((info.path / COMMIT_MARKER).read_text())["files"].keys() == {"meta.json", "shared.pt",
@@ -324,7 +326,7 @@ def test_retention_through_the_manager_and_progress_lines(tmp_path: Path) -> Non
         if mgr.should_save(s):
             mgr.save(s)
     assert [c.step for c in list_checkpoints(tmp_path / "c")] == [6, 8, 10]
-    events = [parse_progress(line) for line in out.getvalue().splitlines()]
+    events = [progress_payload(line) for line in out.getvalue().splitlines()]
     assert [(e["event"], e["step"]) for e in events] == [("checkpoint", s) for s in (2, 4, 6, 8, 10)]
     assert all(e["path"].endswith(ck.step_dir_name(e["step"])) and e["seconds"] >= 0 for e in events)
 

@@ -16,6 +16,7 @@ import torch
 
 from orchestrator.runtime.checkpoint import (COMMIT_MARKER, CheckpointError, CheckpointManager, is_committed,
                                              list_checkpoints)
+from tests.runtime.conftest import restored
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,7 +57,7 @@ def test_only_real_wrappers_are_unwrapped(tmp_path: Path) -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()
-    assert m.restore().step == 1
+    assert restored(m).step == 1
     assert all(torch.equal(model.state_dict()[k], v) for k, v in expected.items())
 
     # DataParallel (as DDP) is unwrapped: names without the wrapper's "module." prefix.

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.failures import JobError, storage_full
-from orchestrator.runtime.checkpoint import CheckpointError, latest_complete, list_checkpoints, step_dir_name
+from orchestrator.runtime.checkpoint import CheckpointError, list_checkpoints, step_dir_name
+from tests.runtime.conftest import committed_step, restored
 from tests.runtime.test_checkpoint import Toy, same
 
 
@@ -57,7 +58,7 @@ def test_a_full_disk_is_explained_cleaned_up_and_survivable(small_disk: Path) ->
     assert "needed about" in message and "free there" in message
     # Nothing half-written is left to hold the space (the folder itself is gone too).
     assert not (root / step_dir_name(2)).exists()
-    assert [c.step for c in list_checkpoints(root)] == [1] and latest_complete(root).step == 1
+    assert [c.step for c in list_checkpoints(root)] == [1] and committed_step(root) == 1
 
     # The supervisor's reading of that error, as the rank prints it.
     job_error = JobError(summary=f"CheckpointError: {message}", lines=(f"CheckpointError: {message}",))
@@ -66,10 +67,10 @@ def test_a_full_disk_is_explained_cleaned_up_and_survivable(small_disk: Path) ->
 
     # Space freed: the very next save works, and a resume still finds step 1 until it commits.
     fresh = Toy(seed=3)
-    assert fresh.manager(root).restore().step == 1 and same(fresh.fingerprint(), at_one)
+    assert restored(fresh.manager(root)).step == 1 and same(fresh.fingerprint(), at_one)
     filler.unlink()
     mgr.save(2)
-    assert latest_complete(root).step == 2
+    assert committed_step(root) == 2
 
 
 def test_a_full_disk_behind_dcps_own_exception_is_found() -> None:

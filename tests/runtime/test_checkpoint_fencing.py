@@ -12,7 +12,7 @@ import pytest
 from orchestrator.runtime import checkpoint as ck
 from orchestrator.runtime.checkpoint import (ATTEMPT_FILE, CheckpointError, latest_complete, list_checkpoints,
                                              read_attempt)
-from tests.runtime.conftest import run_gloo_ranks
+from tests.runtime.conftest import committed_step, restored, run_gloo_ranks
 from tests.runtime.test_checkpoint import Toy
 
 
@@ -30,14 +30,14 @@ def test_an_older_attempts_save_is_refused_once_a_newer_one_started(tmp_path: Pa
     with pytest.raises(CheckpointError) as err:
         m0.save(2)
     assert "attempt 0" in str(err.value) and "attempt 1" in str(err.value) and "stale" in str(err.value)
-    assert latest_complete(tmp_path).step == 1
+    assert committed_step(tmp_path) == 1
     assert [c.step for c in list_checkpoints(tmp_path)] == [1]     # refused before it wrote anything
 
     new.step()
     new.step()
     m1.save(2)
-    assert latest_complete(tmp_path).step == 2
-    assert Toy(seed=2).manager(tmp_path, attempt=1).restore().step == 2
+    assert committed_step(tmp_path) == 2
+    assert restored(Toy(seed=2).manager(tmp_path, attempt=1)).step == 2
 
 
 def test_a_newer_attempt_starting_during_a_save_stops_its_commit(tmp_path: Path,
@@ -66,7 +66,7 @@ def test_the_recorded_attempt_never_goes_back_within_a_submission(tmp_path: Path
     m = Toy().manager(tmp_path, attempt=0)
     assert read_attempt(tmp_path) == 0
     m.save(1)
-    assert latest_complete(tmp_path).step == 1
+    assert committed_step(tmp_path) == 1
 
 
 def test_without_an_attempt_number_nothing_is_fenced(tmp_path: Path) -> None:
@@ -75,7 +75,7 @@ def test_without_an_attempt_number_nothing_is_fenced(tmp_path: Path) -> None:
     m = toy.manager(tmp_path)                    # outside wmctl: no WMCTL_ATTEMPT
     assert m.attempt is None
     m.save(1)
-    assert latest_complete(tmp_path).step == 1 and read_attempt(tmp_path) == 7
+    assert committed_step(tmp_path) == 1 and read_attempt(tmp_path) == 7
 
 
 # Two gloo ranks, sync saves: a newer attempt starts between the rank files and rank 0's marker.
@@ -109,7 +109,7 @@ def test_a_refused_commit_fails_every_rank(tmp_path: Path) -> None:
     results = [json.loads(p.stdout.splitlines()[-1]) for p in done]
     assert "this is attempt 0, but attempt 1 has started" in results[0]["error"]
     assert "rank 0 failed to commit it" in results[1]["error"]
-    assert latest_complete(tmp_path / "ckpt").step == 1
+    assert committed_step(tmp_path / "ckpt") == 1
 
 
 def test_a_round_a_spare_replaced_cannot_commit_once_the_next_round_started(tmp_path: Path,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runtime.checkpoint import COMMIT_MARKER, CheckpointError, latest_complete, read_marker
+from orchestrator.runtime.checkpoint import COMMIT_MARKER, CheckpointError, read_marker
+from tests.runtime.conftest import committed_step, restored
 from tests.runtime.test_checkpoint import Toy, same
 
 
@@ -61,7 +62,7 @@ def test_a_changed_spec_resumes_with_a_warning(tmp_path: Path, capsys: pytest.Ca
     assert "spec changed" in capsys.readouterr().err
     assert same(other.fingerprint(), expected)
     # Same spec: nothing to warn about.
-    assert Toy(seed=2).manager(tmp_path, run="wm", spec_hash="111111111111").restore().warnings == []
+    assert restored(Toy(seed=2).manager(tmp_path, run="wm", spec_hash="111111111111")).warnings == []
 
 
 def test_format_1_markers_without_identity_still_restore(tmp_path: Path) -> None:
@@ -99,7 +100,7 @@ def test_resume_from_another_root_when_the_run_has_none_of_its_own(tmp_path: Pat
     # Its own checkpoints go to its own root and win from then on.
     other.step()
     mgr.save(4)
-    assert latest_complete(own).step == 4 and latest_complete(theirs).step == 3
+    assert committed_step(own) == 4 and committed_step(theirs) == 3
     again = Toy(seed=2).manager(own, run="beta", resume_from=theirs).restore()
     assert again is not None and again.step == 4 and again.resumed_from is None
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runtime.checkpoint import (COMMIT_MARKER, CheckpointError, file_digest, read_marker,
+from orchestrator.runtime.checkpoint import (COMMIT_MARKER, CheckpointError, ResumeState, file_digest, read_marker,
                                              step_dir_name, verify_checkpoint)
 from orchestrator.runtime.progress import Progress
 from orchestrator.runtime.protocol import parse_progress
-from tests.runtime.conftest import run_gloo_ranks
+from tests.runtime.conftest import committed_step, restored, run_gloo_ranks
 from tests.runtime.test_checkpoint import Toy, same
 
 
@@ -49,7 +49,7 @@ def drop_digests(ckpt: Path) -> None:
                                                   "files": marker["files"]}))
 
 
-def restore_with_events(root: Path) -> tuple[Toy, object, list[dict]]:
+def restore_with_events(root: Path) -> tuple[Toy, ResumeState | None, list[dict]]:
     out = io.StringIO()
     toy = Toy(seed=7)
     state = toy.manager(root, progress=Progress(stream=out, enabled=True)).restore()
@@ -223,7 +223,7 @@ def test_a_failed_resave_of_a_committed_step_leaves_the_old_one_intact(tmp_path:
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from orchestrator.runtime.checkpoint import latest_complete, list_checkpoints
+    from orchestrator.runtime.checkpoint import list_checkpoints
 
     toy = Toy()
     mgr = toy.manager(tmp_path)
@@ -245,20 +245,19 @@ def test_a_failed_resave_of_a_committed_step_leaves_the_old_one_intact(tmp_path:
         again.manager(tmp_path).save(3)
     monkeypatch.setattr(torch, "save", real)
 
-    assert latest_complete(tmp_path).step == 3
+    assert committed_step(tmp_path) == 3
     assert (tmp_path / step_dir_name(3) / "shared.pt").read_bytes() == good
     assert verify_checkpoint(tmp_path / step_dir_name(3)) is None
     assert [c.step for c in list_checkpoints(tmp_path)] == [3]      # the half-written copy is no checkpoint
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("step-00000003.tmp-")]) == 1
     fresh = Toy(seed=9)
-    assert fresh.manager(tmp_path).restore().step == 3
+    assert restored(fresh.manager(tmp_path)).step == 3
     assert same(fresh.fingerprint(), at_three)
 
 
 def test_a_successful_resave_swaps_in_the_new_one_and_cleans_up(tmp_path: Path) -> None:
     import torch
 
-    from orchestrator.runtime.checkpoint import latest_complete
 
     first = Toy()
     first.step()
@@ -268,7 +267,7 @@ def test_a_successful_resave_swaps_in_the_new_one_and_cleans_up(tmp_path: Path) 
     mgr = second.manager(tmp_path)
     (tmp_path / "step-00000001.tmp-0-123").mkdir()     # a dead attempt's unfinished re-save
     mgr.save(1)
-    assert latest_complete(tmp_path).step == 1
+    assert committed_step(tmp_path) == 1
     mgr.wait()         # retention's deletes run on a sweeper thread
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step-00000001"]
     saved = torch.load(tmp_path / "step-00000001" / "shared.pt", weights_only=False)["model"]

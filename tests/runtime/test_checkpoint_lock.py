@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runtime.checkpoint import CheckpointError, latest_complete, read_attempt
+from orchestrator.runtime.checkpoint import CheckpointError, read_attempt
+from tests.runtime.conftest import committed_step
 from tests.runtime.test_checkpoint import Toy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,10 +40,12 @@ class Holder:
         self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(root), run, str(attempt),
                                       "close" if close else "keep"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+        assert self.proc.stdout is not None and self.proc.stderr is not None
         line = self.proc.stdout.readline()
         assert line.strip() == "ready", self.proc.stderr.read()
 
     def stop(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stderr is not None
         self.proc.stdin.close()
         assert self.proc.wait(timeout=60) == 0, self.proc.stderr.read()
 
@@ -63,7 +66,7 @@ def test_a_second_writer_is_refused_naming_the_holder(tmp_path: Path) -> None:
     # The holder is gone: its lock went with it.
     toy = Toy()
     toy.manager(tmp_path, run="wm", attempt=0).save(2)
-    assert latest_complete(tmp_path).step == 2
+    assert committed_step(tmp_path) == 2
     assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
 
 
@@ -76,7 +79,7 @@ def test_a_newer_attempt_takes_over_from_a_lingering_older_one(tmp_path: Path,
         assert "still locked by attempt 0" in capsys.readouterr().err
         assert read_attempt(tmp_path) == 1
         m.save(2)
-        assert latest_complete(tmp_path).step == 2
+        assert committed_step(tmp_path) == 2
     finally:
         holder.stop()
 
@@ -85,6 +88,6 @@ def test_close_lets_go_of_the_lock(tmp_path: Path) -> None:
     holder = Holder(tmp_path, "wm", 0, close=True)     # alive, but its manager is closed
     try:
         Toy().manager(tmp_path, run="wm", attempt=0).save(2)
-        assert latest_complete(tmp_path).step == 2
+        assert committed_step(tmp_path) == 2
     finally:
         holder.stop()

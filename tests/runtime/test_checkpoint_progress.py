@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.runtime.progress import Progress
-from orchestrator.runtime.protocol import parse_progress
+from tests.runtime.conftest import progress_payload
 
 
 def test_rank0_lines_cadence_and_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -26,7 +26,7 @@ def test_rank0_lines_cadence_and_file(monkeypatch: pytest.MonkeyPatch, tmp_path:
     p.checkpoint(step=45, path="/ck/step-00000045", seconds=0.123456)
     p.preempted(step=47)
     p.exit(status="preempted")
-    events = [parse_progress(line) for line in out.getvalue().splitlines()]
+    events = [progress_payload(line) for line in out.getvalue().splitlines()]
     assert [e["event"] for e in events] == ["start", "resume", "step", "step", "checkpoint", "preempted", "exit"]
     assert events[0]["run"] == "wm" and events[0]["attempt"] == 2 and events[0]["world_size"] == 4
     assert events[1]["step"] == 40 and events[1]["path"] == "/ck/step-00000040"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runtime.checkpoint import (COMMIT_MARKER, file_digest, latest_complete, read_marker,
+from orchestrator.runtime.checkpoint import (COMMIT_MARKER, file_digest, read_marker,
                                              step_dir_name, verify_checkpoint)
-from tests.runtime.conftest import run_gloo_ranks
+from tests.runtime.conftest import committed_step, run_gloo_ranks
 
 RANKS = textwrap.dedent('''
     import json, random, sys
@@ -188,7 +188,7 @@ def test_a_torn_or_changed_shard_never_counts(tmp_path: Path) -> None:
     shard = root / step_dir_name(4) / "dcp" / "__1_0.distcp"
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) // 2])            # torn: half of rank 1's shards
-    assert latest_complete(root).step == 2               # discovery from outside skips it already
+    assert committed_step(root) == 2               # discovery from outside skips it already
     got = run(tmp_path, "resume")
     assert [r["step"] for r in got] == [2, 2]
     assert all(any("was damaged: fell back" in w for w in r["warnings"]) for r in got)
@@ -289,7 +289,7 @@ def test_a_shard_load_that_dcp_refuses_is_a_damaged_checkpoint_not_a_crash(tmp_p
                                                           traceback.StackSummary())})
 
     mgr = CheckpointManager(tmp_path / "ckpt")
-    mgr._sharded = RefusingShards()      # type: ignore[assignment]  (the DCP path without a process group)
+    mgr._sharded = RefusingShards()      # type: ignore[assignment]  # the DCP path without a process group
     loaded, why = mgr._load_shards(tmp_path / "ckpt" / "step-00000004")
     assert loaded is None and why is not None and why.startswith("CheckpointException")
 

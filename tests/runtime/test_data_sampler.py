@@ -30,7 +30,8 @@ def test_same_order_as_torch_distributed_sampler(n, world, epoch, drop_last, shu
     if drop_last and n < world:
         return
     rank = data.draw(st.integers(0, world - 1))
-    ref = DistributedSampler(Indices(n), num_replicas=world, rank=rank, shuffle=shuffle, seed=7, drop_last=drop_last)
+    ref: DistributedSampler[int] = DistributedSampler(Indices(n), num_replicas=world, rank=rank, shuffle=shuffle,
+                                                      seed=7, drop_last=drop_last)
     ours = ResumableDistributedSampler(n, num_replicas=world, rank=rank, shuffle=shuffle, seed=7, drop_last=drop_last)
     ref.set_epoch(epoch)
     ours.set_epoch(epoch)
@@ -44,7 +45,7 @@ def test_state_round_trip_across_epochs(n, consumed) -> None:
     """Consume `consumed` samples over as many epochs as it takes, checkpoint, restore into a fresh
     sampler: the rest of the stream equals the uninterrupted one."""
     def stream(s: ResumableDistributedSampler, count: int) -> list[tuple[int, int]]:
-        out = []
+        out: list[tuple[int, int]] = []
         while len(out) < count:
             it = iter(s)
             for i in it:

@@ -62,7 +62,7 @@ def _run_trainer(tmp_path: Path, kind: str) -> tuple[int, str, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, str(script), kind], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=REPO, start_new_session=True)
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stderr is not None
     line = proc.stdout.readline()
     assert line.strip() == "READY", line + proc.stderr.read()
     # What torchrun does to a worker: SIGTERM to its process group, DataLoader workers included.
@@ -95,7 +95,7 @@ def test_a_plain_dataloader_dies_of_the_same_signal(tmp_path: Path) -> None:
 
 
 def test_worker_init_chains_pickles_and_unwraps() -> None:
-    calls = []
+    calls: list[int] = []
     init = WorkerInit(calls.append)
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

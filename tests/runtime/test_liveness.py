@@ -74,7 +74,9 @@ def test_reader_names_the_node_whose_beat_stops_and_its_return(store_pair, monke
             time.sleep(0.05)
         assert ("node_beat", {"group_rank": 1, "host": "node-b"}) in lines
     finally:
-        stop0.set(), stop1.set(), stop_r.set()
+        stop0.set()
+        stop1.set()
+        stop_r.set()
 
 
 def test_a_node_that_finished_is_not_reported_silent(store_pair, monkeypatch):
@@ -93,7 +95,8 @@ def test_a_node_that_finished_is_not_reported_silent(store_pair, monkeypatch):
                          kwargs={"stop": stop_r}, daemon=True)
     t.start()
     time.sleep(2.0)                    # twice SUSPECT_S
-    stop_r.set(), c0_stop.set()
+    stop_r.set()
+    c0_stop.set()
     assert lines == []
 
 
@@ -135,7 +138,8 @@ def test_the_witness_names_rank_0s_node_when_its_beat_stops_and_its_return(store
         threading.Thread(target=liveness._beat, args=(c0, 0), kwargs={"stop": beat0}, daemon=True).start()
         assert _wait_for(lines, "node_beat") == [{"group_rank": 0, "host": "node-a", "witness": 1}]
     finally:
-        stop.set(), beat0.set()
+        stop.set()
+        beat0.set()
 
 
 def test_a_store_that_stops_answering_is_rank_0s_node_silent_to_the_witness(store_pair, monkeypatch):
@@ -172,7 +176,8 @@ def test_a_store_that_stops_answering_is_rank_0s_node_silent_to_the_witness(stor
         down.clear()                                # the store answers again, and node 0 beats
         assert _wait_for(lines, "node_beat") == [{"group_rank": 0, "host": "node-a", "witness": 1}]
     finally:
-        stop.set(), beat0.set()
+        stop.set()
+        beat0.set()
 
 
 def test_the_witness_never_reports_a_rank_0_that_finished(store_pair, monkeypatch):
@@ -285,4 +290,5 @@ def test_a_store_frozen_mid_call_is_rank_0s_node_silent_to_the_witness(store_pai
         silent = _wait_for(lines, "node_silent")
         assert silent and silent[0]["host"] == "node-a" and silent[0]["group_rank"] == 0, lines
     finally:
-        stop.set(), release.set()
+        stop.set()
+        release.set()

@@ -15,6 +15,7 @@ import sys
 import types
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ PATCH = 2
 
 def _load_model_module():
     spec = importlib.util.spec_from_file_location("wm_model_under_test", REPO / "examples" / "worldmodel" / "model.py")
+    assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -44,7 +46,7 @@ class FakeCLIPVisionModel(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        self.vision_model = nn.Module()
+        self.vision_model: Any = nn.Module()        # embed and layers, set below
         self.vision_model.embed = nn.Linear(3 * PATCH * PATCH, config.hidden_size)
         self.vision_model.layers = nn.ModuleList(nn.Linear(config.hidden_size, config.hidden_size)
                                                  for _ in range(config.num_hidden_layers))
@@ -72,7 +74,7 @@ class FakeCLIPVisionModel(nn.Module):
 
 @pytest.fixture
 def wm(monkeypatch):
-    fake = types.ModuleType("transformers")
+    fake: Any = types.ModuleType("transformers")
     fake.CLIPVisionConfig = FakeConfig
     fake.CLIPVisionModel = FakeCLIPVisionModel
     monkeypatch.setitem(sys.modules, "transformers", fake)

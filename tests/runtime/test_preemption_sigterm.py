@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runtime.checkpoint import latest_complete
 from orchestrator.runtime.protocol import PREEMPTED_EXIT_CODE
-from tests.runtime.conftest import (MAX_STEPS, TINY, assert_bit_identical, descendants, effective_samples,
-                                    job_env, start_job, wait_until)
+from tests.runtime.conftest import (MAX_STEPS, TINY, assert_bit_identical, committed_step, descendants,
+                                    effective_samples, job_env, start_job, wait_until)
 
 
 def _worker_pid(torchrun_pid: int, rank: int) -> int:
@@ -65,7 +64,7 @@ def test_sigterm_saves_exits_83_and_resume_loses_no_step(tmp_path: Path, shared_
     assert preempted[0]["exit_code"] == PREEMPTED_EXIT_CODE
     assert job.events("exit")[-1]["status"] == "preempted"
     # The checkpoint of the very step the ranks agreed to stop at is committed.
-    assert latest_complete(ckpt).step == stop, why
+    assert committed_step(ckpt) == stop, why
     # torchrun itself exits 1 either way (on its own SIGTERM it re-raises SignalException; on a
     # worker's exit 83 it raises ChildFailedError): the worker's code and the progress line carry it.
     assert rc == 1, f"torchrun rc {rc} {why}\n{log[-4000:]}"
@@ -90,7 +89,7 @@ def test_sigterm_during_start_up_exits_83_not_minus_15(tmp_path: Path, shared_da
     base = TINY + ["--data-dir", str(shared_data), "--num-workers", "2", "--checkpoint-dir", str(ckpt)]
     job = start_job(base + ["--max_steps", "4"], tmp_path / "a0.log", job_env(WMCTL_ATTEMPT="0"))
     job.completed()
-    assert latest_complete(ckpt).step == 4
+    assert committed_step(ckpt) == 4
     # A second attempt that is still starting (sleeping just before its restore) when rank 1 alone
     # gets SIGTERM: both ranks must agree to stop before training a step.
     job = start_job(base + ["--max_steps", "8", "--sleep-before-restore", "4"], tmp_path / "a1.log",
@@ -105,4 +104,4 @@ def test_sigterm_during_start_up_exits_83_not_minus_15(tmp_path: Path, shared_da
     [preempted] = job.events("preempted")
     assert preempted["step"] == 4 and preempted["during"] == "start-up"
     assert job.events("step") == [] and job.events("exit")[-1]["status"] == "preempted"
-    assert latest_complete(ckpt).step == 4
+    assert committed_step(ckpt) == 4

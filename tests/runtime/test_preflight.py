@@ -128,7 +128,7 @@ class Device:
 
 
 def test_guard_on_cpu_steps_bf16_to_fp32_on_injected_nan():
-    messages = []
+    messages: list[str] = []
     guard = DtypeGuard(preferred="bf16", report=messages.append)
     assert guard.dtype == torch.bfloat16
     assert guard.observe(torch.tensor(1.5)) is False
@@ -151,7 +151,7 @@ def test_guard_on_device_ladder_and_fp32_gives_up():
 
 
 def test_guard_skips_bf16_when_the_device_lacks_it():
-    messages = []
+    messages: list[str] = []
     guard = DtypeGuard("bf16", Device(bf16=False), report=messages.append)
     assert guard.dtype == torch.float16
     assert "does not support bf16" in messages[0]
@@ -192,6 +192,7 @@ def test_grads_and_loss_are_checked_before_the_step():
     model(torch.randn(2, 4)).sum().backward()
     assert grads_finite(model.parameters())
     assert agree_step_finite(0.5, model.parameters()) == (True, 0.5, "")
+    assert model.bias.grad is not None
     model.bias.grad[0] = float("inf")
     assert not grads_finite(model.parameters())
     assert agree_step_finite(0.5, list(model.parameters())) == (False, 0.5, "gradients are NaN/inf")
@@ -202,7 +203,7 @@ def test_grads_and_loss_are_checked_before_the_step():
 
 
 def test_guard_state_round_trip_and_reasons():
-    messages = []
+    messages: list[str] = []
     guard = DtypeGuard("bf16", Device(bf16=True), report=messages.append)
     guard.observe(float("nan"), reason="gradients are NaN/inf")
     assert guard.name == "fp16" and "gradients are NaN/inf" in messages[-1]

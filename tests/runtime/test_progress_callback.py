@@ -11,12 +11,15 @@ import pytest
 
 from orchestrator.runtime import protocol
 from orchestrator.runtime.progress import Progress
+from tests.runtime.conftest import progress_payload
 
 
-def _drive(p: Progress) -> list[str | None]:
-    return [p.start(world_size=2), p.step(step=5, loss=0.5, samples=40, timing={"step_s": 0.1}),
+def _drive(p: Progress) -> list[str]:
+    lines = [p.start(world_size=2), p.step(step=5, loss=0.5, samples=40, timing={"step_s": 0.1}),
             p.checkpoint(step=5, path="/c/step-5", seconds=0.25), p.resume(step=5, path="/c/step-5", exact=True),
             p.exit(status="completed", step=10)]
+    assert None not in lines, lines                   # every call printed its line
+    return [line for line in lines if line is not None]
 
 
 @pytest.fixture(autouse=True)
@@ -85,5 +88,5 @@ def test_a_callback_that_emits_does_not_hang_training():
     worker.start()
     worker.join(timeout=10)
     assert not worker.is_alive(), "emit from inside the callback deadlocked"
-    assert [protocol.parse_progress(x)["event"] for x in out.getvalue().splitlines()] == ["checkpoint", "note", "step"]
+    assert [progress_payload(x)["event"] for x in out.getvalue().splitlines()] == ["checkpoint", "note", "step"]
     assert seen == ["checkpoint", "step"]

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.runtime.checkpoint import latest_complete, read_marker
-from tests.runtime.conftest import (TINY, Job, assert_bit_identical, effective_samples, job_env, kill_tree,
-                                    sigkill_resume_chain, start_job, wait_until)
+from orchestrator.runtime.checkpoint import read_marker
+from tests.runtime.conftest import (TINY, Job, assert_bit_identical, committed_step, effective_samples, job_env,
+                                    kill_tree, sigkill_resume_chain, start_job, wait_until)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -51,7 +51,8 @@ def test_fsdp2_four_ranks_resume_on_two_not_exact_without_repeating_data(tmp_pat
                             str(tmp_path / "four")], tmp_path / "a0.log", job_env(WMCTL_ATTEMPT="0"), nproc=4)
     wait_until(pause.exists, 240, job, "pause at step 6 (4 ranks)")
     _kill(job)
-    assert latest_complete(ckpt).step == 4 and read_marker(ckpt / "step-00000004")["world_size"] == 4
+    assert committed_step(ckpt) == 4
+    assert (marker := read_marker(ckpt / "step-00000004")) is not None and marker["world_size"] == 4
 
     job = start_job(base + ["--record-samples", str(tmp_path / "two")], tmp_path / "a1.log",
                     job_env(WMCTL_ATTEMPT="1"), nproc=2)

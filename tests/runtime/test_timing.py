@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from orchestrator.runtime.protocol import format_progress, parse_progress
+from orchestrator.runtime.protocol import format_progress
 from orchestrator.runtime.timing import StepTimer, classify, split_backward
+from tests.runtime.conftest import progress_payload
 
 KEYS = {"data_s", "compute_s", "comm_s", "other_s", "step_s", "data_share", "compute_share", "comm_share",
         "other_share", "comm_vs_compute", "comm_measured", "bottleneck", "warnings"}
@@ -100,7 +101,7 @@ def test_without_accumulation_communication_is_unmeasured_not_zero():
     assert s["compute_s"] == pytest.approx(1.1)
     assert not any("communication" in w for w in s["warnings"])
     assert timer.summary()["comm_s"] is None
-    assert parse_progress(format_progress("step", timing=s))["timing"]["comm_s"] is None
+    assert progress_payload(format_progress("step", timing=s))["timing"]["comm_s"] is None
 
 
 def test_explicit_comm_phase_and_summary_means():
@@ -122,7 +123,7 @@ def test_explicit_comm_phase_and_summary_means():
     assert agg["comm_s"] == pytest.approx(0.8 / 3, abs=1e-6)
     assert agg["step_s"] == pytest.approx(4.0 / 3, abs=1e-6)
     line = format_progress("step", step=3, timing=agg)
-    assert parse_progress(line)["timing"] == json.loads(json.dumps(agg))
+    assert progress_payload(line)["timing"] == json.loads(json.dumps(agg))
 
 
 def test_thresholds_are_configurable():

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -42,7 +43,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slurm)
 
 
-def unavailable(reason: str) -> None:
+def unavailable(reason: str) -> NoReturn:
     """Fail on CI or with WMCTL_REQUIRE_SLURM=1 (a cluster was promised), skip otherwise."""
     if REQUIRE_SLURM:
         log = os.environ.get("WMCTL_SLURM_START_LOG")
@@ -167,7 +168,7 @@ class SlurmCluster:
     def wait_job_state(self, jobid: str, states: Iterable[str], timeout: float = 120) -> dict[str, str]:
         """Poll ``scontrol show job`` until the job's JobState is one of ``states``; its fields then.
         Fails naming the states it went through and the last line."""
-        want, seen = set(states), []
+        want, seen = set(states), list[str]()
         deadline = time.monotonic() + timeout
         while True:
             fields = self.job(jobid)

@@ -16,7 +16,7 @@ import torch
 
 from tests.integration import harness as h
 
-from .conftest import SlurmCluster, alive
+from .conftest import SlurmCluster, alive, proc_argv
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group("slurm")]
 
@@ -32,7 +32,7 @@ def expected(steps: int, world: int = 2) -> str:
         for rank in range(world):
             contrib = contrib + torch.tensor([((step + 1) * 0.1 + rank) / 3.0], dtype=torch.float64)
         state = state * 0.999 + contrib
-    return state.item().hex()
+    return float(state.item()).hex()
 
 
 @pytest.fixture
@@ -204,6 +204,39 @@ def test_cancel_ends_the_slurm_job(slurm_cluster: SlurmCluster, home: Path, phas
         folder = h.run_folder(home, run) / "attempt-0"
         assert not list(folder.glob("node-*.exit.json")), [p.read_text() for p in folder.glob("node-*.exit.json")]
         assert not [p for p in h.progress(home, run, 0) if p["event"] == "preempted"]
+
+
+def test_cancel_during_the_backoff_submits_nothing_more(slurm_cluster: SlurmCluster, home: Path):
+    """A cancel while the watcher waits out its backoff after a failed attempt: the watcher wakes
+    for it (not after the 300 s backoff), ends cancelled (8), and no second Slurm job is ever
+    submitted. The failure: node 1's task processes SIGSTOPped (its slurmd stays up), so the
+    runtime's beat names the node silent and the failed attempt's teardown SIGKILLs them."""
+    run = "sl-backoff"
+    path = spec(home, run, steps=400, every=5, sleep=0.2, job_args=["--beat"],
+                restart={"node_silence_timeout": "3s", "heartbeat_timeout": "120s", "backoff": "300s"})
+    w = watch(path, home)
+    h.wait_checkpoint(home, run, 0, 5)
+    victim = _hosts(slurm_cluster, home, run, 0)[1]
+    tasks = {pid for pid in slurm_cluster.node_processes(victim) - set(slurm_cluster.slurmd_pids(victim))
+             if not (proc_argv(pid)[:1] or [""])[0].startswith("slurmstepd")}
+    assert tasks, f"no task processes on {victim}"
+    for pid in tasks:
+        h.os.kill(pid, h.signal.SIGSTOP)
+    try:
+        h.wait_until(lambda: "backing off 300 s" in w.output, 120, "the backoff")
+        started = time.monotonic()
+        cancel = wmctl(home, "cancel", run)
+        assert cancel.returncode == 0, cancel.stderr
+        assert w.wait(timeout=60) == 8, w.output
+        assert time.monotonic() - started < 30, "the watcher slept out its backoff instead of waking for the cancel"
+    finally:
+        for pid in tasks:
+            if alive(pid):
+                h.os.kill(pid, h.signal.SIGKILL)
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["node_lost"], rec["final_report"]
+    assert sorted(p.name for p in h.run_folder(home, run).glob("attempt-*")) == ["attempt-0"]
+    assert job_state(slurm_cluster, home, run, 0) in {"CANCELLED", "FAILED", "COMPLETED", "<gone>"}
 
 
 def test_graceful_cancel_keeps_the_sigterm_checkpoint(slurm_cluster: SlurmCluster, home: Path):

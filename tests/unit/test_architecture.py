@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.logview", 6),         # `wmctl logs`: the library's logs, across nodes and attempts
     ("orchestrator.supervisor", 5),
     ("orchestrator.tracker", 5),         # what an attempt's observations add up to: the supervisor's verdict
+    ("orchestrator.keptmetrics", 5),     # which progress lines the run store already has
     ("orchestrator.inplace", 5),         # in-place recovery with spare nodes: the attempt goes on
     ("orchestrator.reconcile", 5),       # a run nobody watches: read from its backend, handed back to a watcher
     ("orchestrator.timeline", 5),        # `wmctl describe`: a run's events, from its folder
@@ -47,6 +48,8 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.failures", 5),
     ("orchestrator.waitnote", 5),        # a running attempt's wait, said in status: the API away, a pull
     ("orchestrator.silence", 5),         # the runtime's node beat turned into node loss
+    ("orchestrator.stragglers", 5),      # the ranks' step pace turned into stragglers (pure)
+    ("orchestrator.stragglerwatch", 5),  # the supervisor's side of stragglers: told, recorded, replaced
     # backends: the registry, each package's face and its engine (they reach the SDKs and the store)
     ("orchestrator.backends", 4),
     ("orchestrator.backends.local.engine", 4),
@@ -280,6 +283,7 @@ def test_the_runtime_imports_only_itself_torch_and_the_standard_library():
             for name in names:
                 top = name.split(".")[0]
                 if top not in allowed or (top == "orchestrator" and not name.startswith("orchestrator.runtime")):
+                    assert isinstance(node, (ast.Import, ast.ImportFrom))
                     bad.append(f"{module}:{node.lineno} imports {name}")
     assert not bad, "\n".join(bad)
 
@@ -356,4 +360,5 @@ def test_logs_and_run_queries_sit_below_the_api():
     for module in ("orchestrator.logview", "orchestrator.runs", "orchestrator.reconcile"):
         targets = {t for t, _ in imports(module, modules()[module])}
         assert "orchestrator.api" not in targets, module
-        assert layer(module) < layer("orchestrator.api")
+        mine, api = layer(module), layer("orchestrator.api")
+        assert mine is not None and api is not None and mine < api

@@ -28,6 +28,7 @@ def test_a_finished_build_is_waited_for_until_it_says_ok(tmp_path):
                                 "os.replace(tmp, sys.argv[1])\n", str(status)],
                                stdin=subprocess.PIPE, text=True)
     status.write_text(f"building {builder.pid}\n")
+    assert builder.stdin is not None
     builder.stdin.write("go\n")
     builder.stdin.close()
     wait_for_background_build(status, poll=0.05)

@@ -73,8 +73,8 @@ def test_largest_accepted_values_render(backend, tmp_path, monkeypatch):
                       "kubernetes": {"ttl_seconds_after_finished": 2**31 - 1,
                                      "termination_grace_period": 2**31 - 1},
                       "local": {"master_port": 65535}})
-    plan = render_plan(spec, load_profile("cuda"), backend, AttemptContext(), **(
-        {} if backend == "kubernetes" else {"cpus": list(range(8))}))
+    plan = render_plan(spec, load_profile("cuda"), backend, AttemptContext(),
+                       cpus=None if backend == "kubernetes" else list(range(8)))
     assert plan.resources
 
 

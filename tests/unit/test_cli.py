@@ -28,7 +28,7 @@ def run_main(args, capsys):
     """Through main(): the path that maps WmctlError to a message and an exit code."""
     try:
         main(list(args))
-        code = 0
+        code: str | int | None = 0
     except SystemExit as exc:
         code = exc.code
     out = capsys.readouterr()

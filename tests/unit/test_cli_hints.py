@@ -59,6 +59,7 @@ def hints() -> list[tuple[str, str]]:
     """(where, text) of every hint in orchestrator/."""
     trees = {p: ast.parse(p.read_text(encoding="utf-8")) for p in sorted(SRC.rglob("*.py"))}
     consts: dict[str, str] = {}
+    node: ast.AST
     for tree in trees.values():
         for node in tree.body:
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -77,6 +78,7 @@ def hints() -> list[tuple[str, str]]:
                 if any(isinstance(t, ast.Name) and (t.id == "hint" or t.id.endswith("HINT")) for t in targets):
                     values = [node.value] if node.value is not None else []
             for value in values:
+                assert isinstance(node, (ast.Call, ast.Assign, ast.AnnAssign))
                 out += [(f"{where}:{node.lineno}", t) for t in _text(value, consts)]
     return out
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -313,9 +314,10 @@ def test_every_vendor_profile_renders(tmp_path, vendor):
 # ---- injection -------------------------------------------------------------------------------------------
 
 def _inputs(**kw) -> DockerfileInputs:
-    base = dict(job_name="tiny", vendor="cpu", base="debian:bookworm", python="python3", workdir="/workspace",
-                wheel_name="wmctl-0.1.0-py3-none-any.whl", wmctl_version="0.1.0", requirements=True,
-                torch_packages=("torch",), labels=(("io.wmctl.job", "tiny"),))
+    base: dict[str, Any] = dict(
+        job_name="tiny", vendor="cpu", base="debian:bookworm", python="python3", workdir="/workspace",
+        wheel_name="wmctl-0.1.0-py3-none-any.whl", wmctl_version="0.1.0", requirements=True,
+        torch_packages=("torch",), labels=(("io.wmctl.job", "tiny"),))
     base.update(kw)
     return DockerfileInputs(**base)
 

@@ -45,7 +45,10 @@ def test_another_input_template_or_filter_code_renders_anew(cache, monkeypatch):
     monkeypatch.setattr(dockerfile, "_renderer_identity", lambda: "the filters changed")
     calls = []
     real = dockerfile._compiled
-    monkeypatch.setattr(dockerfile, "_compiled", lambda text: calls.append(1) or real(text))
+    def counted(text):
+        calls.append(1)
+        return real(text)
+    monkeypatch.setattr(dockerfile, "_compiled", counted)
     assert render_dockerfile(INPUTS) == first and calls == [1]
 
 

@@ -46,7 +46,8 @@ SYNOPSIS = re.compile(r"[\[\]]|\.\.\.|\w\|\w|^<|>$")
 def _blocks(text: str) -> list[tuple[str, list[str]]]:
     """(language, lines) of every fenced block of a Markdown text."""
     out: list[tuple[str, list[str]]] = []
-    lang, lines = None, []
+    lang: str | None = None
+    lines: list[str] = []
     for line in text.splitlines():
         m = FENCE.match(line.strip())
         if m and lang is None:
@@ -77,7 +78,8 @@ def _segments(line: str) -> list[list[str]]:
         words = shlex.split(line, comments=True)
     except ValueError:       # an unbalanced quote in a log excerpt: not a command line
         return []
-    segments, current, depth = [], [], 0
+    segments, depth = [], 0
+    current: list[str] = []
     for word in words:
         if word in SEPARATORS and depth == 0:
             segments.append(current)
@@ -148,6 +150,7 @@ def check_command(argv: list[str], whole: bool = True) -> None:
             assert name in options, f"{where}: `wmctl {' '.join(path)}` has no option {name}"
             option = options[name]
             value = bare.split("=", 1)[1] if "=" in bare else (rest[i + 1].strip("[]") if i + 1 < len(rest) else "")
+            assert isinstance(option, click.Option), name
             if isinstance(option.type, click.Choice) and not option.is_flag and value and not value.isupper():
                 for choice in value.split("|"):       # `-o table|json|yaml`: each one
                     assert choice in option.type.choices, f"{where}: {name} takes no {choice!r}"

@@ -298,11 +298,11 @@ def test_over_the_nodes_that_could_take_the_job_only_those_excluded_in_their_way
     # asked only when something is excluded at all
     asked: list[int] = []
 
-    def usable() -> frozenset[str]:
+    def ask() -> frozenset[str]:
         asked.append(1)
         return frozenset()
 
-    X.for_attempt([], remembers=False, cluster=lambda: None, ttl_s=DAY, usable=usable, needed=2)
+    X.for_attempt([], remembers=False, cluster=lambda: None, ttl_s=DAY, usable=ask, needed=2)
     assert asked == []
 
 

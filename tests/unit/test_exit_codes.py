@@ -57,7 +57,7 @@ def _ghost_attempt(tmp: Path) -> None:
 @dataclass
 class Case:
     id: str
-    argv: Callable[[Path], list[str]]
+    argv: Callable[..., list[str]]              # of tmp_path (`...`: mypy infers a lambda with a bound default only so)
     code: int
     says: str                                   # a piece of stderr naming the problem
     setup: Callable[[Path], object] | None = None

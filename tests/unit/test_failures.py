@@ -77,6 +77,7 @@ def test_root_cause_is_the_first_failure_and_consequences_yield(events, kind, no
 def test_hang_is_declared_only_past_the_heartbeat_timeout():
     assert F.hang_failure(last_heartbeat=100.0, now=130.0, timeout=30.0) is None
     hang = F.hang_failure(last_heartbeat=100.0, now=130.5, timeout=30.0)
+    assert hang is not None
     assert hang.kind == F.HANG and "no progress line for 30 s" in hang.evidence
 
 
@@ -169,8 +170,8 @@ def test_a_full_disk_in_the_ranks_words_is_storage_full_and_stops():
     why = F.storage_full(err)
     assert why is not None and "/ckpt/wm/step-00000200.tmp/shared.pt" in why
     assert F.DEFAULT_DECISIONS[F.STORAGE_FULL] == F.STOP
-    assert F.storage_full(job_error(["[rank0]: Traceback (most recent call last):",
-                                     "[rank0]: ValueError: nope", *report()])) is None
+    err = job_error(["[rank0]: Traceback (most recent call last):", "[rank0]: ValueError: nope", *report()])
+    assert err is not None and F.storage_full(err) is None
 
 
 def test_a_full_disk_without_a_path_names_no_frame_of_the_traceback_as_the_path():
@@ -180,7 +181,9 @@ def test_a_full_disk_without_a_path_names_no_frame_of_the_traceback_as_the_path(
              '[rank0]:   File "/work/orchestrator/runtime/checkpoint.py", line 501, in acquire',
              "[rank0]:     os.pwrite(fd, payload, 0)",
              "[rank0]: OSError: [Errno 28] No space left on device", *report(rank=0)]
-    why = F.storage_full(job_error(lines))
+    err = job_error(lines)
+    assert err is not None
+    why = F.storage_full(err)
     assert why is not None and "checkpoint.py" not in why and "writing" not in why
 
 
@@ -319,7 +322,8 @@ def test_a_local_node_whose_cgroup_counted_an_oom_kill_is_oom_and_stops_by_defau
     assert F.decide(failure) == F.STOP and F.decide(failure, retry_on_oom=True) == F.RETRY
     # no oom_kill counted: the exit is what it was
     [plain] = node_events(NodeView(1, "h"), {"exit_code": 1, "signal": None, "time": 5.0}, None, None, None)
-    assert plain.kind == b.NODE_EXITED and F.classify_event(plain).kind == F.APP_ERROR
+    assert plain.kind == b.NODE_EXITED and (failure := F.classify_event(plain)) is not None
+    assert failure.kind == F.APP_ERROR
 
 
 def test_a_rank_killed_by_sigkill_says_how_to_check_for_the_oom_killer():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,7 +49,7 @@ def render_golden(vendor: str, backend: str, container: str | None = None) -> st
     profile = load_profile(vendor)
     # A retry attempt: exercises resume, parent and node exclusion in every render.
     ctx = AttemptContext(attempt=1, excluded_nodes=("gpu-node-7",), resume=True, parent=0)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if backend == "docker":
         kwargs["cpus"] = list(range(128))     # a fixed host, not this machine
     if backend in ("local", "slurm"):

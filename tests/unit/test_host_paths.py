@@ -5,6 +5,7 @@ engine API refuses a bind source that does not exist, where `docker run -v` crea
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 import yaml
@@ -77,9 +78,10 @@ def test_docker_submit_creates_writable_bind_sources_only(tmp_path, monkeypatch)
     """A later attempt (or a plan submitted without the api) still finds its writable folders."""
     monkeypatch.delenv("DOCKER_HOST", raising=False)
     rw, ro = tmp_path / "rw" / "x", tmp_path / "ro"
-    containers = [{"create": {"mounts": [{"Type": "bind", "Source": str(rw), "Target": "/a", "ReadOnly": False},
-                                         {"Type": "bind", "Source": str(ro), "Target": "/b", "ReadOnly": True},
-                                         {"Type": "tmpfs", "Target": "/dev/shm"}]}}]
+    containers: list[dict[str, Any]] = [
+        {"create": {"mounts": [{"Type": "bind", "Source": str(rw), "Target": "/a", "ReadOnly": False},
+                               {"Type": "bind", "Source": str(ro), "Target": "/b", "ReadOnly": True},
+                               {"Type": "tmpfs", "Target": "/dev/shm"}]}}]
     _create_bind_sources(containers)
     assert rw.is_dir() and not ro.exists()
     monkeypatch.setenv("DOCKER_HOST", "tcp://10.1.2.3:2375")      # a remote engine's folders are its own

@@ -35,9 +35,15 @@ def test_each_grammar_check_is_its_pattern(text):
         assert check(text) == bool(pattern.fullmatch(text)), (check.__name__, text)
 
 
+def _problem(ref: str) -> str:
+    why = imageref.problem(ref)
+    assert why is not None, ref
+    return why
+
+
 def test_references_still_read_as_before():
     assert imageref.problem("registry.example.com:5000/team/world_model__x:v3") is None
     assert imageref.problem(f"localhost/a@sha256:{'a' * 64}") is None
-    assert "tag" in imageref.problem("repo:.bad")
-    assert "registry host" in imageref.problem("bad_host.com/x")
-    assert "lowercase" in imageref.problem("team/World")
+    assert "tag" in _problem("repo:.bad")
+    assert "registry host" in _problem("bad_host.com/x")
+    assert "lowercase" in _problem("team/World")

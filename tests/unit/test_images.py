@@ -31,6 +31,7 @@ def test_missing_wheel_in_an_offline_step_points_at_the_wheelhouse():
     err = engine._failure(steps, "The command returned a non-zero code: 1",
                           ["ERROR: No matching distribution found for idna"])
     assert "step 5/9" in err.message and "idna" in err.message
+    assert err.hint is not None
     assert "wmctl wheelhouse" in err.hint and "idna" in err.hint
 
 
@@ -39,11 +40,13 @@ def test_missing_package_online_points_at_requirements_and_index():
     err = engine._failure(steps, "returned a non-zero code: 1",
                           ["ERROR: Could not find a version that satisfies the requirement nopkg==9 "
                            "(from versions: none)"])
+    assert err.hint is not None
     assert "image.requirements" in err.hint and "nopkg==9" in err.hint
 
 
 def test_failed_from_points_at_the_base_image():
     err = engine._failure([Step(1, 9, "FROM nowhere/base:x")], "pull access denied for nowhere/base", [])
+    assert err.hint is not None
     assert "image.base" in err.hint
 
 
@@ -60,6 +63,7 @@ def test_failure_before_any_step_says_so():
 ])
 def test_push_refusals_say_log_in(text):
     err = engine._push_error("reg.example.com", text)
+    assert err.hint is not None
     assert "was refused" in err.message and "docker login reg.example.com" in err.hint
 
 
@@ -72,6 +76,7 @@ def test_push_refusals_say_log_in(text):
 def test_unreachable_registry_says_check_the_address(text):
     err = engine._push_error("reg.example.com", text)
     assert err.message.startswith("cannot reach registry reg.example.com")
+    assert err.hint is not None
     assert "reachable" in err.hint
 
 
@@ -87,6 +92,7 @@ def test_registry_answers_with_not_found_are_not_called_unreachable(text):
 
 def test_push_of_a_tag_the_engine_lacks_says_build_first():
     err = engine._push_error("reg.example.com", "An image does not exist locally with the tag: reg.example.com/x")
+    assert err.hint is not None
     assert "cannot reach" not in err.message and "build it first" in err.hint
 
 
@@ -96,6 +102,18 @@ def _spec(tmp_path: Path) -> Path:
     spec = tmp_path / "job.yaml"
     spec.write_text("name: tiny\ncommand: [python, train.py]\nimage: {vendor: cpu, tag: reg.example.com/t/tiny:v1}\n")
     return spec
+
+
+def _recorded(spec, job: str) -> dict:
+    entry = record.recorded_image(spec, job)
+    assert entry is not None, job
+    return entry
+
+
+def _text(tar: tarfile.TarFile, name: str) -> str:
+    member = tar.extractfile(name)
+    assert member is not None, name
+    return member.read().decode()
 
 
 def _built(image_id: str, tag: str = "reg.example.com/t/tiny:v1", **extra) -> dict:
@@ -111,7 +129,7 @@ def test_rebuild_without_push_drops_the_stale_digest(tmp_path):
     spec = _spec(tmp_path)
     record.record_image(spec, "tiny", _pushed("sha256:old"))
     record.record_image(spec, "tiny", _built("sha256:new"))
-    entry = record.recorded_image(spec, "tiny")
+    entry = _recorded(spec, "tiny")
     assert entry["image_id"] == "sha256:new"
     assert not set(record.PUSH_FIELDS) & set(entry)
 
@@ -120,21 +138,21 @@ def test_up_to_date_rebuild_keeps_the_digest_of_the_same_image(tmp_path):
     spec = _spec(tmp_path)
     record.record_image(spec, "tiny", _pushed("sha256:same"))
     record.record_image(spec, "tiny", _built("sha256:same"))
-    assert record.recorded_image(spec, "tiny")["repo_digest"] == f"reg.example.com/t/tiny@{DIGEST}"
+    assert _recorded(spec, "tiny")["repo_digest"] == f"reg.example.com/t/tiny@{DIGEST}"
 
 
 def test_same_image_under_another_tag_drops_the_digest(tmp_path):
     spec = _spec(tmp_path)
     record.record_image(spec, "tiny", _pushed("sha256:same"))
     record.record_image(spec, "tiny", _built("sha256:same", tag="other.example.com/t/tiny:v2"))
-    assert "repo_digest" not in record.recorded_image(spec, "tiny")
+    assert "repo_digest" not in _recorded(spec, "tiny")
 
 
 def test_records_of_other_jobs_are_kept(tmp_path):
     spec = _spec(tmp_path)
     record.record_image(spec, "other", _pushed("sha256:x"))
     record.record_image(spec, "tiny", _built("sha256:y"))
-    assert record.recorded_image(spec, "other")["repo_digest"].endswith(DIGEST)
+    assert _recorded(spec, "other")["repo_digest"].endswith(DIGEST)
 
 
 def test_unreadable_record_is_a_clear_error(tmp_path):
@@ -266,7 +284,7 @@ def test_context_carries_nested_requirements_and_both_wheel_groups(tmp_path):
     buf.seek(0)
     with tarfile.open(fileobj=buf) as tar:
         names = set(tar.getnames())
-        assert tar.extractfile("Dockerfile").read().decode() == plan.deps_dockerfile
+        assert _text(tar, "Dockerfile") == plan.deps_dockerfile
     assert {"wmctl/req/requirements.txt", "wmctl/req/reqs/base.txt", "wmctl/req/constraints.txt"} <= names
     assert f"wmctl/wheels/{plan.wheel_name}" in names and "wmctl/requirements.txt" not in names
     assert not [n for n in names if n.startswith("src")]          # no code in the dependency image's context
@@ -278,7 +296,7 @@ def test_context_carries_nested_requirements_and_both_wheel_groups(tmp_path):
     buf.seek(0)
     with tarfile.open(fileobj=buf) as tar:
         code_names = set(tar.getnames())
-        assert tar.extractfile("Dockerfile").read().decode().startswith(f"FROM {plan.deps_tag}\n")
+        assert _text(tar, "Dockerfile").startswith(f"FROM {plan.deps_tag}\n")
     assert code_names == {"Dockerfile", "src"} | {f"src/{e.rel}" for e in plan.context.entries}
     wheels = set()
     for folder, count in (("wmctl/wheelhouse-torch", 2), ("wmctl/wheelhouse", 1)):
@@ -287,7 +305,7 @@ def test_context_carries_nested_requirements_and_both_wheel_groups(tmp_path):
         buf.seek(0)
         with tarfile.open(fileobj=buf) as tar:
             wheels |= set(tar.getnames())
-            dockerfile = tar.extractfile("Dockerfile").read().decode()
+            dockerfile = _text(tar, "Dockerfile")
         assert dockerfile.splitlines()[1:] == ["FROM scratch", 'LABEL "io.wmctl.wheelhouse"="wheels"',
                                                'COPY ["wmctl/", "/wmctl/"]']
     assert {"wmctl/wheelhouse-torch/torch-1.0-py3-none-any.whl",
@@ -409,11 +427,16 @@ def test_wheel_build_failure_in_the_command_closes_the_reporter(tmp_path, monkey
     assert [r.closed for r in reporters] == [1]
 
 
-def test_rich_reporter_stops_its_spinner_once():
+def test_rich_reporter_stops_its_spinner_once(monkeypatch):
     stops = []
     with progress.RichReporter() as reporter:
+        assert isinstance(reporter, progress.RichReporter)
         real_stop = reporter._status.stop
-        reporter._status.stop = lambda: (stops.append(1), real_stop())
+
+        def stop() -> None:
+            stops.append(1)
+            real_stop()
+        monkeypatch.setattr(reporter._status, "stop", stop)
         reporter.close()   # build_image closes it, then the command's `with` does
     assert stops == [1]
 

@@ -146,7 +146,7 @@ def test_local_argv_is_exact(value, tmp_path, monkeypatch):
     ("kubernetes.node_selector.zone", "bad value!"), ("image.system_packages", ["curl; rm -rf /"]),
 ])
 def test_invalid_values_are_rejected_naming_the_field(field, value):
-    data = {"name": "ok", "command": ["python", "x.py"]}
+    data: dict = {"name": "ok", "command": ["python", "x.py"]}
     node = data
     parts = field.split(".")
     if parts[0] == "env" or (len(parts) == 3):
@@ -170,7 +170,7 @@ def test_kubelet_expand_matches_documented_behaviour():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet=st.one_of(st.sampled_from("$()ab"), st.characters(exclude_categories=("Cs",))), max_size=40))
+@given(st.text(alphabet=st.one_of(st.sampled_from("$()ab"), st.characters(exclude_categories=["Cs"])), max_size=40))
 def test_escape_survives_kubelet_expansion(text):
     # Every name resolves, so any reference the escape missed would change the output.
     assert kubelet_expand(escape_expansion(text), lambda name: "<expanded>") == text

@@ -22,7 +22,8 @@ class SparedToy(ToyBackend):
 
     def __init__(self, left: int) -> None:
         super().__init__()
-        self.left, self.asked = left, []
+        self.left = left
+        self.asked: list[object] = []
 
     def recover_in_place(self, ref, node):
         self.asked.append(node)

@@ -78,7 +78,7 @@ def test_no_knobs_no_change():
 def test_security_context_and_runtime_class_at_their_defaults_leave_every_spec_hash_as_it_was():
     """A run submitted before the fields existed resumes with the same spec hash (the checkpoint
     marker's check): 82bd288c585f is full.yaml's hash before it set them."""
-    unset = {"kubernetes.security_context": {}, "kubernetes.runtime_class": None}
+    unset: dict[str, object] = {"kubernetes.security_context": {}, "kubernetes.runtime_class": None}
     assert full_spec("cuda", **unset).spec_hash() == "82bd288c585f"
     assert full_spec("cuda").spec_hash() != "82bd288c585f"          # set, they count
 

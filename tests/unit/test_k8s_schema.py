@@ -7,6 +7,8 @@ Volcano PodGroup is a CRD (no bundled schema) and is checked structurally instea
 
 from __future__ import annotations
 
+from typing import Any
+
 import kubernetes_validate
 import pytest
 
@@ -18,7 +20,7 @@ from orchestrator.vendors import available_profiles, load_profile
 from .helpers import full_spec
 
 VERSIONS = ["1.30", "1.34", "1.37"]
-VARIANTS = {
+VARIANTS: dict[str, dict[str, Any]] = {
     "plain": {},
     "kueue": {"kubernetes.queue": "team-a"},
     "volcano": {"kubernetes.scheduler": "volcano", "kubernetes.queue": "research"},

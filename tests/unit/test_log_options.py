@@ -3,6 +3,8 @@ is asked; the kept (archived) log of a torn-down attempt; the time format of --t
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 import pytest
 
@@ -29,6 +31,7 @@ def test_local_refuses_times_naming_the_flags_and_where_they_work(query, flags):
     with pytest.raises(OptionError) as err:
         backends.check_logs(backends.backend_class("local"), query)
     assert err.value.message.startswith(f"{flags}: the local backend") and "docker, kubernetes" in err.value.message
+    assert err.value.hint is not None
     assert err.value.exit_code == 2 and f"drop {flags}" in err.value.hint
     backends.check_logs(backends.backend_class("local"), b.LogQuery(tail=5))      # tail is served
     for name in ("docker", "kubernetes"):
@@ -164,6 +167,7 @@ def test_the_node_holding_global_rank_0_is_found_from_the_launcher_line():
             return iter(lines)
 
     bind = "wmctl-bind: local_rank=0 cpus=0-1 numa=- mode=none threads=2 rank={}"
+    engine: Any                         # the logs() that rank0_node reads, not a Backend
     engine = Engine({0: ["hello", bind.format(1)], 1: [bind.format(0), "step 1"]})
     assert rank0_node(engine, None, 2) == (1, "global rank 0")
     engine = Engine({0: [bind.format(0)], 1: [bind.format(1)]})

@@ -47,7 +47,9 @@ def test_a_line_before_the_window_counts_as_read_and_memory_stays_bounded():
 def test_lines_without_a_stamp_always_pass_and_stamps_parse_exactly():
     cur = LogCursor()
     assert cur.fresh(None, "x") and cur.fresh(None, "x") and cur.newest is None
-    assert split_timestamp("2024-05-01T10:00:00.000000001Z text\r") == (parse_rfc3339_ns("2024-05-01T10:00:00Z") + 1,
+    ten = parse_rfc3339_ns("2024-05-01T10:00:00Z")
+    assert ten is not None
+    assert split_timestamp("2024-05-01T10:00:00.000000001Z text\r") == (ten + 1,
                                                                         "text")
     assert split_timestamp("2024-05-01T12:00:00.5+02:00 t")[0] == parse_rfc3339_ns("2024-05-01T10:00:00.5Z")
     assert split_timestamp("12 monkeys and T") == (None, "12 monkeys and T")

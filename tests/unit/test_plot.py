@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ EVENTS = [
     {"attempt": 1, "event": "resume", "step": 10, "exact": True, "time": 200.5},
     *[_step(1, s, 200.0 + 0.5 * (s - 10)) for s in range(11, 21)],
 ]
-ATTEMPTS = [
+ATTEMPTS: list[dict[str, Any]] = [
     {"attempt": 0, "outcome": "node_lost", "last_step": 14, "resumed_from_step": None},
     {"attempt": 1, "outcome": "succeeded", "last_step": 20, "resumed_from_step": 10},
 ]
@@ -76,7 +77,7 @@ def test_without_a_record_the_events_still_place_boundary_and_redone_steps():
 
 def test_a_restart_from_scratch_redoes_everything_and_one_attempt_keeps_its_own_marks():
     events = [_step(0, s, float(s)) for s in range(1, 4)] + [_step(1, s, 10.0 + s) for s in range(1, 6)]
-    attempts = [{"attempt": 0, "outcome": "oom", "last_step": 3}, {"attempt": 1, "outcome": None}]
+    attempts: list[dict[str, Any]] = [{"attempt": 0, "outcome": "oom", "last_step": 3}, {"attempt": 1, "outcome": None}]
     d = plotdata.build("r", events, attempts)
     assert d.boundaries == [plotdata.Boundary(1, 0, resumed=False)] and d.redone == [plotdata.Redone(1, 1, 3)]
     assert "no step lines kept" not in text.render(d)
@@ -214,7 +215,7 @@ def test_two_failures_each_shade_what_they_lost():
     from orchestrator.state import RunRecord as Rec
     from orchestrator.display import steps_redone
 
-    attempts = [{"attempt": 0, "outcome": "node_lost", "last_step": 14},
+    attempts: list[dict[str, Any]] = [{"attempt": 0, "outcome": "node_lost", "last_step": 14},
                 {"attempt": 1, "outcome": "oom", "last_step": 12, "resumed_from_step": 10},
                 {"attempt": 2, "outcome": "succeeded", "last_step": 20, "resumed_from_step": 10}]
     events = [_step(0, s, float(s)) for s in range(1, 15)] + [_step(1, s, 20.0 + s) for s in (11, 12)]

@@ -145,7 +145,7 @@ def test_a_second_watcher_is_refused_with_who_holds_the_lease(home, tmp_path):
     store = LocalRunStore("leased")
     assert store.lease() is None and not store.watched()
     assert store.acquire_watcher() is None
-    assert store.lease() is not None and store.lease().pid == os.getpid()
+    assert (lease := store.lease()) is not None and lease.pid == os.getpid()
     store.release_watcher()
     assert store.lease() is None
 
@@ -163,7 +163,7 @@ def test_a_live_lease_from_another_host_is_refused_and_a_stale_one_taken_over(ho
     from orchestrator.state import LEASE_STALE_S
     store = LocalRunStore("shared")
     _lease_from_another_host(store, age_s=3)
-    assert store.lease() is not None and store.lease().host == "other-host"
+    assert (lease := store.lease()) is not None and lease.host == "other-host"
     with pytest.raises(WmctlError) as err:
         store.acquire_watcher()
     assert "watched by 4242@other-host (beat 3s ago)" in err.value.message

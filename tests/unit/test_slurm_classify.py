@@ -62,21 +62,27 @@ def test_a_pending_reason_waits_needs_a_person_or_never_clears(reason, kind):
     assert ev is not None and ev.kind == kind
 
 
+def _pending(reason: str, **kw: int) -> b.Event:
+    ev = C.pending_event(reason, **kw)
+    assert ev is not None, reason
+    return ev
+
+
 def test_a_request_bigger_than_the_partition_stops_at_once_with_the_fix():
     ev = C.pending_event("PartitionNodeLimit", nodes=4, partition_nodes=3)
     assert ev is not None
     failure = F.classify_event(ev)
     assert failure is not None and failure.kind == F.UNSCHEDULABLE
     assert "nodes: 4 nodes asked, the partition holds 3" in failure.evidence
-    assert "4 nodes asked" in C.pending_event("PartitionConfig", nodes=4, partition_nodes=3).message
+    assert "4 nodes asked" in _pending("PartitionConfig", nodes=4, partition_nodes=3).message
     # the same reason for another cause says what else to check
-    assert "slurm.gres" in C.pending_event("PartitionConfig", nodes=2, partition_nodes=3).message
+    assert "slurm.gres" in _pending("PartitionConfig", nodes=2, partition_nodes=3).message
     assert F.decide(failure) == F.STOP
     # ... unless nodes were excluded: then it is retried with none excluded (never exclude so many
     # nodes that the partition cannot hold the job)
     assert F.decide(failure, excluded=True) == F.RETRY
     # a queue's wait is no failure at all
-    assert F.classify_event(C.pending_event("Resources", nodes=2)) is None
+    assert F.classify_event(_pending("Resources", nodes=2)) is None
 
 
 def _ended(state: str, **kw):

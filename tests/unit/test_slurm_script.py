@@ -17,13 +17,14 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from orchestrator import backends
 from orchestrator.backends.slurm import classify
 from orchestrator.errors import OptionError, SpecError
-from orchestrator.plan import AttemptContext, HostFacts
+from orchestrator.plan import AttemptContext, HostFacts, Plan
 from orchestrator.specload import load_spec
 from orchestrator.vendors import load_profile
 
@@ -36,8 +37,10 @@ HOSTILE_ENV = {"HOSTILE_SUBST": "$(touch PWNED_ENV)", "HOSTILE_MIXED": "a b\nc '
                "HOSTILE_EMPTY": "", "HOSTILE_DOLLAR": "$PATH ${HOME}"}
 
 PROBE = r'''
-import json, os, sys
+import json, os, signal, sys
 node = os.environ.get("SLURM_NODEID", "?")
+if os.environ.get(f"PROBE_TERM_{node}"):        # Slurm's signal reaches the step: the node's shell too
+    os.kill(os.getppid(), signal.SIGTERM)
 keep = {k: v for k, v in os.environ.items() if k.startswith(("WMCTL_", "HOSTILE_", "PET_", "PYTHONUNBUFFERED"))}
 name = os.path.splitext(os.path.basename(sys.argv[0]))[0]
 out = os.path.join(os.environ["PROBE_OUT"], f"{name}-{node}.json")
@@ -129,14 +132,14 @@ def _spec(c: dict, **slurm: object) -> object:
     return load_spec(path)
 
 
-def _run(c: dict, spec: object) -> tuple[subprocess.CompletedProcess, object]:
+def _run(c: dict, spec: object, **extra_env: str) -> tuple[subprocess.CompletedProcess, Plan[Any]]:
     host = HostFacts(cpus=(0,), python=str(c["python"]), home=c["home"])
     plan = backends.render_plan(spec, load_profile("cpu"), "slurm", AttemptContext(), host)
     script = c["tmp"] / "job.sbatch"
     script.write_text(plan.request.script, encoding="utf-8")
     env = {"PATH": f"{c['shims']}{os.pathsep}{os.environ['PATH']}", "HOME": str(c["tmp"]),
            "PROBE_OUT": str(c["out"]), "PROBE_EXIT_1": "3",
-           "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "n[1-2]"}
+           "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "n[1-2]", **extra_env}
     ran = subprocess.run(["bash", str(script)], cwd=c["tmp"], env=env, capture_output=True, text=True, timeout=120)
     return ran, plan
 
@@ -180,9 +183,31 @@ def test_the_job_leaves_exit_records_a_watcher_reads(cluster):
     assert [(e.node, e.host, e.exit_code, e.job_id) for e in ends if e] == [(0, "n1", 0, "4242"), (1, "n2", 3, "4242")]
     job = classify.job_end(Path(plan.request.job_exit_record).read_text())
     assert job is not None and (job.job_id, job.exit_code) == ("4242", 3)
+    assert ends[1] is not None
     event = classify.node_exited(ends[1])
     assert (event.kind, event.node, event.host, event.exit_code) == ("node_exited", 1, "n2", 3)
     assert not list(Path(plan.request.attempt_dir).glob("*.tmp"))
+
+
+def test_a_node_that_fails_after_slurms_signal_is_evicted_not_the_jobs_error(cluster):
+    """The time limit's SIGTERM can land inside torch's import, before the runtime's handler: the
+    worker dies without saving and torchrun exits 1. The node's script records that the signal
+    came, so the watcher reads a preemption (resubmit from the newest checkpoint, no retry spent),
+    not the job's own error; the node that got no signal still reads as it exited."""
+    from orchestrator import failures as F
+
+    c = cluster
+    _, plan = _run(c, _spec(c), PROBE_TERM_1="1", PROBE_EXIT_1="1")
+    ends = [classify.node_end(Path(p).read_text()) for p in plan.request.node_exit_records]
+    assert [(e.node, e.exit_code, e.signalled) for e in ends if e] == [(0, 0, False), (1, 1, True)]
+    assert ends[1] is not None
+    event = classify.node_exited(ends[1])
+    assert (event.kind, event.reason, event.exit_code) == ("evicted", "Signalled", 1)
+    failure = F.classify_event(event)
+    assert failure is not None and failure.kind == F.PREEMPTED
+    # a signalled node that saved (83) or that the teardown SIGKILLed (137) reads as before
+    for code in (83, 137):
+        assert classify.node_exited(classify.NodeEnd(1, "n2", code, "4242", 0.0, True)).kind == "node_exited"
 
 
 def test_a_container_gets_the_same_words_and_its_mounts_whole(cluster):

@@ -21,7 +21,7 @@ from .helpers import DATA, check_backend, full_spec, spec_from
 HOST = HostFacts(cpus=(0, 1), python="/usr/bin/python3", home=Path("/shared/wmctl"))
 
 
-def _spec(vendor: str = "cpu", **fields: object):
+def _spec(vendor: str = "cpu", /, **fields: object):
     data: dict = {"name": "j", "command": ["python", "t.py"], "nodes": 2, "image": {"vendor": vendor}}
     for key, value in fields.items():
         node = data

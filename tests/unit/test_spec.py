@@ -276,7 +276,8 @@ def test_spec_hash_is_the_digest_of_the_specs_asdict_form(name):
             del data[f.name]
         if dataclasses.is_dataclass(section) and isinstance(data.get(f.name), dict):
             for g in dataclasses.fields(section):
-                if g.metadata.get(HASHED_WHEN_SET) and getattr(section, g.name) == g.default:
+                default = g.default_factory() if g.default_factory is not dataclasses.MISSING else g.default
+                if g.metadata.get(HASHED_WHEN_SET) and getattr(section, g.name) == default:
                     data[f.name].pop(g.name, None)
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
     assert spec.spec_hash() == hashlib.sha256(canonical.encode()).hexdigest()[:12]

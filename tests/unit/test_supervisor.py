@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -64,7 +65,8 @@ def progress(event, step, t=START):
 
 
 class ScriptedBackend:
-    """Replays, per attempt, a list of (events, nodes); the last node states then repeat."""
+    """Replays, per attempt, a list of (events, nodes); the last node states then repeat. It has
+    what the supervisor calls of a Backend, not the class: the tests hold it as Any."""
 
     name = "scripted"
     places_nodes = True
@@ -144,7 +146,7 @@ def supervise(scripts, *, restart=None, auto_resume=True, places_nodes=True, on_
     clock = Clock(on_sleep)
     if clock_box is not None:
         clock_box["clock"] = clock
-    backend = ScriptedBackend(clock, scripts)
+    backend: Any = ScriptedBackend(clock, scripts)
     backend.places_nodes = places_nodes
     backend.notes = notes or {}
     if remembers is not None:          # nodes are machines of cluster ``remembers``
@@ -294,7 +296,7 @@ def test_a_cancel_during_the_backoff_submits_nothing_more(home):
     def fail_then_cancel_later():
         return [progress("checkpoint", 5), b.Event(b.NODE_LOST, START, 1, None)], running()
 
-    clock_box = {}
+    clock_box: dict[str, Clock] = {}
 
     outcome, backend, record, _, _ = supervise({
         0: [fail_then_cancel_later],
@@ -366,7 +368,7 @@ def test_the_live_display_sees_every_state_change_and_the_end(home):
     spec = spec_from({"name": "sup", "nodes": 2, "command": ["python", "t.py"],
                       "restart": {"max_attempts": 4, "backoff": "0s"}})
     clock = Clock()
-    backend = ScriptedBackend(clock, {0: [([progress("checkpoint", 5)], running()),
+    backend: Any = ScriptedBackend(clock, {0: [([progress("checkpoint", 5)], running()),
                                           ([progress("step", 8)], running()), ([], done())]})
     store = RunStore(spec.name)
     record = RunRecord(run=spec.name, backend=backend.name, spec_path="sup.yaml", overrides={},
@@ -743,7 +745,8 @@ def test_a_run_taken_up_after_failing_unwatched_has_its_failed_attempt_torn_down
     spec = spec_from({"name": "sup", "nodes": 2, "command": ["python", "t.py"],
                       "restart": {"max_attempts": 4, "backoff": "0s", "heartbeat_timeout": "60s"}})
     clock = Clock()
-    backend = ScriptedBackend(clock, {1: [([progress("resume", 10)], running()), ([progress("step", 20)], done())]})
+    backend: Any = ScriptedBackend(clock, {1: [([progress("resume", 10)], running()),
+                                               ([progress("step", 20)], done())]})
     backend.submitted[0] = None             # attempt 0's objects are still there
     record = RunRecord(run=spec.name, backend=backend.name, spec_path="sup.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=True)
@@ -752,7 +755,7 @@ def test_a_run_taken_up_after_failing_unwatched_has_its_failed_attempt_torn_down
                                          last_checkpoint_step=10))
     store = RunStore(spec.name)
     store.save(record)
-    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView([].append),
+    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(list[str]().append),
                      SupervisorOptions(auto_resume=True, clock=clock, sleep=clock.sleep, poll_interval=1.0))
     assert sup.run().exit_code == 0
     assert backend.calls == [("cancel", 0), ("submit", 1), ("release", 1)]

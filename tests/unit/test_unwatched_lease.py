@@ -185,7 +185,7 @@ def test_a_watcher_is_never_refused_by_a_reader_asking_who_watches(home, monkeyp
     look.close()                                # the look ends
     starting.join(30)
     assert taken == [None], taken
-    assert store.lease() is not None and store.lease().pid == os.getpid()
+    assert (lease := store.lease()) is not None and lease.pid == os.getpid()
     store.release_watcher()
 
 

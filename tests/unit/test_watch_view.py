@@ -4,6 +4,8 @@ news the live panel folds: the attempt and its nodes, the events, the hang clock
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from orchestrator.backends import base as b
@@ -48,7 +50,7 @@ def test_lines_carry_event_times_and_news_carries_the_backoff(home):
     spec = spec_from({"name": "view", "nodes": 2, "command": ["python", "t.py"],
                       "restart": {"max_attempts": 3, "backoff": "5s", "heartbeat_timeout": "60s"}})
     clock = Clock()
-    backend = ScriptedBackend(clock, {
+    backend: Any = ScriptedBackend(clock, {
         0: [([], [b.NodeStatus(i, b.PENDING) for i in range(2)]),
             ([line_at(1), b.Event(b.PROGRESS, JOB_TIME + 2, 0, "host-0",
                                   progress={"event": "checkpoint", "step": 2, "time": JOB_TIME + 2})], running()),
@@ -95,8 +97,9 @@ def test_a_watcher_adopting_a_running_attempt_keeps_each_replayed_event_once(hom
     record.attempts.append(AttemptRecord(0, START - 100))     # submitted by a watcher that has gone
     store.save(record)
     first = line_at(1)
+    assert first.progress is not None
     store.append_metric({**first.progress, "attempt": 0, "seen": START - 50})    # kept by that watcher
-    backend = ScriptedBackend(clock, {0: [([first, line_at(2)], running()), ([], done())]})
+    backend: Any = ScriptedBackend(clock, {0: [([first, line_at(2)], running()), ([], done())]})
     view = RecordingView(clock)
     Supervisor(spec, load_profile("cpu"), backend, store, record, view,
                SupervisorOptions(auto_resume=True, clock=clock, sleep=clock.sleep, poll_interval=1.0)).run()
@@ -115,8 +118,10 @@ def test_a_watcher_taking_up_a_later_attempt_hands_the_view_what_earlier_ones_ke
     record.attempts += [AttemptRecord(0, START - 100, outcome="node_lost", decision="retry", last_step=1),
                         AttemptRecord(1, START - 50)]
     store.save(record)
-    store.append_metric({**line_at(1).progress, "attempt": 0, "seen": START - 90})
-    backend = ScriptedBackend(clock, {1: [([line_at(2)], running()), ([], done())]})
+    first = line_at(1)
+    assert first.progress is not None
+    store.append_metric({**first.progress, "attempt": 0, "seen": START - 90})
+    backend: Any = ScriptedBackend(clock, {1: [([line_at(2)], running()), ([], done())]})
     view = RecordingView(clock)
     Supervisor(spec, load_profile("cpu"), backend, store, record, view,
                SupervisorOptions(auto_resume=True, clock=clock, sleep=clock.sleep, poll_interval=1.0)).run()

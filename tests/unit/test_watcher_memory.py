@@ -3,6 +3,8 @@ attempt does not grow with the number of lines a job prints."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from orchestrator import failures as F
 from orchestrator.backends import base as b
 from orchestrator.tracker import AttemptTracker
@@ -103,7 +105,7 @@ def test_the_local_engine_reads_a_progress_bar_without_newlines_as_liveness_and_
 
 
 def test_the_watcher_remembers_a_bounded_number_of_progress_lines():
-    from orchestrator.supervisor import RECENT_KEYS, KeptMetrics, metric_key
+    from orchestrator.keptmetrics import RECENT_KEYS, KeptMetrics, metric_key
 
     kept = KeptMetrics({("step", 1, 1.0)})
     assert not kept.first(("step", 1, 1.0))       # an earlier watcher kept it: a replay, shown once
@@ -115,7 +117,7 @@ def test_the_watcher_remembers_a_bounded_number_of_progress_lines():
 
 
 def test_an_adopting_watcher_reads_the_store_as_a_stream_and_keeps_a_bounded_history():
-    from orchestrator.supervisor import HISTORY_STEPS, adopted_metrics
+    from orchestrator.keptmetrics import HISTORY_STEPS, adopted_metrics
 
     def stream():
         yield {"event": "start", "attempt": 0, "max_steps": 30000, "time": 0.0}
@@ -175,7 +177,8 @@ def test_metrics_json_printed_a_row_at_a_time_is_what_one_dump_of_all_prints(cap
 
     from orchestrator.commands.metrics import _echo_json
 
-    for rows in ([], [{"a": 1}], [{"a": 1, "b": {"c": [1, 2]}}, {"a": None}, {"a": "x"}]):
+    cases: list[list[dict[str, Any]]] = [[], [{"a": 1}], [{"a": 1, "b": {"c": [1, 2]}}, {"a": None}, {"a": "x"}]]
+    for rows in cases:
         _echo_json(iter(rows))
         assert capsys.readouterr().out == json.dumps(rows, indent=2) + "\n"
 

@@ -28,6 +28,7 @@ class NodeEnd:
     exit_code: int
     job_id: str
     time: float
+    signalled: bool = False     # a SIGTERM/SIGINT/SIGHUP reached the node's script before its end
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,8 @@ def node_end(text: str) -> NodeEnd | None:
     when = data.get("time")
     if not isinstance(when, (int, float)) or isinstance(when, bool):
         return None
-    return NodeEnd(data["node"], data["host"], data["exit_code"], str(data.get("job_id") or ""), float(when))
+    return NodeEnd(data["node"], data["host"], data["exit_code"], str(data.get("job_id") or ""), float(when),
+                   data.get("signalled") in (1, True))
 
 
 def job_end(text: str) -> JobEnd | None:
@@ -59,7 +61,16 @@ def job_end(text: str) -> JobEnd | None:
 
 
 def node_exited(end: NodeEnd) -> b.Event:
-    """The NODE_EXITED event a node's exit record makes (exit code 137: SIGKILLed, as bash says)."""
+    """The NODE_EXITED event a node's exit record makes (exit code 137: SIGKILLed, as bash says).
+    A node that failed after Slurm's signal reached it (the time limit's checkpoint signal, a
+    preemption, `scancel --signal=TERM`) without its job saving (exit 83, or the `preempted`
+    line torchrun's exit 1 follows) ended by the scheduler's hand: evicted, as a preemption, not
+    the job's own error. It happens when the signal lands inside torch's import, before the
+    runtime's handler is installed."""
+    if end.signalled and end.exit_code not in (0, PREEMPTED_EXIT_CODE, KILLED_EXIT):
+        return b.Event(b.EVICTED, time=end.time, node=end.node, host=end.host, exit_code=end.exit_code,
+                       reason="Signalled", message=f"torchrun exited with {end.exit_code} on {end.host} after "
+                       "Slurm's signal (the time limit's, slurm.signal_lead, or a preemption) reached it")
     reason = "SIGKILL" if end.exit_code == KILLED_EXIT else None
     how = " (SIGKILL)" if reason else ""
     return b.Event(b.NODE_EXITED, time=end.time, node=end.node, host=end.host, exit_code=end.exit_code,

@@ -101,15 +101,18 @@ for a; do shift
   set -- "$@" "$a"
 done
 # Slurm signals every process of the step: torchrun and its workers save and stop by themselves,
-# and this shell waits for them to record how the node ended.
-trap : TERM INT HUP
+# and this shell waits for them to record how the node ended, and that a signal came: a worker
+# that died of it before the runtime could save (the time limit's signal inside torch's import)
+# ended by the scheduler's hand, not by the job's error.
+signalled=0
+trap 'signalled=1' TERM INT HUP
 "$@"
 code=$?
 host=${node_name//[^A-Za-z0-9._-]/_}
 job_id=${SLURM_JOB_ID:-}
 printf -v now '%(%s)T' -1
-printf '{"node": %d, "host": "%s", "exit_code": %d, "job_id": "%s", "time": %s}\n' \
-  "$node" "$host" "$code" "${job_id//[^0-9_]/}" "$now" >"$dir/node-$node.exit.json.tmp" &&
+printf '{"node": %d, "host": "%s", "exit_code": %d, "job_id": "%s", "time": %s, "signalled": %d}\n' \
+  "$node" "$host" "$code" "${job_id//[^0-9_]/}" "$now" "$signalled" >"$dir/node-$node.exit.json.tmp" &&
   mv -f -- "$dir/node-$node.exit.json.tmp" "$dir/node-$node.exit.json"
 exit "$code"
 WMCTL_NODE

@@ -5,7 +5,11 @@ final state depends on every step having run exactly once after the last restore
 wmctl's contract: progress lines on rank 0, checkpoints committed by marker, resume from the
 newest committed one, SIGTERM -> checkpoint -> exit 83. Knobs via argv: --steps, --every,
 --sleep (seconds per step), --fail-at (exit 1 at that step on rank 1, test hook),
---alloc-mb (allocate that much at start: the OOM case).
+--alloc-mb (allocate that much at start: the OOM case), --timer (time each step with the
+runtime's StepTimer, which sends every rank's pace to the watcher: stragglers). A slow machine
+for the straggler tests: COUNTER_SLOW_HOST names a host (WMCTL_NODE_NAME) whose ranks sleep
+COUNTER_SLOW_S more per step before the step's first collective (the machine, not the rank: a
+spare that takes its place is not slow).
 """
 
 import argparse
@@ -29,6 +33,7 @@ p.add_argument("--fail-at", type=int, default=-1)
 p.add_argument("--alloc-mb", type=int, default=0)
 p.add_argument("--slow-commit", type=float, default=0.0)
 p.add_argument("--beat", action="store_true", help="start the runtime's per-node liveness beat")
+p.add_argument("--timer", action="store_true", help="time steps with StepTimer (the ranks' pace reaches the watcher)")
 p.add_argument("--hold-after-resume", type=float, default=0.0,
                help="seconds to wait after a resume before the first step (a test's window to act)")
 args = p.parse_args()
@@ -78,6 +83,15 @@ def save(step, state):
     dist.barrier()
 
 
+slow_host = os.environ.get("COUNTER_SLOW_HOST")
+slow_s = (float(os.environ.get("COUNTER_SLOW_S", "0"))
+          if slow_host and os.environ.get("WMCTL_NODE_NAME") == slow_host else 0.0)
+timer = None
+if args.timer:
+    from orchestrator.runtime.timing import StepTimer
+
+    timer = StepTimer()
+
 state = torch.zeros(1, dtype=torch.float64)
 start = 0
 found = latest()
@@ -94,7 +108,14 @@ if rank == 0:
 step = start
 while step < args.steps:
     flag = torch.tensor([1.0 if stop["flag"] else 0.0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if timer is not None:
+        with timer.compute():          # this rank's own work: a slow machine's shows here
+            time.sleep(slow_s)
+        with timer.comm():             # the step's first collective: the time to reach it is the pace
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    else:
+        time.sleep(slow_s)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     if flag.item() > 0:
         save(step, state)
         if rank == 0:
@@ -108,6 +129,8 @@ while step < args.steps:
     state = state * 0.999 + contrib
     step += 1
     time.sleep(args.sleep)
+    if timer is not None:
+        timer.end_step()
     if rank == 0:
         emit_progress("step", step=step, loss=float(state.item()))
     if step % args.every == 0:
@@ -115,6 +138,6 @@ while step < args.steps:
 
 if rank == 0:
     with open(os.path.join(ckpt_dir, "final.txt"), "w") as fh:
-        fh.write(state.item().hex())
+        fh.write(float(state.item()).hex())
     emit_progress("exit", status="completed", step=step)
 dist.destroy_process_group()

@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import time
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -89,6 +90,9 @@ while step < args.steps:
         ckpt.save(step, epoch=sampler.epoch)
     time.sleep(args.sleep)
 ckpt.close()
+# full and on the CPU: tensors by name (the annotations cover every option, sharded ones included)
+msd: Any
+osd: Any
 msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 if rank == 0:
     state = {"model": {k: [float(v).hex() for v in t.flatten().tolist()] for k, t in msd.items()},

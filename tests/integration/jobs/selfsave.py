@@ -67,4 +67,4 @@ while step < args.steps:
         say("checkpoint", step=step)
 
 with open(os.path.join(ckpt_dir, "final.txt"), "w") as fh:
-    fh.write(state.item().hex())
+    fh.write(float(state.item()).hex())

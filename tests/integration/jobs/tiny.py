@@ -24,7 +24,7 @@ args = ap.parse_args()
 
 dist.init_from_env(verify_affinity=False)
 torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
+model: torch.nn.Module = torch.nn.Linear(4, 1)
 if dist.world_size() > 1:
     model = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -103,7 +103,7 @@ def pod_requests(pod: Obj) -> dict[str, float]:
 
 def _match_expr(labels: dict[str, str], expr: Obj) -> bool:
     key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-    val = labels.get(key)
+    val = None if key is None else labels.get(key)
     if op == "In":
         return val in values
     if op == "NotIn":
@@ -772,7 +772,9 @@ class Cluster:
                                                            p["metadata"]["name"], None))
 
     @staticmethod
-    def _try(fn: Callable[[], Any]) -> None:
+    def _try(fn: Callable[..., object]) -> None:
+        """Call ``fn()``, a 404 ignored. (``...``: the callers bind loop variables through lambda
+        defaults, for ruff's B023, and mypy infers such lambdas only against ``...``.)"""
         try:
             fn()
         except ApiError as err:
@@ -1032,7 +1034,7 @@ class Cluster:
                 node = self.store.get("nodes", None, name)
             except ApiError:
                 continue
-            ready = next((c for c in node["status"].get("conditions") or [] if c["type"] == "Ready"), {})
+            ready: Obj = next((c for c in node["status"].get("conditions") or [] if c["type"] == "Ready"), {})
             if not st.alive and ready.get("status") != "Unknown" and now - st.last_heartbeat > grace:
                 self._update_node_ready(name, "Unknown", "NodeStatusUnknown",
                                         "Kubelet stopped posting node status.")

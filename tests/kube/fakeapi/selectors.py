@@ -51,7 +51,8 @@ class Requirement:
 
 
 def _split_top_level(text: str) -> list[str]:
-    parts, depth, cur = [], 0, []
+    parts, depth = [], 0
+    cur: list[str] = []
     for ch in text:
         if ch == "(":
             depth += 1

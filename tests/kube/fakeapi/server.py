@@ -165,8 +165,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(429, text.encode(), "text/plain; charset=utf-8",
                            headers={"Retry-After": rule.retry_after or "1"})
                 return
-            err = ApiError(rule.code, rule.reason, f"injected fault: {rule.code} {rule.reason}")
-            self._send(rule.code, err.status(),
+            fault = ApiError(rule.code, rule.reason, f"injected fault: {rule.code} {rule.reason}")
+            self._send(rule.code, fault.status(),
                        headers={"Retry-After": rule.retry_after} if rule.retry_after else None)
             return
         if rule is not None and rule.action == "delay":
@@ -259,7 +259,7 @@ class Handler(BaseHTTPRequestHandler):
                                res.get("namespace") or "", res.get("name") or "")
             allowed = rbac.allowed(user, attrs)
             reason = "" if not allowed else "RBAC: allowed by a binding"
-        out = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+        out: Obj = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
                "metadata": {"creationTimestamp": None}, "spec": spec, "status": {"allowed": allowed}}
         if reason:
             out["status"]["reason"] = reason
@@ -285,6 +285,14 @@ class Handler(BaseHTTPRequestHandler):
             check_strict(res.kind, res.group_version, body, res.crd, self.server.schema_version)
         if verb == "GET" and name is None:
             return 200, self._list(res, ns, query)
+        if verb == "POST" and res.plural == "selfsubjectaccessreviews":
+            return 201, self._access_review(body)
+        if verb == "POST":
+            if not isinstance(body, dict):
+                raise ApiError(400, "BadRequest", "a JSON object body is required")
+            return 201, api.create(res, ns, body)
+        if name is None:        # PUT, PATCH and DELETE name their object (no deletecollection here)
+            raise ApiError(405, "MethodNotAllowed", f"{verb} needs an object's name in the path")
         if verb == "GET" and res.plural == "namespaces":
             try:
                 return 200, api.store.get("namespaces", None, name)
@@ -293,12 +301,6 @@ class Handler(BaseHTTPRequestHandler):
                              "metadata": {"name": name}, "status": {"phase": "Active"}}
         if verb == "GET":
             return 200, api.store.get(res.plural, ns, name)
-        if verb == "POST" and res.plural == "selfsubjectaccessreviews":
-            return 201, self._access_review(body)
-        if verb == "POST":
-            if not isinstance(body, dict):
-                raise ApiError(400, "BadRequest", "a JSON object body is required")
-            return 201, api.create(res, ns, body)
         if verb == "PUT":
             return 200, api.replace(res, ns, name, body or {}, sub)
         if verb == "PATCH":
@@ -625,6 +627,7 @@ class FakeApiServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        assert isinstance(host, str)            # an AF_INET server's address
         return f"{'https' if self.tls else 'http'}://{host}:{port}"
 
     def start(self) -> "FakeApiServer":

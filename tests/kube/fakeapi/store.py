@@ -8,6 +8,7 @@ handle by re-listing. ``compact()`` drops the history at once, as etcd compactio
 
 from __future__ import annotations
 
+import builtins
 import copy
 import datetime as dt
 import random
@@ -146,8 +147,9 @@ class Store:
             return (resource, self._ns(resource, namespace), name) in self._objects
 
     def list(self, resource: str, namespace: str | None = None,
-             match: Callable[[Obj], bool] | None = None) -> tuple[list[Obj], int]:
-        """namespace None = all namespaces."""
+             match: Callable[..., bool] | None = None) -> tuple[list[Obj], int]:
+        """namespace None = all namespaces; ``match(obj)`` filters. (``...`` here and in update():
+        callers bind loop variables through lambda defaults, which mypy infers only against it.)"""
         with self.cond:
             items = [copy.deepcopy(o) for (r, ns, _), o in sorted(self._objects.items())
                      if r == resource and (namespace is None or resource in CLUSTER_SCOPED
@@ -156,7 +158,7 @@ class Store:
             return items, self._rv
 
     def update(self, resource: str, namespace: str | None, name: str,
-               mutate: Callable[[Obj], Any], expect_rv: str | None = None) -> Obj:
+               mutate: Callable[..., Any], expect_rv: str | None = None) -> Obj:
         """Apply ``mutate`` to a copy; bump the resourceVersion only if something changed."""
         with self.cond:
             key = (resource, self._ns(resource, namespace), name)
@@ -200,7 +202,7 @@ class Store:
             return copy.deepcopy(last)
 
     # --- watch ---------------------------------------------------------------------
-    def changes_since(self, rv: int, resource: str) -> list[Change]:
+    def changes_since(self, rv: int, resource: str) -> builtins.list[Change]:
         """Changes of ``resource`` after ``rv``; Gone if that is before the retained window."""
         with self.cond:
             if rv < self._oldest_rv:
