@@ -191,9 +191,17 @@ def dryrun(job: Job, backend: str, *, auto_resume: bool = False, context: str | 
     if problems:
         engine.close()
         raise SpecError(problems)
-    ctx = AttemptContext(attempt=attempt, excluded_nodes=tuple(exclude), resume=auto_resume or attempt > 0
+    # the nodes earlier runs on this cluster left (restart.remember_exclusions), as attempt 0 will
+    from .exclusions import for_attempt
+
+    applied = for_attempt(exclude, remembers=engine.remembers_exclusions, cluster=engine.cluster_key,
+                          ttl_s=job.spec.restart.remember_exclusions_s)
+    ctx = AttemptContext(attempt=attempt, excluded_nodes=applied.nodes,
+                         remembered_nodes=tuple(e.node for e in applied.remembered), resume=auto_resume or attempt > 0
                          or source is not None, parent=attempt - 1 if attempt > 0 else None, resume_from=source)
-    return SubmitRequest(job, engine, engine.plan(job.spec, job.profile, ctx), auto_resume, options)
+    plan = engine.plan(job.spec, job.profile, ctx)
+    plan.notes.extend(applied.notes)
+    return SubmitRequest(job, engine, plan, auto_resume, options)
 
 
 def schedule(request: SubmitRequest, *, watch: bool, view: WatchView, replace: bool = False) -> int:

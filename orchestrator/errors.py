@@ -98,6 +98,12 @@ class RunNotFound(WmctlError):
     exit_code = 6
 
 
+class NodeNotRemembered(WmctlError):
+    """`wmctl nodes forgive NODE`: no remembered exclusion names that node (of that cluster)."""
+
+    exit_code = 6
+
+
 class RecordDamaged(RunNotFound):
     """A run's record exists but cannot be read (truncated, edited, from a newer wmctl)."""
 

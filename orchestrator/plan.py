@@ -25,6 +25,8 @@ class AttemptContext:
 
     attempt: int = 0
     excluded_nodes: tuple[str, ...] = ()
+    # of those, the ones remembered from earlier runs on the cluster (restart.remember_exclusions)
+    remembered_nodes: tuple[str, ...] = ()
     resume: bool = False           # resume from the latest complete checkpoint if one exists
     parent: int | None = None      # the attempt this one replaces
     # A checkpoint root or step folder (as the job sees it) to start from when the run has no

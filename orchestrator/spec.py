@@ -154,6 +154,9 @@ class RestartSpec:
     stragglers: str = field(default="warn", metadata={"hashed_when_set": True})  # HASHED_WHEN_SET
     straggler_ratio: float = field(default=1.3, metadata={"hashed_when_set": True})  # HASHED_WHEN_SET
     straggler_window: int = field(default=20, metadata={"hashed_when_set": True})  # HASHED_WHEN_SET
+    # how long a node excluded for a lost node, a device fault or a hang is avoided by the next
+    # runs on the same cluster too (Kubernetes, Slurm; `wmctl nodes`); 0 remembers nothing
+    remember_exclusions: Union[str, float] = field(default="24h", metadata={"hashed_when_set": True})  # HASHED_WHEN_SET
 
     @cached_property
     def backoff_s(self) -> float:
@@ -178,6 +181,10 @@ class RestartSpec:
     @cached_property
     def node_silence_timeout_s(self) -> float:
         return parse_duration(self.node_silence_timeout)
+
+    @cached_property
+    def remember_exclusions_s(self) -> float:
+        return parse_duration(self.remember_exclusions)
 
 
 @record

@@ -170,7 +170,7 @@ def _check_lifecycle(spec: JobSpec, problems: Problems) -> None:
                          "how many times the other nodes' median a straggler's step time is; the default is 1.3"))
     _check_int(spec.restart.straggler_window, "restart.straggler_window", 1, INT32_MAX, problems,
                "steps a node must stay slow before it is called a straggler; the default is 20")
-    for fname in ("backoff", "node_loss_timeout"):
+    for fname in ("backoff", "node_loss_timeout", "remember_exclusions"):
         _check_duration(spec.restart, fname, f"restart.{fname}", problems)
     heartbeat = _check_duration(spec.restart, "heartbeat_timeout", "restart.heartbeat_timeout", problems)
     if heartbeat is not None and heartbeat < 1:

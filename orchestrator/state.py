@@ -58,6 +58,8 @@ class AttemptRecord:
     attempt: int
     submitted_at: float
     excluded_nodes: list[str] = field(default_factory=list)
+    # of those, the ones remembered from earlier runs on the cluster (restart.remember_exclusions)
+    remembered_nodes: list[str] = field(default_factory=list)
     resumed_from_step: int | None = None
     resume_not_exact: str | None = None  # why its resume was not exact (the job's reason); None: exact, or none
     last_step: int | None = None

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import exclusions as X
 from . import failures as F
 from . import stragglerwatch, waitnote
 from .backends import base as b
@@ -143,6 +144,8 @@ class Supervisor:
                                 and self.backend.places_nodes, excluded=bool(rec.excluded_nodes))
             rec.error = list(error.lines) if error else []
             self._record_failure(rec, tracker, failure, decision)
+            if decision == F.RETRY_ELSEWHERE:
+                self._remember(rec, failure)
             if failure.kind != F.CANCELLED and self._cancelled() is not None:
                 self.echo(f"attempt {rec.attempt} failed: {failure.describe()} -> torn down; a cancel arrived "
                           "meanwhile: nothing more is submitted")
@@ -452,6 +455,11 @@ class Supervisor:
                 self.echo(f"adopting attempt {last.attempt} of {self.spec.name}")
                 return last
             if last.decision in (F.RETRY, F.RETRY_ELSEWHERE) and self.auto_resume:
+                if last.decision == F.RETRY_ELSEWHERE and last.outcome and last.failed_host:
+                    # failed while nobody watched it (or before its watcher could say so): the
+                    # node is remembered now (again, at worst: the newest evidence stands)
+                    self._remember(last, F.Failure(last.outcome, last.failed_node, last.failed_host,
+                                                   last.ended_at or self.clock(), last.evidence or ""))
                 if last.attempt in known:
                     # It failed while nobody watched it (or its watcher stopped before the
                     # teardown): what is left of it (a node blocked on the lost peer, exited
@@ -462,22 +470,52 @@ class Supervisor:
             raise RuntimeError("nothing to watch: the run already ended")  # callers check status first
         return self._submit(0, parent=None)
 
+    def _remember(self, rec: AttemptRecord, failure: F.Failure) -> None:
+        """A node left for a lost node, a device fault or a hang is remembered for the next runs
+        on the same cluster too (restart.remember_exclusions), where nodes are machines."""
+        ttl = self.spec.restart.remember_exclusions_s
+        if not (failure.host and self.backend.remembers_exclusions and ttl > 0 and X.remembered(failure.kind)):
+            return
+        cluster = self.backend.cluster_key()
+        if not cluster:
+            return
+        try:
+            kept = X.remember(node=failure.host, cluster=cluster, kind=failure.kind, evidence=failure.evidence,
+                              run=self.spec.name, attempt=rec.attempt, ttl_s=ttl, now=self.clock())
+        except WmctlError as exc:     # a damaged or locked file: the run goes on, unremembered
+            self.echo(f"attempt {rec.attempt}: {failure.host} not remembered: {exc.message}")
+            return
+        if kept is not None:
+            self.echo(f"attempt {rec.attempt}: {failure.host} remembered as excluded on {cluster} for "
+                      f"{ttl / 3600:g} h ({failure.kind}); `wmctl nodes forgive {failure.host}` clears it")
+
     def _submit(self, attempt: int, parent: AttemptRecord | None) -> AttemptRecord:
-        excluded = list(parent.excluded_nodes) if parent else []
-        if parent and parent.outcome == F.UNSCHEDULABLE and excluded:
+        # the run's own exclusions; the remembered ones are read again (one may have been forgiven)
+        own = [n for n in parent.excluded_nodes if n not in parent.remembered_nodes] if parent else []
+        room: int | None = None
+        if parent and parent.outcome == F.UNSCHEDULABLE and parent.excluded_nodes:
             # never exclude so many nodes that the job cannot be placed: the exclusions go
             self.echo(f"attempt {attempt}: attempt {parent.attempt} could not be placed with "
-                      f"{', '.join(excluded)} excluded; excluding none")
-            excluded = []
+                      f"{', '.join(parent.excluded_nodes)} excluded; excluding none")
+            own, room = [], 0
         if (parent and parent.decision == F.RETRY_ELSEWHERE and parent.failed_host
-                and parent.failed_host not in excluded and self.backend.places_nodes):
-            excluded.append(parent.failed_host)
+                and parent.failed_host not in own and self.backend.places_nodes):
+            own.append(parent.failed_host)
+        applied = X.for_attempt(own, remembers=self.backend.remembers_exclusions, cluster=self.backend.cluster_key,
+                                ttl_s=self.spec.restart.remember_exclusions_s, room=room, now=self.clock(),
+                                usable=functools.partial(self.backend.placeable_hosts, self.spec),
+                                needed=self.spec.nodes + self.spec.restart.spares)
+        for note in applied.notes:
+            self.echo(f"attempt {attempt}: {note}")
+        excluded = list(applied.nodes)
         existing = next((r for r in self.record.attempts if r.attempt == attempt), None)
-        rec = existing or AttemptRecord(attempt=attempt, submitted_at=self.clock(), excluded_nodes=excluded)
+        rec = existing or AttemptRecord(attempt=attempt, submitted_at=self.clock(), excluded_nodes=excluded,
+                                        remembered_nodes=[e.node for e in applied.remembered])
         if existing is None:
             self.record.attempts.append(rec)
             self.store.save(self.record)      # recorded before submitting: a restart adopts, never duplicates
         ctx = AttemptContext(attempt=attempt, excluded_nodes=tuple(excluded),
+                             remembered_nodes=tuple(e.node for e in applied.remembered),
                              resume=attempt > 0 or self.auto_resume or self.record.resume_from is not None,
                              parent=parent.attempt if parent else None, resume_from=self.record.resume_from)
         pause_point(self.spec.name, SUBMITTING)

@@ -52,6 +52,33 @@ def kubeconfig_paths(kubeconfig: str | None = None) -> list[str]:
     return paths or [os.path.expanduser("~/.kube/config")]
 
 
+def kubeconfig_server(context: str | None = None, kubeconfig: str | None = None) -> str | None:
+    """The API server of ``context`` (else the current context) in the kubeconfig files, merged as
+    kubectl merges them (``_merged_loader``), read without the SDK (a dry run asks); None when
+    there is no such file, context or cluster."""
+    import yaml
+
+    first: dict[str, dict[str, Any]] = {"contexts": {}, "clusters": {}}
+    current = None
+    for path in kubeconfig_paths(kubeconfig):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = yaml.safe_load(fh)
+        except (OSError, yaml.YAMLError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        current = current or data.get("current-context")
+        for kind in ("contexts", "clusters"):
+            for item in data.get(kind) or []:
+                if isinstance(item, dict) and isinstance(item.get("name"), str):
+                    first[kind].setdefault(item["name"], item.get(kind[:-1]) or {})
+    ctx = first["contexts"].get(context or current or "")
+    cluster = first["clusters"].get(ctx.get("cluster") or "") if isinstance(ctx, dict) else None
+    server = cluster.get("server") if isinstance(cluster, dict) else None
+    return server if isinstance(server, str) and server else None
+
+
 def _merged_loader(paths: list[str], context: str | None) -> Any:
     """One KubeConfigLoader over every file, merged as kubectl merges them (client-go
     tools/clientcmd/loader.go, ClientConfigLoadingRules.Load; the kubeconfig documentation's

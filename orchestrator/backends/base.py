@@ -315,6 +315,10 @@ class Backend(ABC, Generic[R]):
     #: can it keep warm spare nodes (``restart.spares``) and replace a dead node in place
     #: (``recover_in_place``)? Checked in one place: ``backends.check``.
     spares: ClassVar[bool] = False
+    #: are its nodes machines, so a node excluded for a lost node, a device fault or a hang is
+    #: remembered past the run (``restart.remember_exclusions``, ``cluster_key``)? Not where a
+    #: "node" is a process or a container of this machine.
+    remembers_exclusions: ClassVar[bool] = False
     #: which ``LogQuery`` fields ``logs`` serves ("tail", "since", "timestamps"); following and
     #: --all-nodes work everywhere. Checked in one place: ``backends.check_logs``.
     log_options: ClassVar[frozenset[str]] = frozenset()
@@ -368,6 +372,19 @@ class Backend(ABC, Generic[R]):
 
     def namespace_of(self, spec: JobSpec) -> str | None:
         """Where this backend keeps the run's objects (None on a backend without namespaces)."""
+        return None
+
+    def placeable_hosts(self, spec: JobSpec) -> frozenset[str] | None:
+        """The nodes that could take an attempt of ``spec`` now (up, schedulable, in its pool), so
+        that exclusions never leave fewer than it needs; None when not known (nothing is capped
+        then, and an attempt that cannot be placed is retried with none excluded). Asked by a
+        watcher before each submission that excludes a node, never by a dry run."""
+        return None
+
+    def cluster_key(self) -> str | None:
+        """Which cluster this backend places nodes on, as remembered exclusions are keyed (two
+        clusters never mix); None when it cannot tell (nothing is remembered or applied then).
+        Only where ``remembers_exclusions``."""
         return None
 
     # -- the engine --------------------------------------------------------------------------

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -68,6 +70,18 @@ def make_client(url: str, token: str | None = None):
     if token is not None:
         cfg.api_key = {"authorization": f"Bearer {token}"}
     return kubernetes.client.ApiClient(cfg)
+
+
+@pytest.fixture(autouse=True)
+def forget_remembered_exclusions() -> Iterator[None]:
+    """Each test's fake cluster is a new one, but its address (127.0.0.1:<free port>) may be an
+    earlier test's: what that cluster's nodes were remembered for (restart.remember_exclusions,
+    kept under the session's WMCTL_HOME when a test sets none of its own) is forgotten after each
+    test. Torn down after the test's own monkeypatch, so the session's home is the one cleared."""
+    yield
+    home = os.environ.get("WMCTL_HOME")
+    if home:
+        (Path(home) / "exclusions.json").unlink(missing_ok=True)
 
 
 @pytest.fixture

@@ -103,6 +103,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.plan", 2),
     ("orchestrator.state", 2),
     ("orchestrator.storehook", 2),       # which module keeps run state: the registry answers, state asks
+    ("orchestrator.exclusions", 2),      # exclusions remembered past a run, per cluster, beside the run store
     ("orchestrator.serialize", 2),
     ("orchestrator.labels", 2),
     ("orchestrator.resources", 2),

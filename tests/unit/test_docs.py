@@ -118,7 +118,7 @@ def _resolve(argv: list[str]) -> tuple[click.Command, list[str], list[str]]:
     command: click.Command = cli
     path: list[str] = []
     rest = list(argv)
-    while isinstance(command, click.Group) and rest and not rest[0].startswith("-"):
+    while isinstance(command, click.Group) and rest and not rest[0].lstrip("[").startswith("-"):
         sub = command.get_command(click.Context(command), rest[0])
         assert sub is not None, f"`wmctl {' '.join(path + rest[:1])}`: no such command"
         command, path, rest = sub, [*path, rest[0]], rest[1:]
@@ -137,7 +137,9 @@ def check_command(argv: list[str], whole: bool = True) -> None:
     for alt in alternatives:     # `wmctl status/list/logs`: each one
         args = argv if alt is None else [alt, *argv[1:]]
         command, path, rest = _resolve(args)
-        assert not isinstance(command, click.Group), f"`wmctl {' '.join(args)}` names no command"
+        # a group runs by itself only where it says so (`wmctl nodes`, `wmctl nodes forgive NODE`)
+        assert not isinstance(command, click.Group) or command.invoke_without_command, \
+            f"`wmctl {' '.join(args)}` names no command"
         options = _options(command)
         where = f"`wmctl {' '.join(args)}`"
         for i, word in enumerate(rest):

@@ -92,6 +92,7 @@ CASES = [
     Case("docker-unreachable", lambda t: ["submit", TINY, "-b", "docker", "--image", "r/x:1"], 5,
          "cannot reach the Docker engine", env={"DOCKER_HOST": "tcp://127.0.0.1:1"}),
     # 6: run not found, or its record damaged
+    Case("forgive-unknown-node", lambda t: ["nodes", "forgive", "node-z"], 6, "no remembered exclusion of node"),
     *[Case(f"{cmd}-unknown-run", lambda t, cmd=cmd: [cmd, "nope"], 6, "no run named 'nope'")
       for cmd in ("status", "logs", "cancel", "watch")],
     *[Case(f"{cmd}-damaged-record", lambda t, cmd=cmd: [cmd, "broken"], 6, "is damaged", setup=_damaged)

@@ -70,6 +70,16 @@ class ScriptedBackend:
 
     name = "scripted"
     places_nodes = True
+    remembers_exclusions = False
+    cluster: str | None = None
+
+    placeable: frozenset[str] | None = None
+
+    def cluster_key(self) -> str | None:
+        return self.cluster
+
+    def placeable_hosts(self, spec) -> frozenset[str] | None:
+        return self.placeable
 
     def __init__(self, clock: Clock, scripts: dict[int, list[tuple[list[b.Event], list[b.NodeStatus]]]]):
         self.clock, self.scripts = clock, scripts
@@ -130,7 +140,7 @@ def home(tmp_path, monkeypatch):
 
 
 def supervise(scripts, *, restart=None, auto_resume=True, places_nodes=True, on_sleep=None, clock_box=None,
-              notes=None, profile=None):
+              notes=None, profile=None, remembers=None):
     spec = spec_from({"name": "sup", "nodes": 2, "command": ["python", "t.py"],
                       "restart": {"max_attempts": 4, "backoff": "0s", "heartbeat_timeout": "60s", **(restart or {})}})
     clock = Clock(on_sleep)
@@ -139,6 +149,8 @@ def supervise(scripts, *, restart=None, auto_resume=True, places_nodes=True, on_
     backend: Any = ScriptedBackend(clock, scripts)
     backend.places_nodes = places_nodes
     backend.notes = notes or {}
+    if remembers is not None:          # nodes are machines of cluster ``remembers``
+        backend.remembers_exclusions, backend.cluster = True, remembers
     store = RunStore(spec.name)
     record = RunRecord(run=spec.name, backend=backend.name, spec_path="sup.yaml", overrides={},
                        spec_hash=spec.spec_hash(), auto_resume=auto_resume)

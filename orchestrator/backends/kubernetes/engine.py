@@ -20,6 +20,7 @@ The Kubernetes client comes through ``adaptors.kubernetes``, loaded on first use
 from __future__ import annotations
 
 import json
+import os
 import threading
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -31,8 +32,8 @@ from ...vendors import VendorProfile
 from .. import base as b
 from ..base import AttemptRef, Observation
 from .check import pod_problems, volume_problems
-from .client import Contact
-from .cluster import Cluster
+from .client import Contact, call_json
+from .cluster import Cluster, api_error
 from .render import KubernetesRequest, render_kubernetes
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ class _Rooms:
 class KubernetesBackend(b.Backend[KubernetesRequest]):
     name = "kubernetes"
     places_nodes = True      # the scheduler honours a node anti-affinity
+    remembers_exclusions = True   # nodes are machines: a lost one is avoided by the next runs too
     graceful_cancel = True   # suspend the Job: SIGTERM with the pods' grace period, then the teardown
     run_store = "orchestrator.backends.kubernetes.runstore"   # ConfigMaps: watchers on any machine, or in a pod
     cluster_watcher = True   # incluster.py: a one-replica Deployment running `wmctl watch`
@@ -98,6 +100,34 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
 
     def namespace_of(self, spec: JobSpec) -> str | None:
         return spec.kubernetes.namespace
+
+    def placeable_hosts(self, spec: JobSpec) -> frozenset[str] | None:
+        """The Ready, uncordoned nodes that match kubernetes.node_selector (taints and free room are
+        not weighed: a cap, not a placement); None when the nodes cannot be read (RBAC)."""
+        selector = ",".join(f"{k}={v}" for k, v in sorted(spec.kubernetes.node_selector.items()))
+        try:
+            items = call_json(self.cluster.core().list_node, label_selector=selector or None,
+                              what="list nodes")["items"]
+        except (api_error(), BackendError):
+            return None
+        return frozenset(n["metadata"]["name"] for n in items if not (n.get("spec") or {}).get("unschedulable")
+                         and any(c.get("type") == "Ready" and c.get("status") == "True"
+                                 for c in (n.get("status") or {}).get("conditions") or []))
+
+    def cluster_key(self) -> str | None:
+        """The API server's address: the given client's, else the kubeconfig context's cluster
+        server (read without the SDK), else the in-cluster service's."""
+        given = self.cluster._api_client
+        if given is not None:
+            host = getattr(getattr(given, "configuration", None), "host", None)
+            return host if isinstance(host, str) and host else None
+        from ...adaptors.kubernetes import kubeconfig_server
+
+        server = kubeconfig_server(self.cluster.context, self.cluster.kubeconfig)
+        if server is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+            server = f"https://{os.environ['KUBERNETES_SERVICE_HOST']}:{port}"
+        return server
 
     def __init__(self, api_client: Any = None, *, context: str | None = None,
                  kubeconfig: str | None = None, in_cluster: bool | None = None,

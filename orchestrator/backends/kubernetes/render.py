@@ -139,7 +139,9 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
         node_affinity = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{
             "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
                                   "values": list(ctx.excluded_nodes)}]}]}}
-        notes.append(f"excluding nodes that failed earlier attempts: {', '.join(ctx.excluded_nodes)}")
+        own = [n for n in ctx.excluded_nodes if n not in ctx.remembered_nodes]   # the others: a note of their own
+        if own:
+            notes.append(f"excluding nodes that failed earlier attempts: {', '.join(own)}")
     grace = k.termination_grace_period_s
     return {
         "job_name": job_name, "service_name": job_name, "namespace": k.namespace,

@@ -49,17 +49,19 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ... import labels as L
 from ...adaptors.kubernetes import api_exception, api_status, load_api_client, sdk, single_try
 from ...resources import rbac_manifest
 from ...errors import BackendError, EngineUnavailable, RunExists, RunNotFound
+from ...exclusions import Exclusion, ExclusionStore, decode, encode
 from ...state import (LEASE_BEAT_S, LEASE_STALE_S, READER_QUEUE_S, READER_RECONCILE_S, Lease, RunRecord, RunStore,
                       parse_metrics, parse_record)
 from .client import call_json
@@ -493,3 +495,54 @@ def list_cluster_runs(core: Any = None, namespace: str | None = None) -> list[st
                       what=f"list runs in namespace {ns}")["items"]
     return sorted(((cm["metadata"].get("labels") or {}).get(L.RUN, "") for cm in items), key=str)
 
+
+
+# --- remembered exclusions (orchestrator/exclusions.py), beside the runs --------------------------
+
+EXCLUSIONS_NAME = "wmctl-exclusions"     # no run's object: those are all wmctl-run-<run>...
+EXCLUSIONS_KEY = "exclusions.json"
+EXCLUSIONS_TRIES = 20                    # writers racing on one object: each retry reads it again,
+EXCLUSIONS_BACKOFF_S = 0.05              # after a random pause of up to this much times the tries so far
+
+
+class ClusterExclusionStore(ExclusionStore):
+    """The remembered exclusions of every cluster in one ConfigMap of the run store's namespace,
+    changed with a replace that carries the resourceVersion read (a racing writer's 409 makes this
+    one read again): the ConfigMap's own lock, as the watcher lease takes it."""
+
+    def __init__(self, *, api_client: Any = None, namespace: str | None = None):
+        self._cms = ClusterRunStore("", api_client=api_client, namespace=namespace)
+        self.where = f"ConfigMap {self._cms.namespace}/{EXCLUSIONS_NAME}"
+
+    def _get(self) -> tuple[list[Exclusion], str | None, bool]:
+        cm = self._cms._read(EXCLUSIONS_NAME)
+        if cm is None:
+            return [], None, False
+        text = (cm.get("data") or {}).get(EXCLUSIONS_KEY, "")
+        return decode(text, self.where), cm["metadata"].get("resourceVersion"), True
+
+    def load(self) -> list[Exclusion]:
+        return self._get()[0]
+
+    def update(self, change: Callable[[list[Exclusion]], list[Exclusion]]) -> list[Exclusion]:
+        for tries in range(EXCLUSIONS_TRIES):
+            if tries:
+                time.sleep(random.uniform(0, EXCLUSIONS_BACKOFF_S * tries))
+            entries, rv, exists = self._get()
+            new = change(entries)
+            data = {EXCLUSIONS_KEY: encode(new)}
+            try:
+                if exists:
+                    self._cms._replace(EXCLUSIONS_NAME, "exclusions", data, rv)
+                else:
+                    self._cms._create(EXCLUSIONS_NAME, "exclusions", data)
+                return new
+            except api_exception() as exc:
+                if exc.status != 409:
+                    raise
+        raise BackendError(f"could not change {self.where}: {EXCLUSIONS_TRIES} writers raced for it",
+                           hint="try again")
+
+
+def open_exclusions() -> ClusterExclusionStore:
+    return ClusterExclusionStore()

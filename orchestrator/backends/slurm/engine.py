@@ -90,6 +90,7 @@ class _Watch:
 class SlurmBackend(b.Backend[SlurmRequest]):
     name = "slurm"
     places_nodes = True               # sbatch --exclude keeps an attempt off the nodes that failed
+    remembers_exclusions = True       # nodes are machines: a lost one is avoided by the next runs too
     graceful_cancel = True            # scancel --signal=TERM to the steps, a wait for the checkpoint
     runs_image = False                # without a container the nodes run this host's interpreter
     checkpoints_outlive_nodes = True  # the run folder and checkpoints are on the cluster's shared filesystem
@@ -97,6 +98,7 @@ class SlurmBackend(b.Backend[SlurmRequest]):
 
     def __init__(self, tools: SlurmTools | None = None) -> None:
         self.tools = tools or SlurmTools()
+        self._cluster: str | None = None             # cluster_key, asked once
         self._watches: dict[str, _Watch] = {}
         self._stragglers: list[subprocess.Popen[bytes]] = []    # step scancels still waiting on a dead node
 
@@ -116,6 +118,18 @@ class SlurmBackend(b.Backend[SlurmRequest]):
         if output == "json":
             return dump(plan.to_dict(), "json")
         return plan.request.script
+
+    def placeable_hosts(self, spec: JobSpec) -> frozenset[str] | None:
+        """The nodes of slurm.partition (else every partition) that are not down, drained or
+        failing (`sinfo -N`); None when sinfo does not answer."""
+        return self.tools.usable_nodes(spec.slurm.partition)
+
+    def cluster_key(self) -> str | None:
+        """``slurm:<ClusterName>`` from `scontrol show config`, else ``slurm:<SLURM_CONF path>``;
+        None when neither is known (no remembered exclusion is kept or applied then)."""
+        if self._cluster is None:
+            self._cluster = self.tools.cluster_name() or ""
+        return self._cluster or None
 
     def check_host(self, spec: JobSpec) -> list[tuple[str, str]]:
         """Without a container the nodes run the job in image.context: it must be there."""

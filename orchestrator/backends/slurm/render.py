@@ -164,7 +164,9 @@ def _directives(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, job_
                 raise SpecError([("--exclude-node", f"{name[:60]!r} is not a Slurm node name (letters, digits, "
                                   "_ . - and hostlist brackets)")])
         out.append(f"--exclude={','.join(ctx.excluded_nodes)}")
-        notes.append(f"excluding nodes that failed earlier attempts: {', '.join(ctx.excluded_nodes)}")
+        own = [n for n in ctx.excluded_nodes if n not in ctx.remembered_nodes]   # the others: a note of their own
+        if own:
+            notes.append(f"excluding nodes that failed earlier attempts: {', '.join(own)}")
     out.append("--no-requeue")
     if s.exclusive if s.exclusive is not None else spec.nodes > 1:
         out.append("--exclusive")

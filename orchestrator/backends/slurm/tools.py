@@ -18,6 +18,7 @@ v0.0.40+): the columns above did not.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from dataclasses import dataclass
@@ -95,6 +96,31 @@ class SlurmTools:
         except FileNotFoundError:
             raise EngineUnavailable(f"Slurm's {argv[0]} is not installed on this host",
                                     hint="run wmctl on a Slurm login node (slurm-client installed)") from None
+
+    def usable_nodes(self, partition: str | None) -> frozenset[str] | None:
+        """The nodes (of ``partition``) sinfo does not report down, drained or failing; None when
+        sinfo does not answer."""
+        argv = ["sinfo", "-h", "-N", "-o", "%N|%T"] + (["-p", partition] if partition else [])
+        try:
+            out = self.run(argv)
+        except EngineUnavailable:
+            return None
+        if out.returncode != 0:
+            return None
+        return parse_usable_nodes(out.stdout)
+
+    def cluster_name(self) -> str | None:
+        """What keys this cluster's remembered exclusions: ``slurm:<ClusterName>`` (`scontrol show
+        config`), else ``slurm:<the SLURM_CONF path>``, else None."""
+        try:
+            out = self.run(["scontrol", "show", "config"])
+        except EngineUnavailable:
+            out = None
+        name = parse_cluster_name(out.stdout) if out is not None and out.returncode == 0 else None
+        if name:
+            return f"slurm:{name}"
+        conf = os.environ.get("SLURM_CONF")
+        return f"slurm:{os.path.abspath(conf)}" if conf else None
 
     def job(self, job_id: str) -> JobInfo | None:
         """The job as scontrol has it, else as sacct kept it; None once both have forgotten it."""
@@ -190,3 +216,23 @@ def parse_sbatch(stdout: str) -> str | None:
 def _exit_pair(text: str) -> tuple[int | None, int | None]:
     code, _, sig = text.partition(":")
     return (int(code) if code.strip().isdigit() else None, int(sig) if sig.strip().isdigit() else None)
+
+
+def parse_cluster_name(text: str) -> str | None:
+    """``ClusterName = x`` of `scontrol show config`'s output, or None."""
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "ClusterName" and value.strip() and value.strip() != "(null)":
+            return value.strip()
+    return None
+
+
+def parse_usable_nodes(text: str) -> frozenset[str]:
+    """`sinfo -h -N -o '%N|%T'` -> the nodes not down, drained or failing (a node listed once per
+    partition is one node)."""
+    out = set()
+    for line in text.splitlines():
+        name, sep, state = line.strip().partition("|")
+        if sep and name and not NodeState(name, state.strip(), "").down:
+            out.add(name)
+    return frozenset(out)
