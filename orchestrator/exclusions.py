@@ -17,12 +17,13 @@ import json
 import os
 import time
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from . import layout
 from .errors import BackendError, RecordDamaged
+from .runtime.records import record
 
 # The failure classes whose node is remembered (failures.py's NODE_LOST, DEVICE_FAULT, HANG:
 # the node, not the job). Pressure (an eviction), a graceful shutdown, a slow pull, a preemption
@@ -35,7 +36,7 @@ LOCK_WAIT_S = 10.0
 VERSION = 1
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Exclusion:
     """One remembered node of one cluster: why (``kind``, ``evidence`` in the classifier's
     words), which run and attempt left it, when (``at``) and until when it is avoided."""
@@ -81,7 +82,7 @@ def forgive(entries: list[Exclusion], node: str, cluster: str | None = None) -> 
     return [e for e in entries if e not in gone], gone
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Applied:
     """What an attempt excludes: its run's own nodes, then the remembered ones kept; the
     remembered ones dropped to leave room (oldest first), and what to say about it."""

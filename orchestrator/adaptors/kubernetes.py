@@ -62,8 +62,8 @@ def kubeconfig_server(context: str | None = None, kubeconfig: str | None = None)
     current = None
     for path in kubeconfig_paths(kubeconfig):
         try:
-            with open(path, encoding="utf-8") as fh:
-                data = yaml.safe_load(fh)
+            with open(path, encoding="utf-8") as fh:    # libyaml's loader where PyYAML has it: a dry run reads this
+                data = yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         except (OSError, yaml.YAMLError):
             continue
         if not isinstance(data, dict):
