@@ -15,12 +15,14 @@ Every test in this folder is marked ``docker``.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -208,10 +210,10 @@ def run_wmctl(*args: str, cwd: Path, timeout: int = 900, env: dict | None = None
 WHEELS_IMAGES = "docker-wheels-images"
 
 # The modules that use _no_stale_runs (faults, lifecycle, logs, pasted run line; each names it in
-# its pytestmark's usefixtures) with the shared ``image`` and ``home`` below: each sweeps the
-# others' runs at its start and end, so under pytest-xdist they share one worker, one module after
-# another (`--dist loadgroup`, as the README's test command says).
-SWEPT_RUNS = "docker-swept-runs"
+# its pytestmark's usefixtures) each sweep only their own runs (the module's RUN_PREFIX: dkf-,
+# dkl-, dkg-, dkp-), so under pytest-xdist each is a group of its own and they run side by side;
+# one group held the four, one module after another, the suite's longest pole (~10 minutes).
+SWEPT_RUNS = "docker-swept-runs"      # the prefix of each module's own group name
 
 FAULTS_TAG = "wmctl-test/faults:counter"
 
@@ -226,27 +228,30 @@ def image(docker_client, base_image, tmp_path_factory) -> str:
     spec.write_text(yaml.safe_dump({"name": "faults",
                                     "image": {"vendor": "cpu", "base": base_image, "tag": FAULTS_TAG},
                                     "command": ["python", "counter.py"]}))
-    result = run_wmctl("build-image", str(spec), cwd=ctx)
+    # the modules using it run side by side on xdist workers: one builds, the others then find
+    # every layer cached (a lock, not a race between two builds tagging the same name)
+    with open(Path(tempfile.gettempdir()) / "wmctl-test-faults-image.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        result = run_wmctl("build-image", str(spec), cwd=ctx)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return FAULTS_TAG
 
 
 @pytest.fixture(scope="module")
-def _no_stale_runs(docker_client):
+def _no_stale_runs(docker_client, request):
     """Runs of an earlier, interrupted session on this engine would be refused as someone else's
     (an unwatched run that succeeded keeps its containers until a watcher or `wmctl delete`).
-    Every Docker test module's runs: dkf- (faults, pasted line), dkl- (lifecycle). Under xdist
-    the modules that use it share one worker (SWEPT_RUNS; tests/conftest.py insists on
-    --dist loadgroup)."""
-    def ours(run: str) -> bool:
-        return run.startswith(("dkf-", "dkl-"))
+    Sweeps the module's own runs (names starting with its RUN_PREFIX) at its start and end, never
+    another module's: those may be running on another worker."""
+    prefix = request.module.RUN_PREFIX
+    assert isinstance(prefix, str) and prefix.startswith("dk") and prefix.endswith("-"), prefix
 
     def sweep():
         for c in docker_client.containers.list(all=True, filters={"label": [L.RUN]}):
-            if ours(c.labels.get(L.RUN, "")):
+            if c.labels.get(L.RUN, "").startswith(prefix):
                 c.remove(force=True)
         for net in docker_client.networks.list(filters={"label": [L.RUN]}):
-            if ours((net.attrs.get("Labels") or {}).get(L.RUN, "")):
+            if (net.attrs.get("Labels") or {}).get(L.RUN, "").startswith(prefix):
                 net.remove()
     sweep()
     yield

@@ -25,8 +25,10 @@ from tests.integration import harness as h
 
 from .conftest import SWEPT_RUNS, run_wmctl
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360), pytest.mark.xdist_group(SWEPT_RUNS),
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360),
+              pytest.mark.xdist_group(f"{SWEPT_RUNS}-docker-faults"),
               pytest.mark.usefixtures("_no_stale_runs")]
+RUN_PREFIX = "dkf-"     # this module's runs: the only ones its _no_stale_runs sweeps
 
 
 def write_spec(home: Path, name: str, image: str, *, steps: int = 40, every: int = 5, sleep: float = 0.1,

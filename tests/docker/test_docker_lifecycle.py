@@ -23,8 +23,10 @@ from tests.integration import harness as h
 from .conftest import SWEPT_RUNS, run_wmctl
 from .test_docker_faults import leftovers, wait_progress, write_spec
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360), pytest.mark.xdist_group(SWEPT_RUNS),
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360),
+              pytest.mark.xdist_group(f"{SWEPT_RUNS}-docker-lifecycle"),
               pytest.mark.usefixtures("_no_stale_runs")]
+RUN_PREFIX = "dkl-"     # this module's runs: the only ones its _no_stale_runs sweeps
 
 
 def wmctl(home, *args, timeout=300):

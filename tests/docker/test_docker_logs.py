@@ -17,8 +17,10 @@ from .conftest import SWEPT_RUNS
 from .test_docker_faults import leftovers
 from .test_docker_lifecycle import job_spec, wmctl
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group(SWEPT_RUNS),
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300),
+              pytest.mark.xdist_group(f"{SWEPT_RUNS}-docker-logs"),
               pytest.mark.usefixtures("_no_stale_runs")]
+RUN_PREFIX = "dkg-"     # this module's runs: the only ones its _no_stale_runs sweeps
 LINE = re.compile(r"my own log: step (\d+) ")
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z) (.*)$")
 
@@ -28,7 +30,7 @@ def steps(text: str) -> list[int]:
 
 
 def test_docker_logs_flags_reach_the_engine(docker_client, image, home):
-    run = "dkl-logs"
+    run = "dkg-logs"
     spec = job_spec(home, run, image, "plain.py", steps=40, sleep=1.0, restart={"heartbeat_timeout": "30s"})
     w = h.Watch(spec, home, "--backend", "docker")
     try:
@@ -87,7 +89,7 @@ def test_log_follower_keeps_lines_the_engine_stamped_out_of_order(docker_client,
     from orchestrator.backends.logcursor import split_timestamp
 
     c = docker_client.containers.run(image, entrypoint=["python", "-c", INTERLEAVED], detach=True,
-                                     name=f"dkl-stamp-order-{os.getpid()}")
+                                     name=f"dkg-stamp-order-{os.getpid()}")
     try:
         got = [line for _, line in DockerBackend(client=docker_client)._log_lines(c.name, follow=True)]
         assert c.wait(timeout=120)["StatusCode"] == 0

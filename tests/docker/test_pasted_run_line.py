@@ -16,14 +16,16 @@ from orchestrator import labels as L
 
 from .conftest import SWEPT_RUNS, run_wmctl
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.xdist_group(SWEPT_RUNS),
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(300),
+              pytest.mark.xdist_group(f"{SWEPT_RUNS}-pasted-run-line"),
               pytest.mark.usefixtures("_no_stale_runs")]
+RUN_PREFIX = "dkp-"     # this module's runs: the only ones its _no_stale_runs sweeps
 
 HOSTILE = ["two words", "quote ' and \"", "$(touch /tmp/pwned)", "`id`", "1e-4", "a;b"]
 
 
 def test_the_printed_docker_run_line_creates_the_planned_container(docker_client, image, home, tmp_path):
-    run = "dkf-pasted"
+    run = "dkp-pasted"
     data = tmp_path / "data dir"
     data.mkdir()
     spec = tmp_path / "job.yaml"
