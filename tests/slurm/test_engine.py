@@ -210,10 +210,13 @@ def test_cancel_during_the_backoff_submits_nothing_more(slurm_cluster: SlurmClus
     """A cancel while the watcher waits out its backoff after a failed attempt: the watcher wakes
     for it (not after the 300 s backoff), ends cancelled (8), and no second Slurm job is ever
     submitted. The failure: node 1's task processes SIGSTOPped (its slurmd stays up), so the
-    runtime's beat names the node silent and the failed attempt's teardown SIGKILLs them."""
+    runtime's beat names the node silent and the failed attempt's teardown SIGKILLs them. The node
+    is not excluded (restart.exclude_failed_nodes: false): a next attempt that goes elsewhere
+    starts without a backoff."""
     run = "sl-backoff"
     path = spec(home, run, steps=400, every=5, sleep=0.2, job_args=["--beat"],
-                restart={"node_silence_timeout": "3s", "heartbeat_timeout": "120s", "backoff": "300s"})
+                restart={"node_silence_timeout": "3s", "heartbeat_timeout": "120s", "backoff": "300s",
+                         "exclude_failed_nodes": False})     # an excluded node skips the backoff
     w = watch(path, home)
     h.wait_checkpoint(home, run, 0, 5)
     victim = _hosts(slurm_cluster, home, run, 0)[1]
@@ -223,7 +226,10 @@ def test_cancel_during_the_backoff_submits_nothing_more(slurm_cluster: SlurmClus
     for pid in tasks:
         h.os.kill(pid, h.signal.SIGSTOP)
     try:
-        h.wait_until(lambda: "backing off 300 s" in w.output, 120, "the backoff")
+        try:
+            h.wait_until(lambda: "backing off 300 s" in w.output, 120, "the backoff")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the watcher said:\n{w.output}") from None
         started = time.monotonic()
         cancel = wmctl(home, "cancel", run)
         assert cancel.returncode == 0, cancel.stderr
