@@ -242,7 +242,8 @@ def test_cancel_during_the_backoff_submits_nothing_more(slurm_cluster: SlurmClus
     rec = h.record(home, run)
     assert [a["outcome"] for a in rec["attempts"]] == ["node_lost"], rec["final_report"]
     assert sorted(p.name for p in h.run_folder(home, run).glob("attempt-*")) == ["attempt-0"]
-    assert job_state(slurm_cluster, home, run, 0) in {"CANCELLED", "FAILED", "COMPLETED", "<gone>"}
+    ended = {"CANCELLED", "FAILED", "COMPLETED", "<gone>"}       # COMPLETING is Slurm still tidying up
+    h.wait_until(lambda: job_state(slurm_cluster, home, run, 0) in ended, 60, "the first job's end")
 
 
 def test_graceful_cancel_keeps_the_sigterm_checkpoint(slurm_cluster: SlurmCluster, home: Path):
