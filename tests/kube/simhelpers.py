@@ -63,6 +63,18 @@ def run_supervisor(sup: Supervisor) -> tuple[threading.Thread, dict]:
     return thread, result
 
 
+def running_pods(fake_api, job: str) -> list[dict]:
+    """The fake cluster's Running pods of Job ``job``."""
+    return [p for p in fake_api.store.list("pods")[0]
+            if p["metadata"]["labels"].get("job-name") == job and p["status"].get("phase") == "Running"]
+
+
+def node_of_index(pods: list[dict], index: int) -> str:
+    """The node the pod of completion index ``index`` runs on."""
+    return next(p["spec"]["nodeName"] for p in pods
+                if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == str(index))
+
+
 def backdate_lease(fake_api, run: str, seconds: float, *, namespace: str) -> None:
     """The holder's last beat on run's cluster store (in ``namespace``) was ``seconds`` ago (as if
     it died then)."""

@@ -24,7 +24,7 @@ from orchestrator.supervisor import Supervisor, SupervisorOptions
 from orchestrator.vendors import load_profile
 from orchestrator.watchview import EchoView
 
-from .simhelpers import run_supervisor
+from .simhelpers import node_of_index, running_pods, run_supervisor
 from .test_cli_sim import sim_env
 
 pytestmark = pytest.mark.timeout(120)
@@ -75,13 +75,9 @@ def test_sim_a_node_lost_in_run_a_is_avoided_by_run_b_until_forgiven(fake_api, t
                      SupervisorOptions(auto_resume=True, poll_interval=0.02))
     thread, result = run_supervisor(sup)
     try:
-        def pods(job):
-            return [p for p in fake_api.store.list("pods")[0]
-                    if p["metadata"]["labels"].get("job-name") == job and p["status"].get("phase") == "Running"]
-        assert cluster.run_until(lambda: len(pods("runa-a0")) == 2 and any("checkpoint" in ln for ln in lines)), \
-            "\n".join(lines)
-        dead = next(p["spec"]["nodeName"] for p in pods("runa-a0")
-                    if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1")
+        assert cluster.run_until(lambda: len(running_pods(fake_api, "runa-a0")) == 2
+                                 and any("checkpoint" in ln for ln in lines)), "\n".join(lines)
+        dead = node_of_index(running_pods(fake_api, "runa-a0"), 1)
         cluster.kill_node(dead)
         thread.join(timeout=60)
         assert not thread.is_alive(), "\n".join(lines)

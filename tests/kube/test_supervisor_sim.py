@@ -23,7 +23,7 @@ from orchestrator.watchview import EchoView
 from orchestrator.vendors import load_profile
 
 from .manifests import watcher_rbac, without_nodes
-from .simhelpers import run_supervisor
+from .simhelpers import node_of_index, running_pods, run_supervisor
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -77,13 +77,9 @@ def test_sim_supervisor_replaces_an_attempt_that_lost_a_node(fake_api, tmp_path,
                      SupervisorOptions(auto_resume=True, poll_interval=0.02))
     thread, result = run_supervisor(sup)
     try:
-        def pods(job):
-            return [p for p in fake_api.store.list("pods")[0]
-                    if p["metadata"]["labels"].get("job-name") == job and p["status"].get("phase") == "Running"]
-        assert cluster.run_until(lambda: len(pods("sup-a0")) == 2 and any("checkpoint" in ln for ln in lines)), \
-            "\n".join(lines)
-        dead = next(p["spec"]["nodeName"] for p in pods("sup-a0")
-                    if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1")
+        assert cluster.run_until(lambda: len(running_pods(fake_api, "sup-a0")) == 2
+                                 and any("checkpoint" in ln for ln in lines)), "\n".join(lines)
+        dead = node_of_index(running_pods(fake_api, "sup-a0"), 1)
         cluster.kill_node(dead)
         thread.join(timeout=60)
         assert not thread.is_alive(), "\n".join(lines)
