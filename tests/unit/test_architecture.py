@@ -55,8 +55,6 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends", 4),
     ("orchestrator.backends.local.engine", 4),
     ("orchestrator.backends.local.agent", 4),
-    ("orchestrator.backends.local.rounds", 4),          # spare nodes: an attempt's rounds, the keeper's loop
-    ("orchestrator.backends.local.store", 4),           # spare nodes: the c10d store apart from every node
     ("orchestrator.backends.docker.engine", 4),
     ("orchestrator.backends.kubernetes.engine", 4),     # the Backend face; its rooms below
     ("orchestrator.backends.kubernetes.cluster", 4),    # the client, namespaces, API errors in our words

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.backends.local.rounds import with_rdzv_id
+from orchestrator.runtime.keeper import with_rdzv_id
 from orchestrator.errors import SpecError
 from orchestrator.vendors import load_profile
 

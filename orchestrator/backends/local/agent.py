@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exit-file", required=True)
     parser.add_argument("--pid-file", required=True)
     parser.add_argument("--cpus", default=None)
-    parser.add_argument("--rounds", default=None, help="spare nodes: run the rounds this folder names (rounds.py)")
+    parser.add_argument("--rounds", default=None, help="spare nodes: the rounds folder (runtime/keeper.py)")
     parser.add_argument("--slot", type=int, default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpus:
         os.sched_setaffinity(0, parse_cpulist(args.cpus))   # inherited by torchrun and its workers
     if args.rounds is not None:
-        from orchestrator.backends.local.rounds import run_rounds
+        from orchestrator.runtime.keeper import run_rounds
 
         return run_rounds(args.rounds, args.slot, command, log_path=args.log, exit_file=args.exit_file,
                           pid_file=args.pid_file)

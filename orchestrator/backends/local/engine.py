@@ -29,7 +29,7 @@ from ...speccheck import context_problems
 from ...state import open_store
 from ...vendors import VendorProfile
 from .. import base as b
-from . import rounds as r
+from ...runtime import keeper as r
 from .classify import NodeView, node_events
 from .render import LocalRequest, local_checkpoint_dir, render_local
 
@@ -125,7 +125,7 @@ class LocalBackend(b.Backend[LocalRequest]):
     runs_image = False                # the agents run this machine's interpreter
     checkpoints_outlive_nodes = True  # checkpoints are on this machine's disk
     log_options = frozenset({"tail"})  # a node's output goes straight to a file: no per-line times
-    spares = True                     # spare keepers wait beside the nodes (rounds.py, docs/spares.md)
+    spares = True                     # spare keepers wait beside the nodes (runtime/keeper.py, docs/spares.md)
 
     def __init__(self) -> None:
         self._watches: dict[str, list[_NodeWatch]] = {}
@@ -212,14 +212,14 @@ class LocalBackend(b.Backend[LocalRequest]):
         return ref
 
     def _start_store(self, plan: Plan[LocalRequest], run_id: str) -> None:
-        """The attempt's c10d store in a process of its own (store.py), tagged like its nodes."""
+        """The attempt's c10d store in a process of its own (runtime/c10dstore.py), tagged like its nodes."""
         env = {**os.environ, TAG_ENV: _tag(plan.attempt_name, STORE_SLOT, run_id)}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[3]),
                                                           env.get("PYTHONPATH")]))
         log = plan.request.attempt_dir / "store.log"
         try:
             with open(log, "ab") as out:
-                subprocess.Popen([sys.executable, "-m", "orchestrator.backends.local.store", "--port",
+                subprocess.Popen([sys.executable, "-m", "orchestrator.runtime.c10dstore", "--port",
                                   str(plan.request.port)], env=env, stdin=subprocess.DEVNULL, stdout=out,
                                  stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
@@ -229,7 +229,7 @@ class LocalBackend(b.Backend[LocalRequest]):
     def recover_in_place(self, ref: b.AttemptRef, node: int) -> b.InPlaceRecovery | None:
         """Replace lost slot ``node`` with an idle spare: its processes are killed (a frozen node
         too: fenced off), and the next round names the spare in its place; every keeper of the
-        round restarts its torchrun (rounds.py). None when the attempt has no spare left."""
+        round restarts its torchrun (runtime/keeper.py). None when the attempt has no spare left."""
         rounds = layout.rounds_dir(ref.run, ref.attempt)
         history = r.all_rounds(rounds)
         if not history or node not in history[-1]["active"]:

@@ -1,4 +1,4 @@
-"""The c10d store of a local attempt with spare nodes, in a process of its own.
+"""The c10d store of an attempt with spare nodes, in a process (or container, or pod) of its own.
 
 With c10d rendezvous the store normally lives in the agent at ``--rdzv-endpoint`` (node 0's), so
 node 0's death ends every agent. With ``restart.spares`` the local backend starts this process

@@ -1,4 +1,4 @@
-"""Rounds of a local attempt with spare nodes: which slots run torchrun, and the keeper's loop.
+"""The keeper of one slot of an attempt with spare nodes: its rounds, and the loop that runs them.
 
 An attempt with ``restart.spares: k`` starts nodes + k keepers (slots); ``rounds/round-N.json``
 names the slots that run in round N, its rendezvous id and the environment it adds. Round 0 is
@@ -6,11 +6,17 @@ written at submit (the first ``nodes`` slots); each in-place recovery writes the
 dead slot replaced by a spare (docs/spares.md). A keeper watches the folder: a newer round that
 names it kills its torchrun and every worker (blocked in a collective on the dead peer or not)
 and starts a new torchrun with the new rendezvous id; a spare's keeper, idle until then, just
-starts one. A slot a newer round leaves out (the dead or cut-off node) stops. Standard library only.
+starts one. A slot a newer round leaves out (the dead or cut-off node) stops.
+
+It runs where the node runs (a local process, a container, a Slurm task, a pod), so it is one
+file of standard library only, with no import from wmctl: a backend may mount this file into an
+image that has no wmctl in it and run ``python keeper.py --rounds DIR --slot N ... -- torchrun ...``
+(``tests/unit/test_keeper_standalone.py`` holds it to that).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -21,7 +27,9 @@ import traceback
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from orchestrator.runtime.protocol import ENV_LOCAL_TAG
+#: the environment variable that marks every process of one slot (runtime/protocol.py ENV_LOCAL_TAG,
+#: repeated here so this file stands alone; a unit test keeps the two equal)
+ENV_LOCAL_TAG = "WMCTL_LOCAL_TAG"
 
 POLL_S = 0.05
 CLOSED = "closed"          # written at teardown: idle spares stop
@@ -260,3 +268,26 @@ def run_rounds(directory: str, slot: int | None, command: list[str], *, log_path
                     return exit_code
                 # failed (a peer died under it, most likely): wait for the next round or teardown
             time.sleep(POLL_S)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python keeper.py --rounds DIR --slot N --log F --exit-file F --pid-file F -- COMMAND...``:
+    the keeper's loop as a program of its own, for a backend that runs it in a container, a pod or
+    a Slurm task (the local backend calls ``run_rounds`` from its agent)."""
+    parser = argparse.ArgumentParser(prog="wmctl-keeper")
+    parser.add_argument("--rounds", required=True, help="the attempt's rounds folder")
+    parser.add_argument("--slot", type=int, required=True)
+    parser.add_argument("--log", required=True)
+    parser.add_argument("--exit-file", required=True)
+    parser.add_argument("--pid-file", required=True)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("the command to run each round (after --) is missing")
+    return run_rounds(args.rounds, args.slot, command, log_path=args.log, exit_file=args.exit_file,
+                      pid_file=args.pid_file)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
