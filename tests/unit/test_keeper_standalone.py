@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from orchestrator.runtime import keeper
 from orchestrator.runtime.protocol import ENV_LOCAL_TAG
@@ -70,8 +71,15 @@ def test_a_keepers_agent_polls_its_rendezvous_faster_scaled_to_the_nodes(monkeyp
 
     asked: list[object] = []
     monkeypatch.setattr(dynamic_rendezvous, "_delay", lambda seconds: asked.append(seconds))
+    monkeypatch.setattr(dynamic_rendezvous, "_BackendRendezvousStateHolder",
+                        dynamic_rendezvous._BackendRendezvousStateHolder)
     keeper.quicken_rendezvous(keeper.sync_poll_s(2))
     dynamic_rendezvous._delay(seconds=1)
-    dynamic_rendezvous._delay((0, 0.3))          # the first round's random skew: kept
-    assert asked == [0.05, (0, 0.3)]
+    dynamic_rendezvous._delay((0, 0.3))          # the first round's random skew: scaled alike
+    dynamic_rendezvous._delay(0.5)               # any other delay: kept
+    assert asked == [0.05, (0, 0.015), 0.5]
+    # the state the join loop reads is cached for poll_s, not a second
+    nothing: Any = object()
+    holder = dynamic_rendezvous._BackendRendezvousStateHolder(nothing, nothing)
+    assert holder._cache_duration == 0.05
     assert [keeper.sync_poll_s(n) for n in (2, 100, 500, 5000)] == [0.05, 0.1, 0.5, 1.0]
