@@ -22,8 +22,13 @@ from .client import call_json
 from .cluster import Cluster, Obj, api_error, attempt_selector
 from .nodewatch import NodeWatch
 from .podlogs import PodLogs
-from .record import Attempt
+from .record import Attempt, spares_of
+from .spares import STORE_ROLE
 from .watch import ResourceWatcher
+
+
+def _store_pod(pod: Obj) -> bool:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(L.ROLE) == STORE_ROLE
 
 
 def _graceful_intent(intent: str) -> bool:
@@ -139,6 +144,7 @@ class Observer:
             self._emit(st, [fact])
 
     def _pods_sync(self, st: Attempt, items: list[Obj]) -> None:
+        items = [p for p in items if not _store_pod(p)]
         with st.lock:
             fresh = {p["metadata"]["uid"]: p for p in items}
             gone = [old for uid, old in st.pods.items() if uid not in fresh]
@@ -151,6 +157,8 @@ class Observer:
                 self._deleted(st, old)
 
     def _pod_event(self, st: Attempt, etype: str, pod: Obj) -> None:
+        if _store_pod(pod):
+            return          # the spare nodes' c10d store (spares.py): no node of the attempt
         with st.lock:
             uid = pod["metadata"]["uid"]
             if etype == "DELETED":
@@ -189,6 +197,7 @@ class Observer:
             st.job_absent = not items
             if st.job and not st.completions:
                 st.completions = int((st.job.get("spec") or {}).get("completions") or 1)
+                st.spares = spares_of(st.job)
                 self.podlogs.start_followers(st)
 
     def _job_event(self, st: Attempt, etype: str, job: Obj) -> None:
@@ -208,7 +217,13 @@ class Observer:
                 st.events.append(Event(CANCELLED, message=f"cancel requested on the Job: {intent}"))
             if not st.completions:
                 st.completions = int((job.get("spec") or {}).get("completions") or 1)
+                st.spares = spares_of(job)
                 self.podlogs.start_followers(st)
+            elif st.spares and etype != "DELETED":
+                grown = int((job.get("spec") or {}).get("completions") or 1)
+                if grown > st.completions:       # a spare index added (rounds.add_spare)
+                    st.completions = grown
+                    self.podlogs.start_followers(st)
 
     # --- poll ---------------------------------------------------------------------------------
     def poll(self, st: Attempt) -> Observation:
@@ -234,6 +249,12 @@ class Observer:
                 nodes = node_statuses(list(st.pods.values()), st.completions, st.lost, st.gone)
                 # rank 0's last lines before its end (podlogs.hold_end)
                 events, nodes, settling = self.podlogs.hold_end(st, events, nodes)
+            if st.active is not None:
+                # spare nodes: the current round's slots only; an idle spare, or a slot an in-place
+                # recovery replaced (its fenced pod's end, its failed index), is no news
+                active = set(st.active)
+                nodes = [n for n in nodes if n.node in active]
+                events = [e for e in events if e.node is None or e.node in active]
         return Observation(events, nodes, settling)
 
     def _read_failed_create(self, st: Attempt) -> None:

@@ -1,0 +1,128 @@
+"""Spare nodes on Kubernetes (restart.spares; backends/kubernetes/spares.py and rounds.py)
+against the fake API server, whose Job controller keeps backoffLimitPerIndex, maxFailedIndexes
+and elastic Indexed Jobs as pkg/controller/job does.
+
+The pods are scripted (the fake runs no keeper): these tests hold what the watcher does through
+the API (the spare's pod, the rounds it writes, the pod it fences, the Job it never creates) and
+what the Job controller then does; the keeper's own reading of the rounds through the API is
+tests/kube/test_keeper_rounds_api.py's, with a real keeper process.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.backends import base
+from orchestrator.backends.kubernetes.spares import ROUND_KEY, rounds_name, store_name
+from orchestrator.runtime.keeper import CLOSED, newest_of
+
+from .manifests import rendered_plan
+from .simhelpers import Collector, node_of_index, running_pods
+
+pytestmark = pytest.mark.timeout(90)
+SPARES = {"spares": 1, "auto_resume": True}
+
+
+def _rounds(fake_api, job: str, namespace: str = "default") -> dict[str, str]:
+    return fake_api.store.get("configmaps", namespace, rounds_name(job))["data"]
+
+
+def _job(fake_api, name: str) -> dict:
+    return fake_api.store.get("jobs", "default", name)
+
+
+@pytest.mark.fake_api(nodes=["node-a", "node-b", "node-c", "node-d"])
+def test_sim_spare_pod_waits_uncounted_and_replaces_a_lost_node_in_place(fake_api, backend):
+    """An attempt with one spare: its Job has nodes + 1 indexes (backoffLimitPerIndex 0,
+    maxFailedIndexes 1) and the store runs in a pod of its own; poll reports the two nodes only,
+    not the spare. Node 0's machine dies: recover_in_place deletes its pod, writes round 1 with
+    the spare in its place, and creates no Job and no pod; the Job controller fails index 0 only
+    (status.failedIndexes) and makes no pod for it; poll reports slots 1 and 2. A new spare
+    (replenish_spare) is a fourth index of the same Job (an elastic Indexed Job), whose pod pulls
+    for minutes: it is no spare until it runs, so a second loss meanwhile gets none. Once both
+    active slots succeeded the attempt is finished, and release closes the rounds (the idle
+    spares' keepers end)."""
+    cluster = fake_api.cluster
+    cluster.script(job="sp-a0", run_seconds=None)
+    active = cluster.script(job="sp-a0", run_seconds=None, when=lambda p: True)   # every slot, until told
+    cluster.script(job="sp-a0", index=3, run_seconds=None, start_delay=300.0)      # a 5-minute image pull
+    cluster.script(when=lambda p: p["metadata"]["name"] == store_name("sp-a0"), run_seconds=None)
+    cluster.start()
+    ref = backend.submit(rendered_plan("sp", 0, restart=SPARES))
+    c = Collector(backend, ref)
+
+    job = _job(fake_api, "sp-a0")
+    assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (3, 3)
+    assert (job["spec"]["backoffLimitPerIndex"], job["spec"]["maxFailedIndexes"]) == (0, 1)
+    assert job["spec"]["backoffLimit"] == 2**31 - 1          # the API server's default with per-index limits
+    store = fake_api.store.get("pods", "default", store_name("sp-a0"))
+    assert store["spec"]["hostname"] == store_name("sp-a0") and store["spec"]["subdomain"] == "sp-a0"
+    assert any(r["uid"] == job["metadata"]["uid"] for r in store["metadata"]["ownerReferences"])
+    round0 = newest_of(_rounds(fake_api, "sp-a0"))
+    assert round0 is not None and round0["active"] == [0, 1]
+
+    assert c.until(lambda c: len(running_pods(fake_api, "sp-a0")) == 3
+                   and [(n.node, n.phase) for n in c.last.nodes] == [(0, base.RUNNING), (1, base.RUNNING)]), \
+        c.last.nodes
+    assert not [e for e in c.events if e.node == 2], c.events     # the spare is no node of the job
+    assert store_name("sp-a0") not in {e.host for e in c.events}
+
+    dead = node_of_index(running_pods(fake_api, "sp-a0"), 0)
+    cluster.kill_node(dead)
+    assert c.until(lambda c: any(e.kind == base.NODE_LOST and e.node == 0 for e in c.events)), c.events
+    jobs_before = fake_api.api.sent("POST", "/jobs")
+    pods_before = fake_api.api.sent("POST", "/pods")
+    got = backend.recover_in_place(ref, 0)
+    assert got is not None and (got.round, got.lost, got.spare, got.spares_left) == (1, 0, 2, 0)
+    assert fake_api.api.sent("POST", "/jobs") == jobs_before and fake_api.api.sent("POST", "/pods") == pods_before
+    round1 = json.loads(_rounds(fake_api, "sp-a0")[ROUND_KEY.format(n=1)])
+    assert round1["active"] == [2, 1] and round1["rdzv_id"] == "sp-a0-r1"
+    assert round1["env"] == {"WMCTL_RESUME": "1", "WMCTL_FENCE_EPOCH": "1"}
+    assert fake_api.api.sent("DELETE", "/pods/sp-a0-0-")[-1]["query"].get("gracePeriodSeconds") == "0"
+    assert cluster.run_until(lambda: _job(fake_api, "sp-a0")["status"].get("failedIndexes") == "0")
+    assert not [p for p in fake_api.store.list("pods")[0]
+                if p["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index") == "0"]
+    assert c.until(lambda c: [n.node for n in c.last.nodes] == [1, 2]
+                   and all(n.phase == base.RUNNING for n in c.last.nodes)), c.last.nodes
+
+    assert backend.replenish_spare(ref, 0) == 3
+    job = _job(fake_api, "sp-a0")
+    assert (job["spec"]["completions"], job["spec"]["parallelism"], job["spec"]["maxFailedIndexes"]) == (4, 4, 2)
+    assert cluster.run_until(lambda: any(p["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index") == "3"
+                                         for p in fake_api.store.list("pods")[0]))
+    assert backend.recover_in_place(ref, 1) is None          # still pulling: not warm, never waited for
+    assert [n.node for n in c.poll().nodes] == [1, 2]        # a pulling spare is no node either
+
+    active.run_seconds = 0.0                                  # the round's keepers finish the job
+    assert c.until(lambda c: c.last.finished), c.last.nodes
+    backend.release(ref)
+    assert CLOSED in _rounds(fake_api, "sp-a0")
+    assert [j["metadata"]["name"] for j in fake_api.store.list("jobs")[0]] == ["sp-a0"]
+
+
+def test_sim_spare_job_fails_once_more_nodes_are_lost_than_spares(fake_api):
+    """The Job's own bound (maxFailedIndexes: spares), for a watcher that is gone: two indexes
+    failed with one spare fail the Job (MaxFailedIndexesExceeded) and its running pods are
+    deleted; one failed index alone does not."""
+    from .fakeapi.api import RESOURCES
+
+    cluster = fake_api.cluster
+    cluster.script(job="mx-a0", run_seconds=None)
+    cluster.script(job="mx-a0", index=0, run_seconds=0.1, exit_code=1)
+    cluster.script(when=lambda p: p["metadata"]["name"] == store_name("mx-a0"), run_seconds=None)
+    cluster.start()
+    plan = rendered_plan("mx", 0, restart=SPARES)
+    job = next(o for o in plan.resources if o["kind"] == "Job")
+    fake_api.api.create(RESOURCES[("batch/v1", "jobs")], "default", job)
+    assert cluster.run_until(lambda: _job(fake_api, "mx-a0")["status"].get("failedIndexes") == "0"
+                             and _job(fake_api, "mx-a0")["status"].get("active") == 2)
+    assert not any(c["type"] in ("FailureTarget", "Failed") for c in _job(fake_api, "mx-a0")["status"]["conditions"]
+                   ) if _job(fake_api, "mx-a0")["status"].get("conditions") else True
+    victim = next(p for p in running_pods(fake_api, "mx-a0")
+                  if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1")
+    fake_api.api.delete_pod("default", victim["metadata"]["name"], 0)
+    assert cluster.run_until(lambda: any(c["type"] == "Failed" and c["reason"] == "MaxFailedIndexesExceeded"
+                                         for c in _job(fake_api, "mx-a0")["status"].get("conditions") or []))
+    assert cluster.run_until(lambda: not running_pods(fake_api, "mx-a0"))
