@@ -126,3 +126,89 @@ def test_sim_spare_job_fails_once_more_nodes_are_lost_than_spares(fake_api):
     assert cluster.run_until(lambda: any(c["type"] == "Failed" and c["reason"] == "MaxFailedIndexesExceeded"
                                          for c in _job(fake_api, "mx-a0")["status"].get("conditions") or []))
     assert cluster.run_until(lambda: not running_pods(fake_api, "mx-a0"))
+
+
+def _progress(event: str, step: int) -> str:
+    return f'WMCTL-PROGRESS {{"event":"{event}","step":{step}}}'
+
+
+@pytest.mark.fake_api(nodes=["node-a", "node-b", "node-c", "node-d", "node-e", "node-f"])
+def test_sim_supervisor_replaces_node_0_in_place_then_a_second_loss_starts_a_new_attempt(fake_api, tmp_path,
+                                                                                          monkeypatch):
+    """The real supervisor, one spare: node 0's machine dies after checkpoint 10 -> the spare takes
+    its place in round 1 (no new attempt, no Job created); once the round steps, a new spare is
+    started in the background (a fourth index whose image pull takes 5 minutes); checkpoint 20;
+    then node 1's machine dies while that spare still pulls -> no spare is warm, so attempt 1
+    replaces attempt 0 (the pull never held the run) and resumes from checkpoint 20. The watcher
+    runs under exactly manifests/rbac-watcher.yaml: not one of its requests is refused."""
+    from orchestrator.backends.kubernetes.engine import KubernetesBackend
+    from orchestrator.specload import from_dict
+    from orchestrator.state import LocalRunStore, RunRecord
+    from orchestrator.supervisor import Supervisor, SupervisorOptions
+    from orchestrator.vendors import load_profile
+    from orchestrator.watchview import EchoView
+
+    from .fakeapi.rbac import User
+    from .manifests import watcher_rbac
+    from .simhelpers import run_supervisor
+
+    monkeypatch.setenv("WMCTL_HOME", str(tmp_path))
+    spec = from_dict({
+        "name": "spr", "nodes": 2, "image": {"vendor": "cpu", "tag": "registry.example.com/wm:v3"},
+        "command": ["python", "train.py"], "resources": {"cpu": 1, "memory": "2Gi", "shm": "1Gi"},
+        "volumes": [{"name": "ckpt", "mount": "/ckpt", "pvc": "wm-ckpt"}], "checkpoint": {"dir": "/ckpt"},
+        "restart": {"max_attempts": 3, "backoff": "0s", "heartbeat_timeout": "60s", "spares": 1},
+        "kubernetes": {"namespace": "training"},
+    })
+    client = fake_api.as_user("sa-token", User.service_account("training", "wmctl-watcher"), manifests=watcher_rbac())
+    cluster = fake_api.cluster
+    cluster.script(when=lambda p: p["metadata"]["name"].endswith("-store"), run_seconds=None)
+    cluster.script(job="spr-a0", run_seconds=None)
+    cluster.script(job="spr-a0", index=0, run_seconds=None,
+                   logs=[(0.0, _progress("start", 0)), (0.05, _progress("checkpoint", 10)),
+                         (0.1, _progress("step", 12))])
+    cluster.script(job="spr-a0", index=3, run_seconds=None, start_delay=300.0)     # a 5-minute image pull
+    cluster.script(job="spr-a1", run_seconds=1.0)
+    cluster.script(job="spr-a1", index=0, run_seconds=1.2,
+                   logs=[(0.0, _progress("resume", 20)), (0.2, _progress("step", 25))])
+    cluster.start()
+
+    backend = KubernetesBackend(client, watch_timeout=2, namespace="training")
+    store = LocalRunStore(spec.name)
+    record = RunRecord(run=spec.name, backend="kubernetes", spec_path="spr.yaml", overrides={},
+                       spec_hash=spec.spec_hash(), auto_resume=True)
+    lines: list[str] = []
+    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(lines.append),
+                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
+    thread, result = run_supervisor(sup)
+
+    def said(text: str) -> bool:
+        return any(text in ln for ln in lines)
+
+    try:
+        assert cluster.run_until(lambda: len(running_pods(fake_api, "spr-a0")) == 3 and said("checkpoint")), lines
+        cluster.kill_node(node_of_index(running_pods(fake_api, "spr-a0"), 0))
+        assert cluster.run_until(lambda: said("spare node 2 takes its place in round 1"), timeout=30), lines
+        # the round's keepers restart their torchrun; rank 0 (on slot 1 now) tells the resume
+        pod1 = next(p for p in running_pods(fake_api, "spr-a0")
+                    if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1")
+        for event, step in (("resume", 10), ("step", 11), ("checkpoint", 20), ("step", 21)):
+            fake_api.api.append_log("training", pod1["metadata"]["name"], "trainer", _progress(event, step))
+        assert cluster.run_until(lambda: said("spare node 3 started in the background"), timeout=30), lines
+        assert cluster.run_until(lambda: store.load().attempts[0].last_checkpoint_step == 20, timeout=30), lines
+        cluster.kill_node(node_of_index(running_pods(fake_api, "spr-a0"), 1))
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "\n".join(lines)
+    finally:
+        backend.close()
+
+    assert result["outcome"].exit_code == 0, result["outcome"].report
+    a0, a1 = store.load().attempts
+    recovered = [(r["lost_node"], r["spare_node"], r["round"], r.get("replenished")) for r in a0.recoveries]
+    assert recovered == [(0, 2, 1, 3)]
+    assert (a0.outcome, a0.failed_node) == ("node_lost", 1), a0
+    assert said("no spare node is left"), lines
+    assert (a1.outcome, a1.resumed_from_step) == ("succeeded", 20), "\n".join(lines)
+    created = [r["body"]["metadata"]["name"] for r in fake_api.api.sent("POST", "/jobs")]
+    assert created == ["spr-a0", "spr-a1"]          # the in-place recovery created none
+    assert not fake_api.refused(403), fake_api.refused(403)[:3]
