@@ -17,6 +17,7 @@ import pytest
 from orchestrator.backends import base
 from orchestrator.backends.kubernetes.spares import ROUND_KEY, rounds_name, store_name
 from orchestrator.runtime.keeper import CLOSED, newest_of
+from orchestrator.runtime.protocol import format_progress
 
 from .manifests import rendered_plan
 from .simhelpers import Collector, node_of_index, running_pods
@@ -186,12 +187,19 @@ def test_sim_supervisor_replaces_node_0_in_place_then_a_second_loss_starts_a_new
         return any(text in ln for ln in lines)
 
     try:
-        assert cluster.run_until(lambda: len(running_pods(fake_api, "spr-a0")) == 3 and said("checkpoint")), lines
-        cluster.kill_node(node_of_index(running_pods(fake_api, "spr-a0"), 0))
+        assert cluster.run_until(lambda: len(running_pods(fake_api, "spr-a0")) == 3 and said("checkpoint")), (
+            lines, [(p["metadata"]["name"], p["spec"].get("nodeName"), p["status"].get("phase"))
+                    for p in fake_api.store.list("pods")[0]], cluster.timeline[-15:])
+        dead0 = node_of_index(running_pods(fake_api, "spr-a0"), 0)
+        cluster.kill_node(dead0)
         assert cluster.run_until(lambda: said("spare node 2 takes its place in round 1"), timeout=30), lines
-        # the round's keepers restart their torchrun; rank 0 (on slot 1 now) tells the resume
         pod1 = next(p for p in running_pods(fake_api, "spr-a0")
                     if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1")
+        # round 0's runtime said node 0 was silent just before its keeper stopped it, read only now:
+        # no news of round 1 (a second node_lost would end the attempt)
+        fake_api.api.append_log("training", pod1["metadata"]["name"], "trainer", format_progress(
+            "node_silent", host=dead0, silent_s=30.0, group_rank=0, witness=1))
+        # the round's keepers restart their torchrun; rank 0 (on slot 1 now) tells the resume
         for event, step in (("resume", 10), ("step", 11), ("checkpoint", 20), ("step", 21)):
             fake_api.api.append_log("training", pod1["metadata"]["name"], "trainer", _progress(event, step))
         assert cluster.run_until(lambda: said("spare node 3 started in the background"), timeout=30), lines
@@ -212,3 +220,27 @@ def test_sim_supervisor_replaces_node_0_in_place_then_a_second_loss_starts_a_new
     created = [r["body"]["metadata"]["name"] for r in fake_api.api.sent("POST", "/jobs")]
     assert created == ["spr-a0", "spr-a1"]          # the in-place recovery created none
     assert not fake_api.refused(403), fake_api.refused(403)[:3]
+
+
+def test_sim_the_stores_loss_is_the_attempts_at_once(fake_api, backend):
+    """The c10d store's pod goes (deleted here; its node's loss reads the same): every keeper's
+    torchrun loses the rendezvous, and a keeper would end only after its hold, so poll says it at
+    once, as a loss of no node of the job (a new attempt replaces this one, away from its host)."""
+    cluster = fake_api.cluster
+    cluster.script(job="st-a0", run_seconds=None)
+    cluster.script(when=lambda p: p["metadata"]["name"] == store_name("st-a0"), run_seconds=None)
+    cluster.start()
+    ref = backend.submit(rendered_plan("st", 0, restart=SPARES))
+    c = Collector(backend, ref)
+    assert c.until(lambda c: len(running_pods(fake_api, "st-a0")) == 3 and len(c.last.nodes) == 2), (
+        [(p["metadata"]["name"], p["spec"].get("nodeName"), p["status"].get("phase"))
+         for p in fake_api.store.list("pods")[0]], fake_api.cluster.timeline[-15:], _job(fake_api, "st-a0")["status"])
+    assert cluster.run_until(lambda: fake_api.store.get("pods", "default", store_name("st-a0"))["status"]
+                             .get("phase") == "Running")
+    assert not c.kinds(base.NODE_LOST)
+    host = fake_api.store.get("pods", "default", store_name("st-a0"))["spec"]["nodeName"]
+    fake_api.api.delete_pod("default", store_name("st-a0"), 0)
+    assert c.until(lambda c: c.kinds(base.NODE_LOST)), c.events
+    lost = c.kinds(base.NODE_LOST)
+    assert [(e.node, e.host, e.reason) for e in lost] == [(None, host, "StoreLost")], lost
+    assert "the c10d store of the spare nodes" in (lost[0].message or "")

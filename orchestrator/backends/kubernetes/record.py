@@ -75,6 +75,7 @@ class Attempt:
     spares: int = 0
     round: int = 0
     active: list[int] | None = None
+    store: Obj | None = None        # the c10d store's pod (spare nodes), as last seen
 
     def _due(self, what: str, wanted: object) -> bool:
         """Under ``lock``: whether the rate-limited read ``what`` is wanted and due now; if so it

@@ -201,6 +201,10 @@ def _compress_indexes(idx: list[int]) -> str:
     return ",".join(parts)
 
 
+def _controlled_by(obj: Obj, uid: str) -> bool:
+    return any(r.get("uid") == uid and r.get("controller") for r in obj["metadata"].get("ownerReferences") or [])
+
+
 def _is_terminal(pod: Obj) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
@@ -430,8 +434,10 @@ class Cluster:
     def _sync_job(self, job: Obj) -> None:
         meta, spec, status = job["metadata"], job["spec"], job.get("status") or {}
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        pods, _ = self.store.list("pods", ns, lambda p: any(
-            r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or []))
+        # pkg/controller/job/job_controller.go getPodsForJob (ControllerRefManager.ClaimPods): the
+        # Job's pods are those it controls (ownerReference controller: true). Another object it
+        # merely owns (the spare nodes' store pod, owned so that it goes with the Job) is not one.
+        pods, _ = self.store.list("pods", ns, lambda p: _controlled_by(p, uid))
         seen = self._track_failed_pods(uid, pods)
         conds = status.get("conditions") or []
         finished = any(c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in conds)
@@ -475,8 +481,7 @@ class Cluster:
             for p in active:
                 self.api.delete_pod(ns, p["metadata"]["name"], None)
             active = []
-            left, _ = self.store.list("pods", ns, lambda p: any(
-                r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or []))
+            left, _ = self.store.list("pods", ns, lambda p: _controlled_by(p, uid))
             if not [p for p in left if p["metadata"].get("deletionTimestamp") and not _is_terminal(p)]:
                 new_conds = _set_condition(new_conds, {
                     "type": "Failed", "status": "True", "reason": target.get("reason"),
