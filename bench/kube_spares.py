@@ -168,9 +168,9 @@ def trial(*, spares: int, in_place_s: float, restart_s: float, pull_s: float = P
             out["after detect"] = (back - (replaced or killed)) / S
         if spares and back is not None:      # the used spare's replacement: a new index, pulling meanwhile
             first(lambda ln: "started in the background" in ln, limit_s=60.0)
-            out["new spare pulling"] = any(
+            out["new spare pulling"] = cluster.run_until(lambda: any(
                 p["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index") == "3"
-                and p["status"].get("phase") == "Pending" for p in server.api.store.list("pods")[0])
+                and p["status"].get("phase") == "Pending" for p in server.api.store.list("pods")[0]), timeout=10)
         if os.environ.get("KSP_DEBUG"):
             for t, ln in lines:
                 print(f"{(t - killed) / S:8.1f} {ln}")

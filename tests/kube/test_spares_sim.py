@@ -87,6 +87,10 @@ def test_sim_spare_pod_waits_uncounted_and_replaces_a_lost_node_in_place(fake_ap
                 if p["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index") == "0"]
     assert c.until(lambda c: [n.node for n in c.last.nodes] == [1, 2]
                    and all(n.phase == base.RUNNING for n in c.last.nodes)), c.last.nodes
+    # a failed index gets no pod on purpose: the Job's Events are not read for why (FailedCreate)
+    read = len(fake_api.api.sent("GET", "/events"))
+    c.until(lambda c: False, timeout=2.5)          # past FAILED_CREATE_EVERY_S, polling
+    assert len(fake_api.api.sent("GET", "/events")) == read
 
     assert backend.replenish_spare(ref, 0) == 3
     job = _job(fake_api, "sp-a0")
@@ -244,3 +248,10 @@ def test_sim_the_stores_loss_is_the_attempts_at_once(fake_api, backend):
     lost = c.kinds(base.NODE_LOST)
     assert [(e.node, e.host, e.reason) for e in lost] == [(None, host, "StoreLost")], lost
     assert "the c10d store of the spare nodes" in (lost[0].message or "")
+
+
+def test_failed_indexes_read_as_the_job_controller_writes_them():
+    from orchestrator.backends.kubernetes.spares import failed_indexes
+
+    assert failed_indexes({"status": {"failedIndexes": "0,2-4,7"}}) == {0, 2, 3, 4, 7}
+    assert failed_indexes({"status": {"failedIndexes": ""}}) == set() == failed_indexes(None)

@@ -23,7 +23,7 @@ from .cluster import Cluster, Obj, api_error, attempt_selector
 from .nodewatch import NodeWatch
 from .podlogs import PodLogs
 from .record import Attempt, spares_of
-from .spares import STORE_ROLE, store_lost
+from .spares import STORE_ROLE, failed_indexes, store_lost
 from .watch import ResourceWatcher
 
 
@@ -298,7 +298,8 @@ class Observer:
             # a suspended Job (queued by Kueue, or a graceful cancel) creates no pods on purpose
             short = (st.job is not None and not job_finished(st.job) and not st.cancelled and st.completions
                      and not (st.job.get("spec") or {}).get("suspend")
-                     and len(newest_per_index(list(st.pods.values()))) < st.completions)
+                     # a slot lost with spares (its index failed) gets no pod: nothing to explain
+                     and len(newest_per_index(list(st.pods.values()))) < st.completions - len(failed_indexes(st.job)))
             if not st._due("events", short):
                 return
         try:

@@ -154,3 +154,13 @@ def store_lost(pod: Obj, node: Obj | None, *, deleted: bool, nodes_known: bool =
         return None
     return (f"the c10d store of the spare nodes (pod {name}) is gone: {why}; every node loses the rendezvous, "
             "so a new attempt replaces this one")
+
+
+def failed_indexes(job: Obj | None) -> set[int]:
+    """The Job's ``status.failedIndexes`` ("0,2-3": backoffLimitPerIndex), as index numbers."""
+    out: set[int] = set()
+    for part in str(((job or {}).get("status") or {}).get("failedIndexes") or "").split(","):
+        lo, _, hi = part.strip().partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()):
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out
