@@ -255,3 +255,21 @@ def test_failed_indexes_read_as_the_job_controller_writes_them():
 
     assert failed_indexes({"status": {"failedIndexes": "0,2-4,7"}}) == {0, 2, 3, 4, 7}
     assert failed_indexes({"status": {"failedIndexes": ""}}) == set() == failed_indexes(None)
+
+
+def test_fake_api_keeps_completions_immutable_unless_an_indexed_job_grows_in_tandem(fake_api):
+    """pkg/apis/batch/validation validateCompletions, which rounds.add_spare relies on: an Indexed
+    Job's completions change only together with an equal parallelism (elastic Indexed Jobs)."""
+    from .fakeapi.api import RESOURCES
+    from .fakeapi.store import ApiError
+
+    jobs = RESOURCES[("batch/v1", "jobs")]
+    job = next(o for o in rendered_plan("el", 0, restart=SPARES).resources if o["kind"] == "Job")
+    fake_api.api.create(jobs, "default", job)
+    with pytest.raises(ApiError) as refused:
+        fake_api.api.patch(jobs, "default", "el-a0", {"spec": {"completions": 4}}, "application/merge-patch+json",
+                           None)
+    assert refused.value.code == 422 and "in tandem with spec.parallelism" in refused.value.message
+    fake_api.api.patch(jobs, "default", "el-a0", {"spec": {"completions": 4, "parallelism": 4}},
+                       "application/merge-patch+json", None)
+    assert _job(fake_api, "el-a0")["spec"]["completions"] == 4
