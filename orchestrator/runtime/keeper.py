@@ -16,7 +16,7 @@ image that has no wmctl in it and run ``python keeper.py --rounds DIR --slot N .
 Two round sources: the folder above (local, Docker, Slurm), or, on Kubernetes, the attempt's
 rounds ConfigMap read through the API server (``--rounds-url``) with the pod's service-account
 token: a ConfigMap mounted as a volume changes only at the kubelet's next sync (a minute), where
-a read is news within ``API_POLL_S``. Its data holds the same ``round-N.json`` documents and a
+a watch of it is news at once. Its data holds the same ``round-N.json`` documents and a
 ``closed`` key.
 """
 
@@ -29,10 +29,11 @@ import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import traceback
-import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 from typing import IO, Any, Callable
 
@@ -42,7 +43,8 @@ ENV_LOCAL_TAG = "WMCTL_LOCAL_TAG"
 
 POLL_S = 0.05
 CLOSED = "closed"          # written at teardown: idle spares stop
-API_POLL_S = 0.25          # how often a keeper reads its rounds ConfigMap (Kubernetes)
+API_POLL_S = 0.25          # a keeper's first wait before it reads its rounds ConfigMap again after a failure
+WATCH_S = 300              # how long one watch of the rounds ConfigMap lasts before it is opened anew
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"     # the pod's service-account token and CA
 
 
@@ -104,49 +106,72 @@ class FolderRounds:
 
 
 class ApiRounds:
-    """Rounds from a ConfigMap read through the Kubernetes API (``url``: its path on the API
-    server), authenticated with the service-account token (read again each time: kubelet rotates
-    bound tokens) and checked against its CA. A read that fails keeps what was read last: a
-    moment of API trouble is no news, and the keeper's torchrun runs on meanwhile."""
+    """Rounds from a ConfigMap through the Kubernetes API (``url``: its path on the API server):
+    read once, then watched (one long request per keeper, not a read every moment: an API server
+    serves hundreds of keepers); read again and watched anew whenever a watch ends or fails.
+    Authenticated with the service-account token (read again each time: the kubelet rotates bound
+    tokens) and checked against its CA. While the API cannot be reached the last round read holds:
+    a moment of API trouble is no news, and the keeper's torchrun runs on meanwhile."""
 
     def __init__(self, url: str, token_file: str, ca_file: str | None, log: IO[bytes] | None = None):
         self.url, self.token_file, self.log = url, token_file, log
+        base, _, self.name = url.rstrip("/").rpartition("/")
+        self.watch_url = f"{base}?watch=1&fieldSelector=metadata.name%3D{self.name}&timeoutSeconds={WATCH_S}"
         self.context = None
         if url.startswith("https:"):
             self.context = ssl.create_default_context(cafile=ca_file if ca_file and os.path.exists(ca_file) else None)
         self.data: dict[str, str] = {}
-        self.read_at = float("-inf")
         self.failing = False
+        self._thread: threading.Thread | None = None
 
-    def _read(self) -> None:
-        if time.monotonic() - self.read_at < API_POLL_S:
-            return
-        self.read_at = time.monotonic()
+    def _open(self, url: str, timeout: float) -> Any:
         headers = {"Accept": "application/json"}
         try:
             with open(self.token_file, encoding="utf-8") as fh:
                 headers["Authorization"] = f"Bearer {fh.read().strip()}"
         except OSError:
             pass
-        try:
-            with urllib.request.urlopen(urllib.request.Request(self.url, headers=headers), timeout=5,
-                                        context=self.context) as resp:
-                body = json.loads(resp.read())
-        except (OSError, ValueError) as exc:      # URLError, HTTPError, timeouts: keep the last read
-            if not self.failing and self.log is not None:
-                self.log.write(f"wmctl keeper: cannot read the rounds at {self.url}: {exc}\n".encode())
-            self.failing = True
-            return
-        self.failing = False
-        data = body.get("data") if isinstance(body, dict) else None
+        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout,
+                                      context=self.context)
+
+    def _take(self, obj: Any) -> str:
+        """Keep a ConfigMap's data; its resourceVersion (to watch from)."""
+        data = obj.get("data") if isinstance(obj, dict) else None
         if isinstance(data, dict):
-            self.data = data
+            self.data = dict(data)
+        return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
+
+    def _follow(self) -> None:
+        wait = API_POLL_S
+        while True:
+            try:
+                with self._open(self.url, 10) as resp:
+                    rv = self._take(json.loads(resp.read()))
+                with self._open(f"{self.watch_url}&resourceVersion={rv}", WATCH_S + 10) as stream:
+                    self.failing, wait = False, API_POLL_S
+                    for line in stream:
+                        event = json.loads(line)
+                        if event.get("type") in ("ADDED", "MODIFIED"):
+                            self._take(event.get("object"))
+                        elif event.get("type") == "ERROR":       # 410 Gone: read again, watch anew
+                            break
+            except (OSError, ValueError) as exc:      # URLError, HTTPError, timeouts, a cut stream
+                if not self.failing and self.log is not None:
+                    self.log.write(f"wmctl keeper: cannot read the rounds at {self.url}: {exc}\n".encode())
+                    self.log.flush()
+                self.failing = True
+                time.sleep(wait)
+                wait = min(wait * 2, 5.0)
 
     def newest(self) -> dict[str, Any] | None:
-        self._read()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._follow, name="wmctl-keeper-rounds", daemon=True)
+            self._thread.start()
         return newest_of(self.data)
 
     def closed(self) -> bool:
+        if self._thread is None:
+            self.newest()
         return CLOSED in self.data
 
 
@@ -188,7 +213,11 @@ class Forked:
 
     def __init__(self, main: Callable[[list[str]], Any], args: list[str], env: dict[str, str], log: IO[bytes]):
         self.returncode: int | None = None
-        self.pid = os.fork()
+        with warnings.catch_warnings():
+            # 3.12+ warns of fork() in a process with threads (ApiRounds' watch): the child uses
+            # none of that thread's objects, and CPython re-initialises its own locks in the child
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.pid = os.fork()
         if self.pid == 0:      # the child: never returns
             code = 1
             try:

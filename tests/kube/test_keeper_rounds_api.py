@@ -96,6 +96,13 @@ def test_keeper_takes_its_rounds_from_the_configmap(keeper_rbac, tmp_path):
             p.wait()
     reads = fake_api.api.sent("GET", f"/configmaps/{ROUNDS}")
     assert reads and all(r["code"] == 200 for r in reads), reads[-3:]
+    # each keeper read the ConfigMap once and then watched it (allowed by the Role's resourceNames
+    # through the watch's metadata.name field selector): no read every moment
+    assert len(reads) == 2, reads
+    watches = [r for r in fake_api.api.sent("GET", f"/namespaces/{NS}/configmaps")
+               if r["query"].get("watch") in ("1", "true")]
+    assert len(watches) == 2 and all(r["query"]["fieldSelector"] == f"metadata.name={ROUNDS}" and r["code"] == 200
+                                     for r in watches), watches
     other = urllib.request.Request(f"{fake_api.server.url}/api/v1/namespaces/{NS}/configmaps/something-else",
                                    headers={"Authorization": f"Bearer {TOKEN}"})
     with pytest.raises(urllib.error.HTTPError) as refused:
