@@ -122,3 +122,23 @@ def test_keeper_with_a_hold_ends_with_its_failure_when_no_round_follows(keeper_r
     finally:
         proc.kill()
     assert time.monotonic() - started >= 1.0
+
+
+def test_a_watching_keeper_forks_its_prewarmed_torchrun(keeper_rbac, tmp_path):
+    """A pod's keeper runs ``python3 -m torch.distributed.run``: it imports torchrun while it waits
+    and forks it for the round (keeper.Forked), with its rounds watch's thread running. The fork
+    must neither hang nor lose the round's environment: torchrun starts its worker, which sees it."""
+    fake_api = keeper_rbac
+    _rounds(fake_api, {ROUND_KEY.format(n=0): round_doc(0, [0], "rdzv", {"SAYS": "forked"})})
+    out = tmp_path / "worker"
+    torchrun = [sys.executable, "-m", keeper.TORCHRUN_MODULE, "--standalone", "--nnodes=1", "--nproc-per-node=1",
+                "--rdzv-id=rdzv", "--max-restarts=0", "--no-python", "--", sys.executable, "-c",
+                f"import os; agent = open(f'/proc/{{os.getppid()}}/cmdline').read(); "
+                f"open({str(out)!r}, 'w').write(' '.join([os.environ['SAYS'], os.environ['LOCAL_RANK'], "
+                "str('keeper.py' in agent)]))"]
+    proc = _keeper(fake_api, tmp_path, 0, torchrun, hold=1.0)
+    try:
+        assert proc.wait(timeout=120) == 0, (tmp_path / "log0").read_text()
+    finally:
+        proc.kill()
+    assert out.read_text() == "forked 0 True"       # its torchrun is the keeper forked, not a new interpreter
