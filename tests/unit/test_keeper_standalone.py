@@ -60,3 +60,18 @@ def test_keeper_without_a_command_is_a_usage_error(tmp_path):
                            "--exit-file", "e", "--pid-file", "p"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "the command to run each round" in proc.stderr
+
+
+def test_a_keepers_agent_polls_its_rendezvous_faster_scaled_to_the_nodes(monkeypatch):
+    """torch's agents ask the store once a second whether the rendezvous is complete (up to a
+    second lost per recovery); a keeper's forked torchrun asks every sync_poll_s instead, and
+    only that delay changes."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    asked: list[object] = []
+    monkeypatch.setattr(dynamic_rendezvous, "_delay", lambda seconds: asked.append(seconds))
+    keeper.quicken_rendezvous(keeper.sync_poll_s(2))
+    dynamic_rendezvous._delay(seconds=1)
+    dynamic_rendezvous._delay((0, 0.3))          # the first round's random skew: kept
+    assert asked == [0.05, (0, 0.3)]
+    assert [keeper.sync_poll_s(n) for n in (2, 100, 500, 5000)] == [0.05, 0.1, 0.5, 1.0]
