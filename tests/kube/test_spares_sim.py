@@ -87,6 +87,14 @@ def test_sim_spare_pod_waits_uncounted_and_replaces_a_lost_node_in_place(fake_ap
                 if p["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index") == "0"]
     assert c.until(lambda c: [n.node for n in c.last.nodes] == [1, 2]
                    and all(n.phase == base.RUNNING for n in c.last.nodes)), c.last.nodes
+    # a watcher that did not write the rounds (a restarted one) reads them from the cluster
+    from orchestrator.backends.kubernetes.engine import KubernetesBackend
+
+    other = KubernetesBackend(fake_api.client, watch_timeout=2)
+    try:
+        assert Collector(other, ref).until(lambda o: [n.node for n in o.last.nodes] == [1, 2])
+    finally:
+        other.close()
     # a failed index gets no pod on purpose: the Job's Events are not read for why (FailedCreate)
     read = len(fake_api.api.sent("GET", "/events"))
     c.until(lambda c: False, timeout=2.5)          # past FAILED_CREATE_EVERY_S, polling
