@@ -84,7 +84,7 @@ def keeper_command(spec: JobSpec, job_name: str, torchrun_argv: list[str], notes
     """Each pod's command: the keeper of its slot (the completion index), torchrun after ``--``."""
     k = spec.restart.spares
     notes.append(f"{k} spare node(s) (indexes {', '.join(map(str, range(spec.nodes, spec.nodes + k)))}) wait beside "
-                 f"the job's, each pod a keeper reading its rounds from ConfigMap {rounds_name(job_name)}; the c10d "
+                 f"the job's, each pod a keeper watching its rounds in ConfigMap {rounds_name(job_name)}; the c10d "
                  f"store runs in pod {store_name(job_name)}")
     return [PYTHON, f"{FILES_DIR}/{KEEPER_FILE}", "--rounds-url", rounds_url(spec.kubernetes.namespace, job_name),
             "--slot-env", SLOT_ENV, "--log", "/dev/stdout", "--exit-file", "/tmp/wmctl-keeper-exit.json",
