@@ -47,7 +47,11 @@ class Rounds:
         return data if isinstance(data, dict) else {}
 
     def learn(self, st: Attempt) -> None:
-        """The current round's slots, read from the cluster (a watcher that did not write them)."""
+        """The current round's slots, read from the cluster (a watcher that did not write them); at
+        most every FAILED_CREATE_EVERY_S while there are none to read."""
+        with st.lock:
+            if not st._due("rounds", True):
+                return
         data = self.data(st.ref)
         current = newest_of(data) if data else None
         if current is not None:
