@@ -259,7 +259,7 @@ def test_sim_the_stores_loss_is_the_attempts_at_once(fake_api, backend):
 
 
 def test_failed_indexes_read_as_the_job_controller_writes_them():
-    from orchestrator.backends.kubernetes.spares import failed_indexes
+    from orchestrator.backends.kubernetes.rounds import failed_indexes
 
     assert failed_indexes({"status": {"failedIndexes": "0,2-4,7"}}) == {0, 2, 3, 4, 7}
     assert failed_indexes({"status": {"failedIndexes": ""}}) == set() == failed_indexes(None)

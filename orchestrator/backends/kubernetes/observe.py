@@ -23,7 +23,8 @@ from .cluster import Cluster, Obj, api_error, attempt_selector
 from .nodewatch import NodeWatch
 from .podlogs import PodLogs
 from .record import Attempt, spares_of
-from .spares import STORE_ROLE, failed_indexes, store_lost
+from .rounds import failed_indexes, store_lost
+from .spares import STORE_ROLE
 from .watch import ResourceWatcher
 
 

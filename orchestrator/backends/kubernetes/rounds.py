@@ -14,10 +14,11 @@ from typing import Any
 from ... import layout
 from ...errors import BackendError
 from ...launch import fence_epoch
+from ...resources import rbac_manifest
 from ...runtime.keeper import CLOSED, newest_of
 from ...runtime.protocol import ENV_FENCE_EPOCH, ENV_RESUME
 from ..base import AttemptRef, InPlaceRecovery
-from .classify import newest_per_index, pod_index
+from .classify import exit_info, newest_per_index, node_ready, pod_index
 from .client import call_json
 from .cluster import Cluster, Obj, api_error
 from .record import Attempt
@@ -67,7 +68,8 @@ class Rounds:
         except api_error() as exc:
             raise BackendError(f"cannot write the rounds of {ref.attempt_name} (ConfigMap {ns}/{name}): "
                                f"{getattr(exc, 'status', '')} {getattr(exc, 'reason', '')}".rstrip(),
-                               hint="wmctl's role needs patch on configmaps (manifests/)") from None
+                               hint=f"grant the verbs of {rbac_manifest()} (shipped with wmctl): patch on "
+                               "configmaps") from None
 
     def recover(self, st: Attempt, node: int) -> InPlaceRecovery | None:
         """Lost slot ``node`` replaced by a warm spare: its pod deleted at once (grace 0: a frozen
@@ -138,3 +140,35 @@ class Rounds:
         with st.lock:
             st.completions = max(st.completions, slot + 1)
         return slot
+
+
+def store_lost(pod: Obj, node: Obj | None, *, deleted: bool, nodes_known: bool = True) -> str | None:
+    """Why the store's pod can serve the rendezvous no more (None: it can): deleted, ended, or its
+    node gone or not ready. Every keeper's torchrun then loses the rendezvous; its own end would
+    come only after the keepers' hold (``hold_s``), so the watcher says it at once."""
+    name = (pod.get("metadata") or {}).get("name")
+    host = (pod.get("spec") or {}).get("nodeName")
+    phase = (pod.get("status") or {}).get("phase")
+    if deleted:
+        why = "its pod was deleted"
+    elif phase in ("Succeeded", "Failed"):
+        code, reason = exit_info(pod)
+        why = f"its pod ended ({phase}{f', exit {code}' if code is not None else ''}{f': {reason}' if reason else ''})"
+    elif host and node is None and nodes_known:
+        why = f"its node {host} no longer exists"
+    elif host and node is not None and node_ready(node)[0] != "True":
+        why = f"its node {host} Ready={node_ready(node)[0]}"
+    else:
+        return None
+    return (f"the c10d store of the spare nodes (pod {name}) is gone: {why}; every node loses the rendezvous, "
+            "so a new attempt replaces this one")
+
+
+def failed_indexes(job: Obj | None) -> set[int]:
+    """The Job's ``status.failedIndexes`` ("0,2-3": backoffLimitPerIndex), as index numbers."""
+    out: set[int] = set()
+    for part in str(((job or {}).get("status") or {}).get("failedIndexes") or "").split(","):
+        lo, _, hi = part.strip().partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()):
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out

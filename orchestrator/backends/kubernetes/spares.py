@@ -29,7 +29,6 @@ from ... import layout
 from ...runtime import c10dstore, keeper
 from ...runtime.protocol import ENV_LOCAL_TAG
 from ...spec import JobSpec
-from .classify import Obj, exit_info, node_ready
 
 FILES_DIR = "/opt/wmctl"
 FILES_VOLUME = "wmctl-files"
@@ -133,34 +132,3 @@ def spare_values(spec: JobSpec, job_name: str, attempt: int, labels: dict[str, s
         "rounds_service_account": sa,
     }
 
-
-def store_lost(pod: Obj, node: Obj | None, *, deleted: bool, nodes_known: bool = True) -> str | None:
-    """Why the store's pod can serve the rendezvous no more (None: it can): deleted, ended, or its
-    node gone or not ready. Every keeper's torchrun then loses the rendezvous; its own end would
-    come only after the keepers' hold (``hold_s``), so the watcher says it at once."""
-    name = (pod.get("metadata") or {}).get("name")
-    host = (pod.get("spec") or {}).get("nodeName")
-    phase = (pod.get("status") or {}).get("phase")
-    if deleted:
-        why = "its pod was deleted"
-    elif phase in ("Succeeded", "Failed"):
-        code, reason = exit_info(pod)
-        why = f"its pod ended ({phase}{f', exit {code}' if code is not None else ''}{f': {reason}' if reason else ''})"
-    elif host and node is None and nodes_known:
-        why = f"its node {host} no longer exists"
-    elif host and node is not None and node_ready(node)[0] != "True":
-        why = f"its node {host} Ready={node_ready(node)[0]}"
-    else:
-        return None
-    return (f"the c10d store of the spare nodes (pod {name}) is gone: {why}; every node loses the rendezvous, "
-            "so a new attempt replaces this one")
-
-
-def failed_indexes(job: Obj | None) -> set[int]:
-    """The Job's ``status.failedIndexes`` ("0,2-3": backoffLimitPerIndex), as index numbers."""
-    out: set[int] = set()
-    for part in str(((job or {}).get("status") or {}).get("failedIndexes") or "").split(","):
-        lo, _, hi = part.strip().partition("-")
-        if lo.isdigit() and (not hi or hi.isdigit()):
-            out.update(range(int(lo), int(hi or lo) + 1))
-    return out
