@@ -216,7 +216,8 @@ def test_sim_supervisor_replaces_node_0_in_place_then_a_second_loss_starts_a_new
             fake_api.api.append_log("training", pod1["metadata"]["name"], "trainer", _progress(event, step))
         assert cluster.run_until(lambda: said("spare node 3 started in the background"), timeout=30), lines
         assert cluster.run_until(lambda: store.load().attempts[0].last_checkpoint_step == 20, timeout=30), lines
-        cluster.kill_node(node_of_index(running_pods(fake_api, "spr-a0"), 1))
+        dead1 = node_of_index(running_pods(fake_api, "spr-a0"), 1)
+        cluster.kill_node(dead1)
         thread.join(timeout=60)
         assert not thread.is_alive(), "\n".join(lines)
     finally:
@@ -229,6 +230,9 @@ def test_sim_supervisor_replaces_node_0_in_place_then_a_second_loss_starts_a_new
     assert (a0.outcome, a0.failed_node) == ("node_lost", 1), a0
     assert said("no spare node is left"), lines
     assert (a1.outcome, a1.resumed_from_step) == ("succeeded", 20), "\n".join(lines)
+    # attempt 1 keeps off both machines: the one lost in place too, remembered for the next runs
+    assert {dead0, dead1} <= set(a1.excluded_nodes), a1.excluded_nodes
+    assert said(f"{dead0} remembered as excluded on"), lines
     created = [r["body"]["metadata"]["name"] for r in fake_api.api.sent("POST", "/jobs")]
     assert created == ["spr-a0", "spr-a1"]          # the in-place recovery created none
     assert not fake_api.refused(403), fake_api.refused(403)[:3]
