@@ -99,11 +99,55 @@ def prewarm(command: list[str]) -> Callable[[list[str]], Any] | None:
     return torchrun.main
 
 
+def sync_poll_s(active: int) -> float:
+    """How often an agent waiting for the round's other nodes reads the rendezvous state. torch
+    reads it at most once a second: its state holder caches the state for a second
+    (dynamic_rendezvous.py ``_BackendRendezvousStateHolder``, ``cache_duration=1``) and its join
+    loop sleeps a second between reads (``_delay(seconds=1)`` on ``_Action.SYNC``), which costs a
+    recovery about a second after the last node joined (measured: 1.06-1.27 s for two agents that
+    join at once). A round's nodes all start within a moment of each other, so a keeper's agent
+    reads faster, scaled so the store sees about 1000 reads a second at most whatever the number
+    of nodes."""
+    return min(1.0, max(0.05, active / 1000.0))
+
+
+def quicken_rendezvous(poll_s: float) -> None:
+    """In a forked torchrun (this process is the agent): its rendezvous state is read every
+    ``poll_s`` instead of every second (the state holder's cache and the join loop's sleep), and
+    the random skew of its first join, up to 0.3 s so that many agents do not reach the store at
+    once, is scaled by the same factor (the whole 0.3 s again from about 1000 nodes). Nothing
+    changes where torch's module lacks either name (another torch): the agent reads as torch does."""
+    try:
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    except ImportError:
+        return
+    slow = getattr(dr, "_delay", None)
+    holder = getattr(dr, "_BackendRendezvousStateHolder", None)
+    if slow is None or holder is None:
+        return
+
+    def delay(seconds: Any) -> None:
+        if seconds == 1:
+            slow(poll_s)
+        elif isinstance(seconds, tuple):     # the first round's random skew, (0, 0.3): scaled alike
+            slow((seconds[0] * poll_s, seconds[1] * poll_s))
+        else:
+            slow(seconds)
+
+    class QuickHolder(holder):  # type: ignore[misc,valid-type]
+        def __init__(self, backend: Any, settings: Any, cache_duration: float = 1) -> None:
+            super().__init__(backend, settings, cache_duration=min(cache_duration, poll_s))
+
+    dr._delay = delay
+    dr._BackendRendezvousStateHolder = QuickHolder  # type: ignore[misc]  # a subclass in its place
+
+
 class Forked:
     """A round's torchrun forked from the keeper, torch already imported: ``subprocess.Popen``'s
     few methods the loop uses."""
 
-    def __init__(self, main: Callable[[list[str]], Any], args: list[str], env: dict[str, str], log: IO[bytes]):
+    def __init__(self, main: Callable[[list[str]], Any], args: list[str], env: dict[str, str], log: IO[bytes],
+                 poll_s: float = 1.0):
         self.returncode: int | None = None
         self.pid = os.fork()
         if self.pid == 0:      # the child: never returns
@@ -117,6 +161,7 @@ class Forked:
                 os.dup2(log.fileno(), 2)
                 os.environ.update(env)
                 sys.argv = ["torchrun", *args]
+                quicken_rendezvous(poll_s)
                 main(args)
                 code = 0
             except SystemExit as exc:
@@ -249,7 +294,8 @@ def run_rounds(directory: str, slot: int | None, command: list[str], *, log_path
                     except FileNotFoundError:
                         pass
                     argv = with_rdzv_id(command, info["rdzv_id"])
-                    proc = (Forked(main, argv[3:], info["env"], log) if main is not None else
+                    proc = (Forked(main, argv[3:], info["env"], log, sync_poll_s(len(info["active"])))
+                            if main is not None else
                             subprocess.Popen(argv, env={**os.environ, **info["env"]}, stdout=log,
                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
                     _write(pid_file, {"keeper": os.getpid(), "agent": proc.pid, "started": time.time(),

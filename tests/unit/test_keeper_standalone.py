@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from orchestrator.runtime import keeper
 from orchestrator.runtime.protocol import ENV_LOCAL_TAG
@@ -60,3 +61,25 @@ def test_keeper_without_a_command_is_a_usage_error(tmp_path):
                            "--exit-file", "e", "--pid-file", "p"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "the command to run each round" in proc.stderr
+
+
+def test_a_keepers_agent_polls_its_rendezvous_faster_scaled_to_the_nodes(monkeypatch):
+    """torch's agents ask the store once a second whether the rendezvous is complete (up to a
+    second lost per recovery); a keeper's forked torchrun asks every sync_poll_s instead, and
+    only that delay changes."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    asked: list[object] = []
+    monkeypatch.setattr(dynamic_rendezvous, "_delay", lambda seconds: asked.append(seconds))
+    monkeypatch.setattr(dynamic_rendezvous, "_BackendRendezvousStateHolder",
+                        dynamic_rendezvous._BackendRendezvousStateHolder)
+    keeper.quicken_rendezvous(keeper.sync_poll_s(2))
+    dynamic_rendezvous._delay(seconds=1)
+    dynamic_rendezvous._delay((0, 0.3))          # the first round's random skew: scaled alike
+    dynamic_rendezvous._delay(0.5)               # any other delay: kept
+    assert asked == [0.05, (0, 0.015), 0.5]
+    # the state the join loop reads is cached for poll_s, not a second
+    nothing: Any = object()
+    holder = dynamic_rendezvous._BackendRendezvousStateHolder(nothing, nothing)
+    assert holder._cache_duration == 0.05
+    assert [keeper.sync_poll_s(n) for n in (2, 100, 500, 5000)] == [0.05, 0.1, 0.5, 1.0]
