@@ -33,6 +33,12 @@ condition: Slurm alone would take over 300 s), by setting it in the cluster's sl
 machine (it kills and restarts slurmd):
 
     SLURM_CONF=/etc/wmctl-slurm/slurm.conf PYTHONPATH=. python bench/bench_slurm_recovery.py [--trials 2]
+
+``--spares``: SIGKILL of a training node, alternating a run without a spare (a new job, as above)
+and one with ``restart.spares: 1`` (the allocation's spare takes its place in the same job,
+docs/spares.md), split as: detect (death -> the recovery decided), keeper restart (-> the round's
+torchruns started by their keepers), rendezvous+init (-> the `start` line: torchrun's rendezvous,
+the workers' import and process group), restore (-> `resume`: the checkpoint read), first step.
 """
 
 from __future__ import annotations
@@ -175,6 +181,57 @@ def one_trial(c: SlurmCluster, home: Path, run: str, sig: int) -> dict:
             "pending": rec["attempts"][1].get("evidence") or ""}
 
 
+def spare_trial(c: SlurmCluster, home: Path, run: str) -> dict:
+    """SIGKILL of slot 1's node with one spare: the split of death -> first resumed step, in place."""
+    spec = h.write_spec(home, run, steps=80, every=5, sleep=0.2, job_args=["--beat"],
+                        restart={"spares": 1, "node_silence_timeout": "3s", "heartbeat_timeout": "120s"})
+    w = h.Watch(spec, home, "-b", "slurm")
+    h.wait_checkpoint(home, run, 0, 10, timeout=180)
+    folder = h.run_folder(home, run) / "attempt-0"
+    victim = (folder / "slots.txt").read_text().split()[1]
+    died_at = time.time()
+    c.node_kill(victim)
+    try:
+        code = w.wait(400)
+    finally:
+        c.node_revive(victim)
+        for node in c.nodes:
+            c.wait_node(node, {"idle"}, 120)
+    if code != 0:
+        raise SystemExit(f"{run}: wmctl exited {code}\n{w.output[-3000:]}")
+    a0 = h.record(home, run)["attempts"][0]
+    if not a0.get("recoveries"):
+        raise SystemExit(f"{run}: no in-place recovery\n{w.output[-3000:]}")
+    decided = a0["recoveries"][0]["time"]
+    pids = [json.loads(p.read_text()) for p in folder.glob("node-*.pid.json")]
+    started = max(p["started"] for p in pids if p.get("round") == 1)
+    later = [p for p in h.progress(home, run, 0) if p.get("time", 0) > decided]
+    begun = min(p["time"] for p in later if p["event"] == "start")
+    resumed = min(p["time"] for p in later if p["event"] == "resume")
+    first = min(p["time"] for p in later if p["event"] == "step")
+    return {"detect": decided - died_at, "keeper restart": started - decided, "rendezvous+init": begun - started,
+            "restore": resumed - begun, "first step": first - resumed, "total": first - died_at,
+            "victim": victim, "evidence": a0["recoveries"][0]["evidence"]}
+
+
+SPARE_KEYS = ["detect", "keeper restart", "rendezvous+init", "restore", "first step", "total"]
+
+
+def spare_comparison(c: SlurmCluster, home: Path, trials: int) -> None:
+    without, with_spare = [], []
+    for i in range(trials):     # alternating: a machine that gets busier hurts both alike
+        without.append(one_trial(c, home, f"bsr-nospare-{i}", signal.SIGKILL))
+        with_spare.append(spare_trial(c, home, f"bsr-spare-{i}"))
+    show("slurm, no spare: SIGKILL of node 1 -> first resumed step (a new job)", without)
+    print("\nslurm, one spare: SIGKILL of slot 1's node -> first resumed step (in place, the same job)")
+    print("  trial " + " ".join(f"{k:>16}" for k in SPARE_KEYS))
+    for i, r in enumerate(with_spare):
+        print(f"  {i:>5} " + " ".join(f"{r[k]:>15.2f}s" for k in SPARE_KEYS) + f"   {r['victim']}")
+    print("  median" + " ".join(f"{statistics.median(r[k] for r in with_spare):>15.2f}s" for k in SPARE_KEYS))
+    print(f"  evidence (trial 0): {with_spare[0]['evidence'][:200]}")
+    print(f"load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (a busy shared machine)")
+
+
 def _secs(value: float) -> str:
     return f"{'-':>10}" if math.isnan(value) else f"{value:>9.2f}s"
 
@@ -196,6 +253,8 @@ def main() -> None:
     parser.add_argument("--slurmd-timeout", type=int, default=300,
                         help="SlurmdTimeout for the bench's time (default: Slurm's own, 300; 0: leave the cluster's)")
     parser.add_argument("--deaths", default="SIGKILL,SIGSTOP", help="which deaths, comma-separated")
+    parser.add_argument("--spares", action="store_true",
+                        help="SIGKILL without and with a spare node, alternating (docs/spares.md)")
     args = parser.parse_args()
     c = cluster()
     home = Path(tempfile.mkdtemp(prefix="wmctl-bench-slurm-"))
@@ -204,6 +263,9 @@ def main() -> None:
         with slurmd_timeout(c, args.slurmd_timeout or None) as timeout:
             print(f"Slurm cluster {c.conf}: nodes {', '.join(c.nodes)}; SlurmdTimeout={timeout}; "
                   f"KillWait={c.settings.get('KillWait', '30')}")
+            if args.spares:
+                spare_comparison(c, home, args.trials)
+                return
             for name in args.deaths.split(","):
                 sig = getattr(signal, name)
                 rows = [one_trial(c, home, f"bsr-{name.lower()}-{i}", sig) for i in range(args.trials)]

@@ -429,8 +429,10 @@ def run_rounds(directory: str | None, slot: int | None, command: list[str], *, l
             if code is not None:
                 proc = None
                 exit_code = 128 - code if code < 0 else code
+                # signalled: a signal reached the keeper first (a scheduler's checkpoint signal, a
+                # graceful cancel), so the end was the scheduler's doing, not the job's error
                 _write(exit_file, {"exit_code": exit_code, "signal": -code if code < 0 else None,
-                                   "time": time.time(), "round": current})
+                                   "time": time.time(), "round": current, "signalled": stopping})
                 if exit_code == 0 or stopping:
                     _reap()
                     return exit_code

@@ -33,18 +33,21 @@ HOST_VOLUMES = [{"name": "data", "mount": "/workspace/data", "host_path": "/shar
 # (golden name, vendor, container): the container paths, each rendered once beside every vendor's plain one
 SLURM_CONTAINERS = [("pyxis-cuda", "cuda", "pyxis"), ("apptainer-cuda", "cuda", "apptainer"),
                     ("apptainer-ascend", "ascend", "apptainer")]
+SPARES_GOLDEN = "spares-cuda"        # restart.spares: 1 on the cuda profile
 
 
 def golden_path(backend: str, name: str) -> Path:
     return GOLDEN / backend / f"{name}.{SUFFIX.get(backend, 'yaml')}"
 
 
-def render_golden(vendor: str, backend: str, container: str | None = None) -> str:
+def render_golden(vendor: str, backend: str, container: str | None = None, spares: int = 0) -> str:
     overrides: dict = {}
     if backend == "slurm":
         overrides = dict(SLURM)
         if container:
             overrides.update({"slurm.container": container, "volumes": HOST_VOLUMES})
+    if spares:
+        overrides["restart.spares"] = spares
     spec = full_spec(vendor, **overrides)
     profile = load_profile(vendor)
     # A retry attempt: exercises resume, parent and node exclusion in every render.
@@ -87,6 +90,13 @@ def test_golden_slurm_container(name, vendor, container, monkeypatch):
     _compare(render_golden(vendor, "slurm", container), golden_path("slurm", name))
 
 
+def test_golden_slurm_spares(monkeypatch):
+    """restart.spares on Slurm: the spares are nodes of the allocation (--nodes, --no-kill), one
+    keeper step per slot pinned to its node, the c10d store in the batch script."""
+    _home(monkeypatch, "slurm")
+    _compare(render_golden("cuda", "slurm", spares=1), golden_path("slurm", SPARES_GOLDEN))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_golden_render(vendor, backend, monkeypatch):
@@ -94,7 +104,7 @@ def test_golden_render(vendor, backend, monkeypatch):
     _compare(render_golden(vendor, backend), golden_path(backend, vendor))
 
 
-@pytest.mark.parametrize("name", [*VENDORS, *(c[0] for c in SLURM_CONTAINERS)])
+@pytest.mark.parametrize("name", [*VENDORS, *(c[0] for c in SLURM_CONTAINERS), SPARES_GOLDEN])
 def test_slurm_goldens_are_scripts_bash_reads(name):
     """Every golden sbatch script parses (`bash -n`), starts as sbatch wants (#!), and asks for its
     nodes before the first command (sbatch stops reading #SBATCH lines there)."""
@@ -108,7 +118,9 @@ def test_slurm_goldens_are_scripts_bash_reads(name):
     first_command = next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("#"))
     directives = [i for i, line in enumerate(lines) if line.startswith("#SBATCH ")]
     assert directives and max(directives) < first_command
-    assert "#SBATCH --nodes=2" in lines and "#SBATCH --no-requeue" in lines
+    nodes = 3 if name == SPARES_GOLDEN else 2        # the spare is a node of the allocation too
+    assert f"#SBATCH --nodes={nodes}" in lines and "#SBATCH --no-requeue" in lines
+    assert ("#SBATCH --no-kill" in lines) == (name == SPARES_GOLDEN)
 
 
 @pytest.mark.parametrize("backend", ["kubernetes", "docker", "local"])

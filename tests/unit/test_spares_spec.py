@@ -40,7 +40,7 @@ def test_spares_out_of_bounds_are_refused_naming_the_field(value):
     assert "restart.spares" in str(err.value)
 
 
-@pytest.mark.parametrize("backend", ["docker", "slurm"])
+@pytest.mark.parametrize("backend", ["docker"])
 def test_backends_without_spares_refuse_them_with_the_fix(backend):
     spec = spec_from({**BASE, "restart": {"spares": 1}, "checkpoint": {"dir": "/ck"},
                       "volumes": [{"name": "ck", "mount": "/ck", "pvc": "ck"}]})
@@ -59,6 +59,16 @@ def test_the_kubernetes_backend_takes_spares():
     spec = spec_from({**BASE, "restart": {"spares": 1}, "checkpoint": {"dir": "/ck"},
                       "volumes": [{"name": "ck", "mount": "/ck", "pvc": "ck"}]})
     check_backend(spec, "kubernetes", auto_resume=True)
+
+
+def test_slurm_takes_spares_without_a_container_only():
+    """Slurm's keeper and c10d store run with the submitting host's interpreter: no container yet."""
+    check_backend(spec_from({**BASE, "restart": {"spares": 1}}), "slurm", auto_resume=True)
+    with pytest.raises(SpecError) as err:
+        check_backend(spec_from({**BASE, "restart": {"spares": 1}, "image": {"tag": "reg.io/wm:1"},
+                                 "slurm": {"container": "pyxis"}}), "slurm", auto_resume=True)
+    text = str(err.value)
+    assert "restart.spares" in text and "slurm.container pyxis" in text and "restart.spares: 0" in text
 
 
 def test_a_round_changes_only_torchruns_rendezvous_id():

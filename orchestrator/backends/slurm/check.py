@@ -98,6 +98,10 @@ def problems(spec: JobSpec) -> Problems:
     _signal_problem(spec, limit, out)
     out += _option_problems(spec)
     out += _container_problems(spec)
+    if spec.restart.spares and s.container != "none":
+        out.append(("restart.spares", f"spare nodes on Slurm run without a container for now: the keeper and the "
+                    f"c10d store run with this host's interpreter, not slurm.container {s.container}'s; set "
+                    "restart.spares: 0, or slurm.container: none"))
     return out
 
 

@@ -17,6 +17,9 @@ submit host, a login node), never a daemon on the compute nodes:
   survivors try a checkpoint their dead peer blocks and srun waits for the dead node). Graceful:
   ``scancel --signal=TERM`` (the job steps only, not the batch shell), a wait for every node's exit
   record (the checkpoint), then the same teardown.
+- spare nodes (restart.spares, slots.py): one step per slot, each running the keeper; poll reports
+  the current round's slots only; ``recover_in_place`` SIGKILLs the lost slot's step and writes the
+  next round (no new job, no new allocation).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Iterator
 from ... import layout
 from ...errors import BackendError, RunNotFound
 from ...plan import AttemptContext, HostFacts, Plan
+from ...runtime import keeper as r
 from ...runtime.protocol import run_checkpoint_dir
 from ...serialize import dump
 from ...spec import JobSpec
@@ -41,6 +45,7 @@ from ...vendors import VendorProfile
 from .. import base as b
 from ..local.render import local_checkpoint_dir
 from . import classify as C
+from . import slots as S
 from .check import problems
 from .render import JOB_EXIT_FILE, SlurmRequest, render_slurm
 from .tools import JobInfo, NodeState, SlurmTools, parse_sbatch
@@ -85,6 +90,9 @@ class _Watch:
     hosts: list[str] = field(default_factory=list)
     said: set[str] = field(default_factory=set)     # job-level facts already reported
     gone: bool = False                              # Slurm (scontrol and sacct) has forgotten the job
+    spares: int = 0                                 # restart.spares: nodes are slots, the last ones spares
+    round: int | None = None                        # with spares: the round poll reports (its slots only)
+    active: list[int] = field(default_factory=list)     # ... and the slots it names
 
 
 class SlurmBackend(b.Backend[SlurmRequest]):
@@ -95,6 +103,8 @@ class SlurmBackend(b.Backend[SlurmRequest]):
     runs_image = False                # without a container the nodes run this host's interpreter
     checkpoints_outlive_nodes = True  # the run folder and checkpoints are on the cluster's shared filesystem
     log_options = frozenset({"tail"})  # the node logs are plain files: no per-line times
+    spares = True                     # spare nodes of the allocation, each slot a keeper's step (slots.py)
+    replenishes_spares = False        # an allocation cannot grow (docs/spares.md)
 
     def __init__(self, tools: SlurmTools | None = None) -> None:
         self.tools = tools or SlurmTools()
@@ -163,6 +173,11 @@ class SlurmBackend(b.Backend[SlurmRequest]):
         req.attempt_dir.mkdir(parents=True, exist_ok=True)
         found = self._job_by_name(req)
         if found is None:
+            if req.spares:       # round 0: the job's nodes, the first slots; the spares wait for a round
+                rounds = layout.rounds_dir(plan.run, plan.attempt)
+                rounds.mkdir(exist_ok=True)
+                r.write_round(rounds, 0, list(range(len(req.node_logs) - req.spares)),
+                              layout.round_rendezvous_id(plan.run, plan.attempt, 0), {})
             req.script_path.write_text(req.script)
             out = self.tools.run(list(req.sbatch_argv))
             job_id = parse_sbatch(out.stdout) if out.returncode == 0 else None
@@ -172,7 +187,7 @@ class SlurmBackend(b.Backend[SlurmRequest]):
                                    "--dry-run` prints the script and the sbatch line")
             found = job_id
         _write_json(job_file, {"job_id": found, "job_name": req.job_name, "nodes": len(req.node_logs),
-                               "submitted": time.time()})
+                               "submitted": time.time(), **({"spares": req.spares} if req.spares else {})})
         return ref
 
     def _job_by_name(self, req: SlurmRequest) -> str | None:
@@ -204,41 +219,69 @@ class SlurmBackend(b.Backend[SlurmRequest]):
             job = _read_job(ref)
             nodes = [_Node(i, layout.node_log(ref.run, ref.attempt, i), layout.node_exit_file(ref.run, ref.attempt, i))
                      for i in range(job.nodes)]
-            self._watches[key] = _Watch(ref, job.job_id, nodes)
+            self._watches[key] = _Watch(ref, job.job_id, nodes, spares=job.spares)
         return self._watches[key]
+
+    def _active(self, w: _Watch) -> list[_Node]:
+        """The nodes poll reports: every node, or with spares the slots the newest round names
+        (an idle spare, or a slot a recovery replaced, is no news). A new round starts its slots over."""
+        if not w.spares:
+            return w.nodes
+        newest = r.newest_round(layout.rounds_dir(w.ref.run, w.ref.attempt))
+        if newest is not None and newest["round"] != w.round:
+            w.round, w.active = newest["round"], [int(s) for s in newest["active"]]
+            for n in w.nodes:
+                if n.node in w.active:
+                    n.end, n.lost, n.held = None, False, None
+        return [n for n in w.nodes if n.node in w.active]
+
+    def _end(self, w: _Watch, n: _Node) -> C.NodeEnd | None:
+        if not w.spares:
+            return _node_end(n.exit_file)
+        return S.keeper_end(n.exit_file, n.node, n.host, w.job_id, w.round if w.round is not None else 0)
 
     def poll(self, ref: b.AttemptRef) -> b.Observation:
         w = self._watch(ref)
         now = time.time()
         events: list[b.Event] = []
+        if w.spares and not w.hosts:
+            self._slot_hosts(w)
+        active = self._active(w)
         for n in w.nodes:
             events += self._read_log(n)
+        for n in active:
             if n.end is None:
-                n.end = _node_end(n.exit_file)
+                n.end = self._end(w, n)
                 if n.end is not None:
                     events += self._read_log(n)      # what it wrote before its end comes first
                     n.host = n.host or n.end.host
                     ev = C.node_exited(n.end)
                     if C.peer_broke(n.end.exit_code, _tail(n.log)) and \
-                            any(m.end is None and not m.lost for m in w.nodes if m is not n):
+                            any(m.end is None and not m.lost for m in active if m is not n):
                         n.held = (ev, now)
                     else:
                         events.append(ev)
-        events += self._release_held(w, now)
+        events += self._release_held(active, now)
         if now - w.asked_at >= SLURM_EVERY_S and not w.gone:
             w.asked_at = now
             events += self._ask_slurm(w, now)
-        return b.Observation(events, [self._status(w, n) for n in w.nodes])
+        return b.Observation(events, [self._status(w, n) for n in self._active(w)])
 
-    def _release_held(self, w: _Watch, now: float) -> list[b.Event]:
+    def _slot_hosts(self, w: _Watch) -> None:
+        """With spares, each slot's node as the batch script placed it (slots.txt)."""
+        w.hosts = S.slot_hosts(layout.attempt_dir(w.ref.run, w.ref.attempt))
+        for n, host in zip(w.nodes, w.hosts, strict=False):
+            n.host = n.host or host
+
+    def _release_held(self, active: list[_Node], now: float) -> list[b.Event]:
         """A held failure goes out once every other node has ended, or after PEER_WAIT_S with
         the nodes still silent called lost (first: the root cause)."""
         out: list[b.Event] = []
-        for n in w.nodes:
+        for n in active:
             if n.held is None:
                 continue
             ev, since = n.held
-            quiet = [m for m in w.nodes if m is not n and m.end is None and not m.lost]
+            quiet = [m for m in active if m is not n and m.end is None and not m.lost]
             if quiet and now - since < PEER_WAIT_S:
                 continue
             for m in quiet:
@@ -257,7 +300,7 @@ class SlurmBackend(b.Backend[SlurmRequest]):
         if info is None:
             w.gone = True
             ended = _job_end(w.ref)
-            for n in w.nodes:
+            for n in self._active(w):
                 if n.end is None and not n.lost:
                     n.lost = True
                     why = (f"the job's exit record says srun ended {ended.exit_code}" if ended else
@@ -267,7 +310,7 @@ class SlurmBackend(b.Backend[SlurmRequest]):
                                                     at=now))
             return events
         w.info = info
-        if info.nodes and not w.hosts:
+        if info.nodes and not w.hosts and not w.spares:
             w.hosts = self.tools.hostnames(info.nodes)
             for n, host in zip(w.nodes, w.hosts, strict=False):
                 n.host = n.host or host
@@ -284,7 +327,8 @@ class SlurmBackend(b.Backend[SlurmRequest]):
             return self._unheard(w, now)
         if info.state not in C.LIVE_STATES and "end" not in w.said:
             w.said.add("end")
-            recorded = {n.node for n in w.nodes if n.end is not None}
+            active = self._active(w)
+            recorded = {n.node for n in w.nodes if n.end is not None or n not in active}
             down = {name: (st.state, st.reason) for name, st in w.states.items() if st.down}
             hosts = w.hosts or [n.host or "" for n in w.nodes]
             for ev in C.ended_events(info.state, job_id=w.job_id, exit_code=info.exit_code, reason=info.reason,
@@ -300,7 +344,7 @@ class SlurmBackend(b.Backend[SlurmRequest]):
         """A node Slurm no longer hears from (sinfo's '*': missed pings) is lost now, before
         SlurmdTimeout makes it DOWN and the job NODE_FAIL."""
         events = []
-        for n in w.nodes:
+        for n in self._active(w):
             st = w.states.get(n.host or "")
             if st is not None and st.down and n.end is None and not n.lost:
                 n.lost = True
@@ -397,20 +441,55 @@ class SlurmBackend(b.Backend[SlurmRequest]):
         except BackendError:
             return                       # never submitted: nothing to tear down
         job_id = job.job_id
+        rounds = layout.rounds_dir(ref.run, ref.attempt)
         if graceful:
             self.tools.run(["scancel", "--signal=TERM", job_id])
             deadline = time.time() + self._grace_s(ref)
-            nodes = job.nodes
             while time.time() < deadline:
-                if all(layout.node_exit_file(ref.run, ref.attempt, i).exists() for i in range(nodes)):
+                if self._all_ended(ref, job):
                     break
                 info = self.tools.job(job_id)
                 if info is None or info.state not in C.LIVE_STATES:
                     break
                 time.sleep(0.2)
-        self._kill(job_id)
+        elif job.spares:
+            r.close(rounds)         # idle spares stop rather than wait for a round
+        self._kill(job_id, steps=job.nodes if job.spares else 1)
 
-    def _kill(self, job_id: str) -> None:
+    def _all_ended(self, ref: b.AttemptRef, job: _JobFile) -> bool:
+        """Has every node (with spares: every slot of the newest round) recorded its end?"""
+        if job.spares:
+            return S.round_ended(ref.run, ref.attempt, job.job_id)
+        return all(layout.node_exit_file(ref.run, ref.attempt, i).exists() for i in range(job.nodes))
+
+    # -- spare nodes -----------------------------------------------------------------------------
+    def recover_in_place(self, ref: b.AttemptRef, node: int) -> b.InPlaceRecovery | None:
+        """Lost slot ``node`` replaced by an idle spare of the same allocation: its step is
+        SIGKILLed (straight to its node's slurmd, as the teardown does; a dead node's slurmd does not
+        answer and the kill is not waited for: the new round's fencing epoch refuses a cut-off
+        node's commits), and the next round names the spare in its place; every keeper of the round
+        restarts its torchrun (runtime/keeper.py). No job, step or allocation is created. None
+        when no spare is left (or the attempt has none)."""
+        w = self._watch(ref)
+        rounds = layout.rounds_dir(ref.run, ref.attempt)
+        history = r.all_rounds(rounds) if w.spares else []
+        if not history or node not in history[-1]["active"]:
+            return None
+        attempt_dir = layout.attempt_dir(ref.run, ref.attempt)
+        if not w.hosts:
+            self._slot_hosts(w)
+        down = {name for name, st in w.states.items() if st.down}
+        idle = S.idle_spares(history, attempt_dir, [n.node for n in w.nodes if (n.host or "") not in down])
+        if not idle:
+            return None
+        step = S.step_id(attempt_dir, node)
+        if step is not None:
+            self._stragglers.append(self.tools.start(["scancel", "--signal=KILL", f"{w.job_id}.{step}"]))
+        n = S.next_round(ref.run, ref.attempt, history, lost=node, spare=idle[0])
+        self._active(w)          # the new round's slots start over
+        return b.InPlaceRecovery(round=n, lost=node, spare=idle[0], spares_left=len(idle) - 1)
+
+    def _kill(self, job_id: str, steps: int = 1) -> None:
         """Every process of the job SIGKILLed at once, then the job ended, so that its healthy nodes
         are free for the next attempt in a second, not after KillWait. man scancel: with
         ``--signal`` "the signal is sent directly to the slurmd where the job is running"; without
@@ -422,12 +501,16 @@ class SlurmBackend(b.Backend[SlurmRequest]):
         node's tasks) and write the job's exit record (templates/slurm/job.sbatch.j2). Once the job
         is ending Slurm refuses signals: the order matters. The step's scancel waits MessageTimeout
         (10 s by default) for a dead node's slurmd; the live ones have the signal within
-        STEP_KILL_WAIT_S, and it is not waited for longer."""
-        step = self.tools.start(["scancel", "--signal=KILL", f"{job_id}.0"])
-        try:
-            step.wait(STEP_KILL_WAIT_S)
-        except subprocess.TimeoutExpired:
-            self._stragglers.append(step)
+        STEP_KILL_WAIT_S, and it is not waited for longer. With spares the job has a step per slot
+        (0 to ``steps`` - 1): each gets its own scancel, side by side, so a dead node's holds none
+        of the others."""
+        kills = [self.tools.start(["scancel", "--signal=KILL", f"{job_id}.{i}"]) for i in range(steps)]
+        deadline = time.monotonic() + STEP_KILL_WAIT_S
+        for step in kills:
+            try:
+                step.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._stragglers.append(step)
         self.tools.run(["scancel", job_id])
         self._stragglers = [p for p in self._stragglers if p.poll() is None]
 
@@ -446,7 +529,12 @@ class SlurmBackend(b.Backend[SlurmRequest]):
             return GRACEFUL_WAIT_DEFAULT_S
 
     def release(self, ref: b.AttemptRef) -> None:
-        """Nothing to free: an ended job holds no nodes, and its logs are in the run folder."""
+        """Nothing to free: an ended job holds no nodes, and its logs are in the run folder. With
+        spares the rounds folder is closed: idle spares stop (the batch script closes it too when
+        the job is done, so a job whose watcher is gone still ends)."""
+        rounds = layout.rounds_dir(ref.run, ref.attempt)
+        if rounds.exists():
+            r.close(rounds)
 
     def close(self) -> None:
         """No background threads: Slurm is asked when poll runs. A step's scancel still waiting on
@@ -466,7 +554,8 @@ class SlurmBackend(b.Backend[SlurmRequest]):
 @dataclass(frozen=True)
 class _JobFile:
     job_id: str
-    nodes: int
+    nodes: int          # with spares: every slot, spares included
+    spares: int = 0
 
 
 def _read_job(ref: b.AttemptRef, missing: type[Exception] = BackendError) -> _JobFile:
@@ -479,7 +568,8 @@ def _read_job(ref: b.AttemptRef, missing: type[Exception] = BackendError) -> _Jo
         raise missing(f"{path} is damaged: it should hold the attempt's Slurm job id") from None
     if not isinstance(data, dict) or "job_id" not in data or not isinstance(data.get("nodes"), int):
         raise missing(f"{path} is damaged: it should hold the attempt's Slurm job id")
-    return _JobFile(str(data["job_id"]), data["nodes"])
+    spares = data.get("spares", 0)
+    return _JobFile(str(data["job_id"]), data["nodes"], spares if isinstance(spares, int) else 0)
 
 
 def _tail(path: Path) -> list[str]:

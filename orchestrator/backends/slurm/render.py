@@ -15,6 +15,7 @@ import math
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 from ... import layout
 from ...errors import OptionError, SpecError
@@ -31,6 +32,7 @@ from ..local.render import PYTHON_NAMES, local_checkpoint_dir
 from .check import GRES, GRES_NONE, format_minutes, limit_seconds, problems, signal_lead_s, time_limit_minutes
 
 TEMPLATE = "slurm/job.sbatch.j2"
+SPARES_TEMPLATE = "slurm/job-spares.sbatch.j2"   # restart.spares: one step per slot, each running the keeper
 SCRIPT_FILE = "job.sbatch"            # in the attempt folder: what sbatch was given
 BATCH_LOG = "batch.log"               # the batch shell's own output (sbatch --output)
 JOB_EXIT_FILE = "job.exit.json"       # the script's last word: srun's exit status
@@ -58,6 +60,15 @@ class SlurmRequest(Request):
     container: str                    # none | pyxis | apptainer
     time_limit_minutes: int | None    # None: the partition's default; 0: unlimited
     signal_lead_s: int                # SIGTERM this long before the time limit
+    # spare nodes (restart.spares, docs/spares.md): the last ``spares`` of the slots (node_logs) wait
+    # as spares; the rounds folder in the attempt folder says which slots run (runtime/keeper.py)
+    spares: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        data = super().as_dict()
+        if not self.spares:
+            data.pop("spares")      # a plan without spares reads as it always did
+        return data
 
 
 def render_slurm(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, host: HostFacts) -> Plan[SlurmRequest]:
@@ -71,8 +82,14 @@ def render_slurm(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, hos
     notes: list[str] = [f"attempt folder {attempt_dir}: every node writes its log and exit record there, so it must "
                         "be on a filesystem the nodes and this host share"]
     checkpoint_root = _checkpoint_root(spec, home, notes)
+    spares = spec.restart.spares
+    slots = spec.nodes + spares
     directives = _directives(spec, profile, ctx, job_name, notes)
     srun_options, launch, torchrun = _step(spec, profile, ctx, host, home, notes)
+    if spares:
+        notes.append(f"{spares} spare node(s): the allocation has {slots} nodes, one slot each (slots "
+                     f"{', '.join(map(str, range(spec.nodes, slots)))} wait as spares); the c10d store runs in the "
+                     f"batch script on the allocation's first node, whose slot is the last spare")
     env = job_env(spec, profile, ctx, checkpoint_dir=_checkpoint_dir(spec, home),
                   backend_env=dict(profile.docker.env) if container != "none" else None)
     bad = [k for k in env if not is_env_name(k)]
@@ -84,27 +101,37 @@ def render_slurm(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, hos
     notes += _resource_notes(spec)
     comments = [f"wmctl plan: run {spec.name}, attempt {ctx.attempt}, spec {spec.spec_hash()}",
                 f"submitted as: {_shell_line(sbatch_argv)}", *(f"note: {n}" for n in notes)]
-    script = render_shell_template(TEMPLATE, {
+    common = {
         "comments": [Verbatim(_comment(c)) for c in comments],
         "directives": [Verbatim(d) for d in directives],
         "attempt_dir": str(attempt_dir),
         "workdir": str(spec.context_dir) if container == "none" else str(attempt_dir),
         "env": [(Verbatim(k), v) for k, v in env.items()],
         "node_name_env": Verbatim(ENV_NODE_NAME),
-        "store_host": Verbatim(STORE_HOST_SH.rstrip("\n")),
         "srun_options": _wrapped(srun_options),
-        "launch": _wrapped(launch),
         "torchrun": _wrapped(torchrun),
-    })
+    }
+    if spares:
+        script = render_shell_template(SPARES_TEMPLATE, {
+            **common, "slots": slots,
+            "store": _wrapped([host.python, "-m", "orchestrator.runtime.c10dstore", "--port",
+                               str(spec.rendezvous.port)]),
+            "keeper": _wrapped([host.python, "-m", "orchestrator.runtime.keeper"]),
+        })
+    else:
+        script = render_shell_template(TEMPLATE, {
+            **common, "store_host": Verbatim(STORE_HOST_SH.rstrip("\n")), "launch": _wrapped(launch)})
     request = SlurmRequest(
         job_name=job_name, script=script, script_path=script_path, sbatch_argv=sbatch_argv,
         attempt_dir=attempt_dir, batch_log=batch_log,
-        node_logs=[str(layout.node_log(spec.name, ctx.attempt, n, home)) for n in range(spec.nodes)],
-        node_exit_records=[str(layout.node_exit_file(spec.name, ctx.attempt, n, home)) for n in range(spec.nodes)],
+        node_logs=[str(layout.node_log(spec.name, ctx.attempt, n, home)) for n in range(slots)],
+        node_exit_records=[str(layout.node_exit_file(spec.name, ctx.attempt, n, home)) for n in range(slots)],
         job_exit_record=str(attempt_dir / JOB_EXIT_FILE), checkpoint_dir=checkpoint_root, container=container,
-        time_limit_minutes=time_limit_minutes(spec.slurm.time_limit), signal_lead_s=signal_lead_s(spec))
+        time_limit_minutes=time_limit_minutes(spec.slurm.time_limit), signal_lead_s=signal_lead_s(spec),
+        spares=spares)
     resources = [{"kind": "batch_job", "name": job_name, "nodes": spec.nodes, "script": str(script_path),
-                  "sbatch": list(sbatch_argv), "directives": list(directives)}]
+                  "sbatch": list(sbatch_argv), "directives": list(directives),
+                  **({"spares": spares} if spares else {})}]
     return Plan(backend="slurm", run=spec.name, attempt=ctx.attempt, spec_hash=spec.spec_hash(), request=request,
                 resources=resources, notes=notes, context=ctx)
 
@@ -145,7 +172,8 @@ def _checkpoint_root(spec: JobSpec, home: Path, notes: list[str]) -> str:
 def _directives(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, job_name: str,
                 notes: list[str]) -> list[str]:
     s = spec.slurm
-    out = [f"--job-name={job_name}", f"--nodes={spec.nodes}", "--ntasks-per-node=1"]
+    slots = spec.nodes + spec.restart.spares       # spare nodes are nodes of the allocation too
+    out = [f"--job-name={job_name}", f"--nodes={slots}", "--ntasks-per-node=1"]
     cpus = _cpus(spec)
     if cpus is not None:
         out.append(f"--cpus-per-task={cpus}")
@@ -168,7 +196,9 @@ def _directives(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, job_
         if own:
             notes.append(f"excluding nodes that failed earlier attempts: {', '.join(own)}")
     out.append("--no-requeue")
-    if s.exclusive if s.exclusive is not None else spec.nodes > 1:
+    if spec.restart.spares:
+        out.append("--no-kill")     # a failed node does not end the job: a spare takes its place
+    if s.exclusive if s.exclusive is not None else slots > 1:
         out.append("--exclusive")
     for fname in ("partition", "account", "qos", "constraint", "reservation"):
         value = getattr(s, fname)
@@ -212,7 +242,9 @@ def _step(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, host: Host
     """The srun options, what runs the node script (a container's, or bash on the node), and the
     torchrun line, as shell words."""
     container = spec.slurm.container
-    srun: list[object] = [f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1"]
+    spares = spec.restart.spares
+    per_step = 1 if spares else spec.nodes      # with spares: one step per slot, on one node each
+    srun: list[object] = [f"--nodes={per_step}", f"--ntasks={per_step}", "--ntasks-per-node=1"]
     cpus = _cpus(spec)
     if cpus is not None:
         srun.append(f"--cpus-per-task={cpus}")   # srun 22.05 does not take it from sbatch's
@@ -252,7 +284,8 @@ def _step(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, host: Host
     launch: list[object] = [*prefix, "bash", "-c", Verbatim('"$node_script"'), "wmctl-node",
                             Verbatim('"$attempt_dir"')]
     argv = torchrun_args(spec, profile, endpoint=_ENDPOINT_MARK, rdzv_id=layout.rendezvous_id(spec.name, ctx.attempt),
-                         node_rank=None, launcher=launcher, torchrun=torchrun, command=command)
+                         node_rank=None, store_apart=bool(spares), launcher=launcher, torchrun=torchrun,
+                         command=command)
     # The one word computed on node 0 (its NodeAddr, read by the script): a wmctl value, never the user's.
     endpoint = Verbatim(f'"--rdzv-endpoint=${{rdzv_host}}:{spec.rendezvous.port}"')
     options = argv.index("--")         # torchrun's own options end there; the user's words follow
