@@ -569,7 +569,8 @@ class Supervisor:
         rec.timings["submit_s"] = round(self.clock() - started, 3)
         self.store.save(self.record)
         where = f", excluding {', '.join(excluded)}" if excluded else ""
-        self.echo(f"attempt {attempt} submitted on {self.backend.name} ({self.spec.nodes} node(s){where})")
+        spares = f" + {self.spec.restart.spares} spare(s)" if self.spec.restart.spares and self.backend.spares else ""
+        self.echo(f"attempt {attempt} submitted on {self.backend.name} ({self.spec.nodes} node(s){spares}{where})")
         return rec
 
     def _record_failure(self, rec: AttemptRecord, tracker: AttemptTracker, failure: F.Failure, decision: str) -> None:

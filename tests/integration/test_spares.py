@@ -90,6 +90,7 @@ def test_a_used_spare_is_replenished_and_answers_the_next_loss(home, reference):
     assert [a["outcome"] for a in rec["attempts"]] == ["succeeded"], w.output
     assert [(r["lost_node"], r["spare_node"], r["round"]) for r in _recoveries(home, run)] == [(1, 2, 1), (0, 3, 2)]
     assert "spare node 3 started in the background for the one round 1 used" in w.output
+    assert "attempt 0 submitted on local (2 node(s) + 1 spare(s))" in w.output
     assert '"event":"spare_replenished"' in (h.run_folder(home, run) / "metrics.jsonl").read_text()
     resumes = [p for p in h.progress(home, run, 0) if p["event"] == "resume"]
     assert [p["step"] >= 30 and p.get("exact") is not False for p in resumes[-1:]] == [True], resumes
