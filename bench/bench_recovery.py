@@ -165,8 +165,9 @@ def rendezvous_done(log: Path, after: float) -> float | None:
     return None
 
 
-def spare_trial(home: Path, name: str) -> dict:
-    """A SIGKILL of node 1 replaced in place by the spare: the split of kill -> first resumed step."""
+def spare_trial(home: Path, name: str, sig: int = signal.SIGKILL) -> dict:
+    """Node 1 SIGKILLed (or frozen: SIGSTOP) and replaced in place by the spare: the split of
+    kill -> first resumed step."""
     spec = write_spec(home, name, "local", steps=60, every=5, sleep=0.1, spares=1)
     data = yaml.safe_load(spec.read_text())
     data["env"] = {"LOGLEVEL": "INFO"}          # torchrun's INFO lines carry the rendezvous' end
@@ -175,7 +176,7 @@ def spare_trial(home: Path, name: str) -> dict:
     h.wait_until(lambda: any(p["event"] == "step" and p["step"] >= 12 for p in h.progress(home, name, 0)),
                  300, "step 12")
     killed_at = time.time()
-    kill("local", name, 1)
+    kill("local", name, 1, sig)
     code = w.wait(600)
     if code != 0:
         raise SystemExit(f"{name}: wmctl exited {code}\n{w.output[-3000:]}")
@@ -197,18 +198,23 @@ def spare_trial(home: Path, name: str) -> dict:
 
 
 def spare_comparison(home: Path, trials: int) -> None:
-    without, with_spare = [], []
-    for i in range(trials):       # alternating, so a machine that gets busier hurts both alike
-        without.append(one_trial("local", home, f"nospare-{i}", at_step=12, steps=60, every=5, sleep=0.1))
-        with_spare.append(spare_trial(home, f"spare-{i}"))
-    show("local, no spare: SIGKILL of node 1 -> first resumed step (a new attempt)", without)
     keys = ["detect", "worker restart", "re-rendezvous", "start+load", "first step", "total"]
-    print("\nlocal, one spare: SIGKILL of node 1 -> first resumed step (in place, no new attempt)")
-    print("  trial " + " ".join(f"{k:>17}" for k in keys))
-    for i, r in enumerate(with_spare):
-        print(f"  {i:>5} " + " ".join(f"{r[k]:>16.2f}s" for k in keys))
-    print("  median" + " ".join(f"{statistics.median(r[k] for r in with_spare):>16.2f}s" for k in keys))
-    print(f"load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (goal <= 3 s on a quiet machine)")
+    for sig in (signal.SIGKILL, signal.SIGSTOP):
+        without, with_spare = [], []
+        tag = "kill" if sig == signal.SIGKILL else "stop"
+        for i in range(trials):       # alternating, so a machine that gets busier hurts both alike
+            without.append(one_trial("local", home, f"nospare-{tag}{i}", at_step=12, steps=60, every=5, sleep=0.1,
+                                     sig=sig))
+            with_spare.append(spare_trial(home, f"spare-{tag}{i}", sig))
+        what = "SIGKILL" if sig == signal.SIGKILL else "SIGSTOP (frozen)"
+        show(f"local, no spare: {what} of node 1 -> first resumed step (a new attempt)", without)
+        print(f"\nlocal, one spare: {what} of node 1 -> first resumed step (in place, no new attempt)")
+        print("  trial " + " ".join(f"{k:>17}" for k in keys))
+        for i, r in enumerate(with_spare):
+            print(f"  {i:>5} " + " ".join(f"{r[k]:>16.2f}s" for k in keys))
+        print("  median" + " ".join(f"{statistics.median(r[k] for r in with_spare):>16.2f}s" for k in keys))
+    print(f"load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (goal <= 3 s on a quiet machine "
+          "for SIGKILL; node_silence_timeout + 3 s for a frozen node)")
 
 
 def newest_step(home: Path, name: str) -> tuple[int, int]:
