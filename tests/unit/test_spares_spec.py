@@ -40,7 +40,7 @@ def test_spares_out_of_bounds_are_refused_naming_the_field(value):
     assert "restart.spares" in str(err.value)
 
 
-@pytest.mark.parametrize("backend", ["docker", "kubernetes", "slurm"])
+@pytest.mark.parametrize("backend", ["kubernetes", "slurm"])
 def test_backends_without_spares_refuse_them_with_the_fix(backend):
     spec = spec_from({**BASE, "restart": {"spares": 1}, "checkpoint": {"dir": "/ck"},
                       "volumes": [{"name": "ck", "mount": "/ck", "pvc": "ck"}]})
@@ -53,6 +53,10 @@ def test_backends_without_spares_refuse_them_with_the_fix(backend):
 
 def test_the_local_backend_takes_spares():
     check_backend(spec_from({**BASE, "restart": {"spares": 2}}), "local", auto_resume=True)
+
+
+def test_the_docker_backend_takes_spares():
+    check_backend(spec_from({**BASE, "restart": {"spares": 1}}), "docker", auto_resume=False)
 
 
 def test_a_round_changes_only_torchruns_rendezvous_id():

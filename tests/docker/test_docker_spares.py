@@ -1,0 +1,90 @@
+"""Spare nodes on the Docker backend (restart.spares, docs/spares.md), on the real engine with the
+real `wmctl submit --backend docker --auto-resume`: one run covers the claims, to keep CI short.
+
+- node 0's container is `docker kill`ed after a checkpoint: the spare container takes its place in
+  round 1 of the same attempt (no container created or removed, the store apart survives node 0);
+- then node 1's: no spare is left, a new attempt replaces the first;
+- the run ends bit-identical (float.hex) to the uninterrupted computation, and leaves nothing
+  behind (the store and the idle containers included).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import docker.errors
+import pytest
+
+from orchestrator.runtime.protocol import parse_progress
+from tests.integration import harness as h
+
+from .conftest import SWEPT_RUNS
+from .test_docker_faults import final_state, leftovers, watch, write_spec
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(420),
+              pytest.mark.xdist_group(f"{SWEPT_RUNS}-docker-spares"),
+              pytest.mark.usefixtures("_no_stale_runs")]
+RUN_PREFIX = "dks-"     # this module's runs: the only ones its _no_stale_runs sweeps
+STEPS = 60
+
+
+def uninterrupted(steps: int) -> str:
+    """The counter job's state after ``steps`` steps on 2 ranks, computed here (as
+    test_docker_faults checks its reference run against)."""
+    state = 0.0
+    for step in range(steps):
+        state = state * 0.999 + (((step + 1) * 0.1 + 0) / 3.0 + ((step + 1) * 0.1 + 1) / 3.0)
+    return state.hex()
+
+
+def progress(client, run: str, attempt: int, slots: int = 3) -> list[dict]:
+    """Progress lines of every slot container (global rank 0 is on whichever slot c10d ranks first)."""
+    out: list[dict] = []
+    for slot in range(slots):
+        try:
+            text = client.containers.get(f"{run}-a{attempt}-{slot}").logs().decode(errors="replace")
+        except docker.errors.NotFound:
+            continue
+        out += [p for p in map(parse_progress, text.splitlines()) if p]
+    return out
+
+
+def checkpointed(client, run: str, step: int) -> bool:
+    return any(p["event"] == "checkpoint" and p.get("step", 0) >= step for p in progress(client, run, 0))
+
+
+def running(client, name: str) -> bool:
+    try:
+        return client.containers.get(name).status == "running"
+    except docker.errors.NotFound:
+        return False
+
+
+def test_docker_spare_replaces_node0_in_place_then_a_second_loss_resubmits(docker_client, image, home: Path):
+    run = "dks-twice"
+    w = watch(write_spec(home, run, image, steps=STEPS, restart={"spares": 1}), home)
+    h.wait_until(lambda: checkpointed(docker_client, run, 10), 240, "checkpoint 10")
+    assert running(docker_client, f"{run}-a0-2"), "the spare's container waits, running"
+    docker_client.containers.get(f"{run}-a0-0").kill()
+
+    def recoveries() -> list[dict]:
+        return h.record(home, run)["attempts"][0].get("recoveries", [])
+
+    h.wait_until(recoveries, 120, "the in-place recovery")
+    first = recoveries()[0]
+    assert (first["lost_node"], first["spare_node"], first["round"]) == (0, 2, 1), first
+    assert first["checkpoint_step"] >= 10
+    # no container created or removed on that path; the store (apart from node 0) serves round 1
+    assert running(docker_client, f"{run}-a0-store") and running(docker_client, f"{run}-a0-1")
+    again = first["checkpoint_step"] + 10
+    h.wait_until(lambda: checkpointed(docker_client, run, again), 180, f"round 1's checkpoint {again}")
+    docker_client.containers.get(f"{run}-a0-1").kill()
+    assert w.wait(360) == 0, w.output
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["node_lost", "succeeded"], w.output
+    assert len(rec["attempts"][0]["recoveries"]) == 1
+    assert rec["attempts"][1]["resumed_from_step"] >= again
+    assert "spare node 2 takes its place in round 1" in w.output
+    assert "no spare node is left" in w.output
+    assert final_state(home, run) == uninterrupted(STEPS)
+    assert not leftovers(docker_client, run)
