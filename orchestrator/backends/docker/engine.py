@@ -521,7 +521,10 @@ class DockerBackend(b.Backend[DockerRequest]):
                     if not ended:
                         events.append(b.Event(b.CANCELLED, message=f"{ref.attempt_name} cancelled by wmctl"))
                 nodes = [st.status[n] for n in active]
-            if b.Observation([], nodes).finished and not st.stop.is_set():
+            # With spares a failed round is not the attempt's end: the supervisor may answer it with
+            # a spare (recover_in_place), and the followers must read the next round. Teardown stops them.
+            over = not st.spares or all(n.phase == b.SUCCEEDED for n in nodes)
+            if b.Observation([], nodes).finished and over and not st.stop.is_set():
                 if st.spares:
                     slotfiles.close(ref.run, ref.attempt)     # idle spares stop: their logs end too
                 # Nothing more can happen. The log stream ends with node 0's container: give the
