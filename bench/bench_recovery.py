@@ -26,6 +26,12 @@ last agent's "Rendezvous complete", torchrun's own INFO line), worker start + ch
 (-> the job's `resume` line: a worker's interpreter, torch import, process group, the load) and
 first step (-> the first step after it). Goal on a quiet machine: <= 3 s with the spare.
 
+``--goodput`` (local): goodput, useful step time over wall time, for a run with one node death
+per 100 steps (SIGKILL of a training node's whole group at steps 100, 200, 300 of 400, a
+checkpoint every 20 steps), with no spare (each death a new attempt) and with one replenished
+spare (each death in place), beside the same run with no death (the ceiling). Useful step time
+is the run's steps times its median step interval: what the steps cost had nothing failed.
+
 Docker needs an engine and the test base image (built on first use, see tests/docker/baseimage.py).
 """
 
@@ -205,6 +211,76 @@ def spare_comparison(home: Path, trials: int) -> None:
     print(f"load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (goal <= 3 s on a quiet machine)")
 
 
+def newest_step(home: Path, name: str) -> tuple[int, int]:
+    """(attempt, step) of the newest step line of the run's newest attempt, (-1, -1) before one."""
+    folder = h.run_folder(home, name)
+    attempts = sorted(int(p.name.split("-")[1]) for p in folder.glob("attempt-*"))
+    if not attempts:
+        return -1, -1
+    steps = [p["step"] for p in h.progress(home, name, attempts[-1]) if p["event"] == "step"]
+    return attempts[-1], max(steps, default=-1)
+
+
+def active_slot(home: Path, name: str, attempt: int, avoid: int) -> int:
+    """A training node of the attempt's newest round other than ``avoid`` where it can (spares), else 1."""
+    rounds = sorted((h.run_folder(home, name) / f"attempt-{attempt}" / "rounds").glob("round-*.json"))
+    if not rounds:
+        return 1
+    active = json.loads(rounds[-1].read_text())["active"]
+    return next((slot for slot in active if slot != avoid), active[0])
+
+
+def goodput_trial(home: Path, name: str, *, spares: int, deaths: bool, steps: int = 400, period: int = 100) -> dict:
+    spec = write_spec(home, name, "local", steps=steps, every=20, sleep=0.1, spares=spares)
+    data = yaml.safe_load(spec.read_text())
+    data["restart"]["max_attempts"] = 10
+    spec.write_text(yaml.safe_dump(data))
+    started = time.time()
+    w = h.Watch(spec, home)
+    next_kill, last_victim, killed = period, -1, []
+    while w.proc.poll() is None:
+        attempt, step = newest_step(home, name)
+        if deaths and step >= next_kill and next_kill < steps:
+            victim = active_slot(home, name, attempt, last_victim)
+            if h.kill_node(name, attempt, victim):
+                killed.append((attempt, victim, step))
+                last_victim = victim
+            next_kill += period
+        time.sleep(0.05)
+    wall = time.time() - started
+    if w.wait(10) != 0:
+        raise SystemExit(f"{name}: wmctl exited {w.proc.returncode}\n{w.output[-3000:]}")
+    rec = h.record(home, name)
+    intervals = []
+    for a in rec["attempts"]:
+        times = {}
+        for p in h.progress(home, name, a["attempt"]):
+            if p["event"] == "step":
+                times[p["step"]] = p["time"]       # a redone step: its last run
+        ordered = sorted(times.items())
+        intervals += [t2 - t1 for (s1, t1), (s2, t2) in zip(ordered, ordered[1:], strict=False)
+                      if s2 == s1 + 1 and t2 > t1]
+    useful = steps * statistics.median(intervals)
+    return {"wall": wall, "useful": useful, "goodput": useful / wall, "deaths": len(killed),
+            "attempts": len(rec["attempts"]), "in place": sum(len(a.get("recoveries", [])) for a in rec["attempts"])}
+
+
+def goodput(home: Path, trials: int) -> None:
+    cases = [("no death", 0, False), ("no spare", 0, True), ("one spare, replenished", 1, True)]
+    rows: dict[str, list[dict]] = {label: [] for label, _, _ in cases}
+    for i in range(trials):       # alternating, so a machine that gets busier hurts every case alike
+        for label, spares, deaths in cases:
+            rows[label].append(goodput_trial(home, f"gp-{spares}{int(deaths)}-{i}", spares=spares, deaths=deaths))
+    print("\nlocal goodput: 400 steps of 0.1 s, a checkpoint every 20, one node SIGKILLed per 100 steps")
+    print(f"  {'case':<24} {'wall':>8} {'useful':>8} {'goodput':>8} {'deaths':>7} {'attempts':>9} {'in place':>9}")
+    for label, got in rows.items():
+        for r in got:
+            print(f"  {label:<24} {r['wall']:>7.1f}s {r['useful']:>7.1f}s {r['goodput']:>8.1%} {r['deaths']:>7} "
+                  f"{r['attempts']:>9} {r['in place']:>9}")
+        print(f"  {label + ' (median)':<24} {'':>8} {'':>8} {statistics.median(r['goodput'] for r in got):>8.1%}")
+    print(f"load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+
+
 def show(title: str, rows: list[dict]) -> None:
     keys = ["detection", "teardown", "resubmission", "restart", "total"]
     print(f"\n{title}")
@@ -220,10 +296,16 @@ def main() -> None:
     parser.add_argument("--backend", choices=["local", "docker", "both"], default="both")
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--spares", action="store_true", help="local: without and with a spare node, alternating")
+    parser.add_argument("--goodput", action="store_true",
+                        help="local: goodput with one node death per 100 steps, without and with a spare")
     args = parser.parse_args()
     backends = ["local", "docker"] if args.backend == "both" else [args.backend]
     home = Path(tempfile.mkdtemp(prefix="wmctl-bench-recovery-"))
     os.environ["WMCTL_HOME"] = str(home)
+    if args.goodput:
+        goodput(home, args.trials)
+        shutil.rmtree(home, ignore_errors=True)
+        return
     if args.spares:
         spare_comparison(home, args.trials)
         shutil.rmtree(home, ignore_errors=True)

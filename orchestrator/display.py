@@ -185,7 +185,8 @@ def summary(record: RunRecord) -> str:
             parts.append(f"excluded {','.join(a.excluded_nodes)}")
         for rec in a.recoveries:      # spare nodes (docs/spares.md): inside the attempt, no new one
             parts.append(f"in place: node {rec.get('lost_node')} replaced at step {rec.get('step')} by spare node "
-                         f"{rec.get('spare_node')}, resumed from checkpoint {rec.get('checkpoint_step')}")
+                         f"{rec.get('spare_node')}, resumed from checkpoint {rec.get('checkpoint_step')}"
+                         + (f", new spare node {rec['replenished']}" if rec.get("replenished") is not None else ""))
         parts += [f"straggler {entry_text(s)}" for s in a.stragglers]
         lines.append("; ".join(parts))
         lines += [f"    | {text}" for text in a.error]

@@ -17,6 +17,7 @@ from .stragglers import REPLACE, Straggler
 from .state import AttemptRecord
 from .tracker import AttemptTracker
 
+REPLENISH_AFTER_S = 10.0    # a job that reports no steps: its new round has run this long with every node up
 STRAGGLER = "straggler"     # not a failure of the attempt: a slow node swapped out at a checkpoint
 WHAT = {F.NODE_LOST: "lost", F.HANG: "frozen", F.DEVICE_FAULT: "lost its device", STRAGGLER: "is a straggler"}
 NODE_FAILURES = (F.NODE_LOST, F.HANG, F.DEVICE_FAULT)     # when they name a node
@@ -30,6 +31,13 @@ def recover_in_place(spec: JobSpec, backend: b.Backend[Any], ref: b.AttemptRef, 
     if (not (spec.restart.spares and backend.spares) or failure.kind not in (*NODE_FAILURES, STRAGGLER)
             or failure.node is None):
         return False, None
+    again = [r for r in rec.recoveries if r.get("checkpoint_step") == tracker.last_checkpoint_step]
+    if len(again) >= spec.restart.spares and failure.kind != STRAGGLER:
+        # Replenished spares could otherwise go round for ever on a failure that follows the job.
+        return False, (f"attempt {rec.attempt}: node {failure.node} failed ({failure.kind}) after {len(again)} "
+                       f"in-place recover{'y' if len(again) == 1 else 'ies'} with no checkpoint committed since "
+                       f"(step {step_text(tracker.last_checkpoint_step)}; restart.spares={spec.restart.spares}): "
+                       "a new attempt replaces this one")
     decided = clock()
     got = backend.recover_in_place(ref, failure.node)
     if got is None and failure.kind == STRAGGLER:
@@ -61,3 +69,29 @@ def straggler_line(spec: JobSpec, backend: b.Backend[Any], attempt: int, straggl
                else "restart.spares is 0")
         return f"{said}; restart.stragglers=replace but {why}: warned only", False
     return f"{said}; restart.stragglers=replace: a spare takes its place at the next checkpoint", True
+
+
+def replenish(spec: JobSpec, backend: b.Backend[Any], ref: b.AttemptRef, rec: AttemptRecord,
+              tracker: AttemptTracker, now: float) -> list[str]:
+    """Start a new spare for each one an in-place recovery used (restart.replenish_spares), once
+    the round it joined has resumed: its first step, or every node up for REPLENISH_AFTER_S for a
+    job that reports none. Never before: a new spare's start (a process importing torch, a
+    container, a pod) must not slow the recovery itself. Each recovery records the slot started
+    (``replenished``; None when the backend could not start one). The lines to tell the user."""
+    if not (spec.restart.replenish_spares and backend.replenishes_spares and tracker.in_place):
+        return []
+    resumed = tracker.first_step_at is not None or (
+        tracker.all_started_at is not None and now - tracker.all_started_at >= REPLENISH_AFTER_S)
+    if not resumed:
+        return []
+    lines = []
+    for got in rec.recoveries:
+        if "replenished" in got:
+            continue
+        slot = backend.replenish_spare(ref, got["lost_node"])
+        got["replenished"] = slot
+        lines.append(f"attempt {rec.attempt}: spare node {slot} started in the background for the one round "
+                     f"{got['round']} used (restart.replenish_spares)" if slot is not None else
+                     f"attempt {rec.attempt}: no new spare could be started for the one round {got['round']} "
+                     "used; the next lost node is replaced by a spare still warm, if any, else by a new attempt")
+    return lines

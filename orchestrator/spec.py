@@ -148,6 +148,9 @@ class RestartSpec:
     # warm spare nodes started with each attempt: a dead node is replaced in place by one of them
     # (docs/spares.md); 0 keeps today's behaviour, a whole new attempt per failure
     spares: int = field(default=0, metadata={"hashed_when_set": True})  # HASHED_WHEN_SET
+    # a spare used by an in-place recovery is replaced in the background (a new process,
+    # container or pod) once the run has resumed, where the backend can start one
+    replenish_spares: bool = field(default=True, metadata={"hashed_when_set": True})  # HASHED_WHEN_SET
     # a node whose time to reach the step's collective stays over straggler_ratio x the median of
     # the others for straggler_window steps is a straggler (runtime jobs that use StepTimer):
     # warn names it; replace swaps it for a warm spare at the next checkpoint (docs/spares.md)

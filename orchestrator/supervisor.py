@@ -20,7 +20,7 @@ from . import stragglerwatch, waitnote
 from .backends import base as b
 from .display import step_line, step_text, summary
 from .errors import EngineUnavailable, RunCancelled, RunFailed, WmctlError
-from .inplace import STRAGGLER, recover_in_place
+from .inplace import STRAGGLER, recover_in_place, replenish
 from .endgame import benign_exit, left_in_barrier
 from .joberror import with_job_error
 from .keptmetrics import adopted_metrics, metric_key
@@ -250,6 +250,18 @@ class Supervisor:
             self.echo(line)
         return done
 
+    def _replenish(self, ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker, now: float) -> None:
+        """New spares for the ones in-place recoveries used, once the run resumed (inplace.py)."""
+        lines = replenish(self.spec, self.backend, ref, rec, tracker, now)
+        if not lines:
+            return
+        self.store.save(self.record)
+        for got in rec.recoveries[-len(lines):]:
+            self.store.append_metric({"event": "spare_replenished", "by": "watcher", "attempt": rec.attempt,
+                                      "round": got["round"], "slot": got["replenished"], "seen": round(now, 3)})
+        for line in lines:
+            self.echo(line)
+
     def _stragglers(self, ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker,
                     pending: stragglerwatch.Pending, now: float) -> F.Failure | None:
         """The image pull's note, then straggler news told and recorded (stragglerwatch.py); the
@@ -298,6 +310,7 @@ class Supervisor:
                 self._show(rec, ev, tracker, now)
                 if ev.kind == b.PROGRESS and ev.progress and kept.first(metric_key(ev.progress)):
                     self.store.append_metric({**ev.progress, "attempt": rec.attempt, "seen": round(now, 3)})
+            self._replenish(ref, rec, tracker, now)
             replaced = self._stragglers(ref, rec, tracker, pending, now)
             if replaced is not None:
                 return tracker, replaced

@@ -70,7 +70,9 @@ def events(record: RunRecord, store: RunStore) -> list[dict[str, Any]]:
             out.append({"time": r.get("time"), "attempt": a.attempt, "event": "in_place",
                         "detail": f"node {r.get('lost_node')} replaced by spare node {r.get('spare_node')} "
                                   f"(round {r.get('round')}, at step {r.get('step')}, from checkpoint "
-                                  f"{r.get('checkpoint_step')}): {r.get('evidence') or '-'}"})
+                                  f"{r.get('checkpoint_step')}): {r.get('evidence') or '-'}"
+                                  + (f"; new spare node {r['replenished']} started" if r.get("replenished") is not None
+                                     else "")})
         for s in a.stragglers:      # slow nodes (docs/spares.md): named with their figures
             out.append({"time": s.get("since"), "attempt": a.attempt, "event": "straggler", "detail": entry_text(s)})
         off = off_reason((record.spec or {}).get("nodes"), a.paced) if a.outcome is not None else None

@@ -315,6 +315,9 @@ class Backend(ABC, Generic[R]):
     #: can it keep warm spare nodes (``restart.spares``) and replace a dead node in place
     #: (``recover_in_place``)? Checked in one place: ``backends.check``.
     spares: ClassVar[bool] = False
+    #: can it start a new spare for one an in-place recovery used (``replenish_spare``), in the
+    #: background? Not where the attempt's nodes are fixed when it starts (a Slurm allocation).
+    replenishes_spares: ClassVar[bool] = False
     #: are its nodes machines, so a node excluded for a lost node, a device fault or a hang is
     #: remembered past the run (``restart.remember_exclusions``, ``cluster_key``)? Not where a
     #: "node" is a process or a container of this machine.
@@ -418,6 +421,15 @@ class Backend(ABC, Generic[R]):
         """Lost ``node`` (a slot of the attempt) replaced by a warm spare without a new attempt:
         the survivors' workers restart in place and meet the spare in a new rendezvous round
         (docs/spares.md). None when the attempt has no spare left. Only where ``spares``."""
+        return None
+
+    def replenish_spare(self, ref: AttemptRef, lost: int) -> int | None:
+        """Start one new spare slot for the attempt after an in-place recovery replaced slot
+        ``lost`` (the new spare gets the resources the lost node freed, where that matters: its
+        CPUs and devices on one machine), without waiting for it to be warm; its slot number, or
+        None when it cannot be started.
+        Called once the run has resumed, never on a recovery's critical path. Only where
+        ``replenishes_spares``."""
         return None
 
     def note_cancel(self, ref: AttemptRef, intent: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ no new attempt, and the run ends bit-identical (float.hex) to an uninterrupted o
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -66,9 +67,37 @@ def test_spare_replaces_a_killed_node_in_place(home, reference, node, sig):
     assert f"in_place    node {node} replaced by spare node 2 (round 1" in described.stdout, described.stdout
 
 
+def test_a_used_spare_is_replenished_and_answers_the_next_loss(home, reference):
+    """restart.replenish_spares (the default): once round 1 has resumed, a new spare keeper (slot
+    3, with the lost slot's CPUs) starts in the background; a second loss after a new checkpoint is
+    answered in place by it, still one attempt."""
+    run = "spare-replenish"
+    spec = h.write_spec(home, run, restart={"spares": 1}, steps=60)
+    w = h.Watch(spec, home)
+    h.wait_checkpoint(home, run, 0, 10)
+    assert h.kill_node(run, 0, 1) > 0
+    h.wait_until(lambda: [r for r in _recoveries(home, run) if r.get("replenished") == 3], 120,
+                 "the replenished spare (slot 3)")
+    h.wait_checkpoint(home, run, 0, 30)      # the new round committed one of its own
+    # the keeper writes its pid file once torchrun is imported (warm), with round -1 while it waits
+    pid_file = h.run_folder(home, run) / "attempt-0" / "node-3.pid.json"
+    h.wait_until(lambda: pid_file.exists() and json.loads(pid_file.read_text())["round"] == -1, 120,
+                 "slot 3's keeper waiting, warm")
+    assert h.kill_node(run, 0, 0) > 0
+    assert w.wait() == 0, w.output
+    rec = h.record(home, run)
+    assert [a["outcome"] for a in rec["attempts"]] == ["succeeded"], w.output
+    assert [(r["lost_node"], r["spare_node"], r["round"]) for r in _recoveries(home, run)] == [(1, 2, 1), (0, 3, 2)]
+    assert "spare node 3 started in the background for the one round 1 used" in w.output
+    assert '"event":"spare_replenished"' in (h.run_folder(home, run) / "metrics.jsonl").read_text()
+    resumes = [p for p in h.progress(home, run, 0) if p["event"] == "resume"]
+    assert [p["step"] >= 30 and p.get("exact") is not False for p in resumes[-1:]] == [True], resumes
+    assert not h.leftover_processes(run)
+
+
 def test_second_death_with_the_only_spare_spent_resubmits(home, reference):
     run = "spare-twice"
-    spec = h.write_spec(home, run, restart={"spares": 1}, steps=60)
+    spec = h.write_spec(home, run, restart={"spares": 1, "replenish_spares": False}, steps=60)
     w = h.Watch(spec, home)
     h.wait_checkpoint(home, run, 0, 10)
     assert h.kill_node(run, 0, 1) > 0

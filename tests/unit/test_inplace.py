@@ -76,3 +76,92 @@ def test_without_spares_nothing_changes():
     backend = SparedToy(left=1)
     assert _try(0, F.NODE_LOST, backend)[0] == (False, None) and backend.asked == []
     assert _try(1, F.NODE_LOST, backend, node=None)[0] == (False, None) and backend.asked == []
+
+
+def test_recoveries_with_no_checkpoint_between_are_capped_at_the_spares():
+    """A spare is spent on each loss; with spares replenished, a failure that follows the job
+    (each new spare dies too) must not loop for ever: more in-place recoveries than restart.spares
+    with no checkpoint committed since is a new attempt, which counts."""
+    spec = spec_from({**BASE, "restart": {"spares": 1}})
+    backend = SparedToy(left=5)
+    rec = AttemptRecord(attempt=0, submitted_at=0.0)
+    ref = b.AttemptRef("toy", "ip", 0)
+
+    def lose(node: int, checkpoint: int):
+        tracker = AttemptTracker(started_at=0.0, last_step=checkpoint + 2, last_checkpoint_step=checkpoint)
+        return recover_in_place(spec, backend, ref, rec, tracker, F.Failure(F.NODE_LOST, node, "h", 5.0, "gone"),
+                                lambda: 6.0)
+
+    assert lose(1, 10)[0]
+    done, line = lose(0, 10)         # the same checkpoint: nothing committed since the last recovery
+    assert not done and "after 1 in-place recovery with no checkpoint committed since (step 10" in line
+    assert backend.asked == [1]
+    assert lose(0, 20)[0]            # the round committed step 20: progress, so a spare answers again
+    assert [r["lost_node"] for r in rec.recoveries] == [1, 0]
+
+
+class Replenishing(SparedToy):
+    replenishes_spares = True
+
+    def __init__(self, left: int, can: bool = True) -> None:
+        super().__init__(left)
+        self.can = can
+        self.started: list[int] = []
+
+    def replenish_spare(self, ref, lost):
+        self.started.append(lost)
+        return 10 + len(self.started) if self.can else None
+
+
+class Cannot(Replenishing):
+    replenishes_spares = False
+
+
+def _replenish_case(spares_spec: dict, backend: SparedToy):
+    spec = spec_from({**BASE, "restart": {"spares": 1, **spares_spec}})
+    rec = AttemptRecord(attempt=0, submitted_at=0.0)
+    ref = b.AttemptRef("toy", "ip", 0)
+    first = AttemptTracker(started_at=0.0, last_step=12, last_checkpoint_step=10)
+    assert recover_in_place(spec, backend, ref, rec, first, F.Failure(F.NODE_LOST, 1, "h", 5.0, "gone"),
+                            lambda: 6.0)[0]
+    return spec, rec, ref, first.next_round(7.0, None)
+
+
+def test_a_used_spare_is_replenished_once_the_new_round_has_stepped_never_before():
+    from orchestrator.inplace import replenish
+
+    backend = Replenishing(left=1)
+    spec, rec, ref, tracker = _replenish_case({}, backend)
+    assert replenish(spec, backend, ref, rec, tracker, 8.0) == [] and backend.started == []   # still recovering
+    tracker.all_started_at = 7.5
+    assert replenish(spec, backend, ref, rec, tracker, 9.0) == [] and backend.started == []   # up, no step yet
+    tracker.first_step_at = 9.5
+    lines = replenish(spec, backend, ref, rec, tracker, 10.0)
+    assert backend.started == [1] and rec.recoveries[0]["replenished"] == 11
+    assert lines == ["attempt 0: spare node 11 started in the background for the one round 1 used "
+                     "(restart.replenish_spares)"]
+    assert replenish(spec, backend, ref, rec, tracker, 11.0) == [] and backend.started == [1]     # once
+
+
+def test_a_job_that_reports_no_steps_gets_its_spare_after_its_nodes_ran_a_while():
+    from orchestrator.inplace import REPLENISH_AFTER_S, replenish
+
+    backend = Replenishing(left=1)
+    spec, rec, ref, tracker = _replenish_case({}, backend)
+    tracker.all_started_at = 8.0
+    assert replenish(spec, backend, ref, rec, tracker, 8.0 + REPLENISH_AFTER_S - 0.1) == []
+    assert replenish(spec, backend, ref, rec, tracker, 8.0 + REPLENISH_AFTER_S) and backend.started == [1]
+
+
+@pytest.mark.parametrize("case", ["off", "cannot", "fails"])
+def test_no_replenishing_when_off_or_the_backend_cannot(case):
+    from orchestrator.inplace import replenish
+
+    backend = (Cannot if case == "cannot" else Replenishing)(left=1, can=case != "fails")
+    spec, rec, ref, tracker = _replenish_case({"replenish_spares": False} if case == "off" else {}, backend)
+    tracker.first_step_at = 9.0
+    lines = replenish(spec, backend, ref, rec, tracker, 10.0)
+    if case == "fails":
+        assert rec.recoveries[0]["replenished"] is None and "no new spare could be started" in lines[0]
+    else:
+        assert lines == [] and backend.started == [] and "replenished" not in rec.recoveries[0]

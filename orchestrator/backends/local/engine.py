@@ -23,7 +23,7 @@ from ... import layout
 from ...errors import BackendError, RunNotFound, SpecError, WmctlError
 from ...launch import fence_epoch
 from ...plan import AttemptContext, HostFacts, Plan
-from ...runtime.protocol import ENV_FENCE_EPOCH, ENV_LOCAL_TAG, ENV_RESUME, run_checkpoint_dir
+from ...runtime.protocol import ENV_FENCE_EPOCH, ENV_LOCAL_TAG, ENV_NODE_NAME, ENV_RESUME, run_checkpoint_dir
 from ...spec import JobSpec
 from ...speccheck import context_problems
 from ...state import open_store
@@ -126,6 +126,7 @@ class LocalBackend(b.Backend[LocalRequest]):
     checkpoints_outlive_nodes = True  # checkpoints are on this machine's disk
     log_options = frozenset({"tail"})  # a node's output goes straight to a file: no per-line times
     spares = True                     # spare keepers wait beside the nodes (runtime/keeper.py, docs/spares.md)
+    replenishes_spares = True         # a used spare's slot is followed by a new keeper
 
     def __init__(self) -> None:
         self._watches: dict[str, list[_NodeWatch]] = {}
@@ -191,25 +192,30 @@ class LocalBackend(b.Backend[LocalRequest]):
             r.write_round(rounds, 0, [a["node"] for a in plan.resources if not a.get("spare")],
                           layout.round_rendezvous_id(plan.run, plan.attempt, 0), {})
         for agent in plan.resources:
-            node = agent["node"]
-            watch = _NodeWatch(ref, node)
-            keeper = [sys.executable, "-m", "orchestrator.backends.local.agent", "--log", str(watch.log),
-                      "--exit-file", str(watch.exit_file), "--pid-file", str(watch.pid_file)]
-            if agent.get("cpus"):
-                keeper += ["--cpus", agent["cpus"]]
-            if plan.request.spares:
-                keeper += ["--rounds", str(rounds), "--slot", str(node)]
-            env = {**os.environ, **agent["env"], TAG_ENV: _tag(plan.attempt_name, node, run_id)}
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[3]),
-                                                              env.get("PYTHONPATH")]))
             try:
-                subprocess.Popen([*keeper, "--", *agent["argv"]], cwd=agent["cwd"], env=env,
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                 start_new_session=True)
+                self._start_keeper(ref, agent, rounds if plan.request.spares else None, run_id)
             except OSError as exc:
                 self.cancel(ref)
-                raise BackendError(f"cannot start node {node} of {plan.attempt_name}: {exc}") from None
+                raise BackendError(f"cannot start node {agent['node']} of {plan.attempt_name}: {exc}") from None
         return ref
+
+    def _start_keeper(self, ref: b.AttemptRef, agent: dict[str, Any], rounds: Path | None, run_id: str) -> None:
+        """One slot's keeper (agent.py) in a session of its own, tagged; with ``rounds``, the
+        keeper runs the rounds that folder names (spare nodes)."""
+        node = agent["node"]
+        watch = _NodeWatch(ref, node)
+        keeper = [sys.executable, "-m", "orchestrator.backends.local.agent", "--log", str(watch.log),
+                  "--exit-file", str(watch.exit_file), "--pid-file", str(watch.pid_file)]
+        if agent.get("cpus"):
+            keeper += ["--cpus", agent["cpus"]]
+        if rounds is not None:
+            keeper += ["--rounds", str(rounds), "--slot", str(node)]
+        env = {**os.environ, **agent["env"], TAG_ENV: _tag(ref.attempt_name, node, run_id)}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[3]),
+                                                          env.get("PYTHONPATH")]))
+        subprocess.Popen([*keeper, "--", *agent["argv"]], cwd=agent["cwd"], env=env,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
 
     def _start_store(self, plan: Plan[LocalRequest], run_id: str) -> None:
         """The attempt's c10d store in a process of its own (runtime/c10dstore.py), tagged like its nodes."""
@@ -253,6 +259,36 @@ class LocalBackend(b.Backend[LocalRequest]):
                 w.reported_start = w.reported_end = w.reported_pause = False
                 w.phase, w.exit_code, w.reason = b.PENDING, None, None
         return b.InPlaceRecovery(round=n, lost=node, spare=spare, spares_left=len(idle) - 1)
+
+    def replenish_spare(self, ref: b.AttemptRef, lost: int) -> int | None:
+        """A new spare keeper in a new slot (the next number), with the lost slot's CPUs and
+        devices (it is gone, so they are free); the attempt's plan file lists it, so a watcher
+        started later watches it too. The keeper imports torchrun while it waits, as the first
+        spares did; it is not waited for."""
+        directory = layout.attempt_dir(ref.run, ref.attempt)
+        plan_file = directory / layout.PLAN_FILE
+        rounds = layout.rounds_dir(ref.run, ref.attempt)
+        if not rounds.exists() or (rounds / r.CLOSED).exists():
+            return None
+        plan = json.loads(plan_file.read_text())
+        slots = plan["resources"]
+        if not 0 <= lost < len(slots):
+            return None
+        n = len(slots)
+        agent = {**slots[lost], "node": n, "spare": True, "replenished": True,
+                 "env": {**slots[lost]["env"], ENV_NODE_NAME: layout.local_host(n)},
+                 "log": str(layout.node_log(ref.run, ref.attempt, n))}
+        plan["resources"] = [*slots, agent]
+        tmp = plan_file.with_name(f"{plan_file.name}.tmp")
+        tmp.write_text(json.dumps(plan, indent=1))
+        os.replace(tmp, plan_file)
+        try:
+            self._start_keeper(ref, agent, rounds, run_id_of(ref.run))
+        except OSError:
+            return None
+        if ref.attempt_name in self._watches:     # else read from the plan file, which lists it now
+            self._watches[ref.attempt_name].append(_NodeWatch(ref, n))
+        return n
 
     def _round(self, ref: b.AttemptRef) -> dict[str, Any] | None:
         rounds = layout.rounds_dir(ref.run, ref.attempt)
