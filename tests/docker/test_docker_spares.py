@@ -3,7 +3,10 @@ real `wmctl submit --backend docker --auto-resume`: one run covers the claims, t
 
 - node 0's container is `docker kill`ed after a checkpoint: the spare container takes its place in
   round 1 of the same attempt (no container created or removed, the store apart survives node 0);
-- then node 1's: no spare is left, a new attempt replaces the first;
+- once round 1 resumed, a new spare container (slot 3) is started in the background; node 1's
+  container killed after the next checkpoint: slot 3 takes its place in round 2;
+- slot 2 killed at once, before round 2 resumes (no new spare yet): none is left, a new attempt
+  replaces the first;
 - the run ends bit-identical (float.hex) to the uninterrupted computation, and leaves nothing
   behind (the store and the idle containers included).
 """
@@ -37,7 +40,7 @@ def uninterrupted(steps: int) -> str:
     return state.hex()
 
 
-def progress(client, run: str, attempt: int, slots: int = 3) -> list[dict]:
+def progress(client, run: str, attempt: int, slots: int = 4) -> list[dict]:
     """Progress lines of every slot container (global rank 0 is on whichever slot c10d ranks first)."""
     out: list[dict] = []
     for slot in range(slots):
@@ -60,8 +63,8 @@ def running(client, name: str) -> bool:
         return False
 
 
-def test_docker_spare_replaces_node0_in_place_then_a_second_loss_resubmits(docker_client, image, home: Path):
-    run = "dks-twice"
+def test_docker_spares_replace_node0_in_place_are_replenished_then_run_out(docker_client, image, home: Path):
+    run = "dks-spares"
     w = watch(write_spec(home, run, image, steps=STEPS, restart={"spares": 1}), home)
     h.wait_until(lambda: checkpointed(docker_client, run, 10), 240, "checkpoint 10")
     assert running(docker_client, f"{run}-a0-2"), "the spare's container waits, running"
@@ -70,21 +73,29 @@ def test_docker_spare_replaces_node0_in_place_then_a_second_loss_resubmits(docke
     def recoveries() -> list[dict]:
         return h.record(home, run)["attempts"][0].get("recoveries", [])
 
-    h.wait_until(recoveries, 120, "the in-place recovery")
+    h.wait_until(recoveries, 120, "the first in-place recovery")
     first = recoveries()[0]
     assert (first["lost_node"], first["spare_node"], first["round"]) == (0, 2, 1), first
     assert first["checkpoint_step"] >= 10
     # no container created or removed on that path; the store (apart from node 0) serves round 1
     assert running(docker_client, f"{run}-a0-store") and running(docker_client, f"{run}-a0-1")
-    again = first["checkpoint_step"] + 10
+    # once round 1 resumed, a new spare container (slot 3) replaces the one used, in the background
+    h.wait_until(lambda: running(docker_client, f"{run}-a0-3"), 120, "the replenished spare's container")
+    again = first["checkpoint_step"] + 5
     h.wait_until(lambda: checkpointed(docker_client, run, again), 180, f"round 1's checkpoint {again}")
     docker_client.containers.get(f"{run}-a0-1").kill()
+    h.wait_until(lambda: len(recoveries()) == 2, 120, "the second in-place recovery")
+    second = recoveries()[1]
+    assert (second["lost_node"], second["spare_node"], second["round"]) == (1, 3, 2), second
+    # at once, before round 2 resumes (a new spare is started only then): no spare is warm
+    docker_client.containers.get(f"{run}-a0-2").kill()
     assert w.wait(360) == 0, w.output
     rec = h.record(home, run)
     assert [a["outcome"] for a in rec["attempts"]] == ["node_lost", "succeeded"], w.output
-    assert len(rec["attempts"][0]["recoveries"]) == 1
+    assert [r.get("replenished") for r in rec["attempts"][0]["recoveries"]][:1] == [3], rec["attempts"][0]
     assert rec["attempts"][1]["resumed_from_step"] >= again
     assert "spare node 2 takes its place in round 1" in w.output
+    assert "spare node 3 takes its place in round 2" in w.output
     assert "no spare node is left" in w.output
     assert final_state(home, run) == uninterrupted(STEPS)
     assert not leftovers(docker_client, run)

@@ -151,3 +151,25 @@ def test_the_docker_run_line_of_every_container_is_shell_quoted(spares):
         if r["kind"] in ("container", "store"):
             words = shlex.split(r["docker_run"])
             assert words[-len(r["create"]["command"]):] == list(r["create"]["command"])
+
+
+def test_a_replenished_spare_is_the_lost_slots_container_renamed(tmp_path, monkeypatch):
+    """replenish_spare's container: the lost slot's (its CPUs, mounts, torchrun line), under the
+    new slot's name, labels, tag and keeper slot; read back from the attempt's saved plan."""
+    monkeypatch.setenv("WMCTL_HOME", str(tmp_path))
+    _, plan = _plan(cpus=6)
+    slotfiles.prepare("dsp", 3, [0, 1], shared=False)
+    slotfiles.save_plan("dsp", 3, plan.to_dict())
+    lost = slotfiles.slot_resource("dsp", 3, 1)
+    assert lost is not None and slotfiles.slot_resource("dsp", 3, 9) is None
+    fresh = S.for_slot(lost, "dsp", 3, 3)
+    create, before = fresh["create"], lost["create"]
+    assert fresh["node"] == 3 and fresh["spare"] and fresh["aliases"] == ["dsp-a3-3"]
+    assert create["name"] == create["hostname"] == "dsp-a3-3"
+    assert create["labels"][L.NODE] == "3" and create["labels"][L.NODES] == "4"
+    assert create["environment"]["WMCTL_LOCAL_TAG"] == create["environment"]["WMCTL_NODE_NAME"] == "dsp-a3-3"
+    argv = create["command"]
+    assert argv[argv.index("--slot") + 1] == "3" and f"{S.SLOTS}/{S.exit_file(3)}" in argv
+    assert argv[argv.index(S.PYTHON_WORD):] == before["command"][before["command"].index(S.PYTHON_WORD):]
+    assert create["cpuset_cpus"] == before["cpuset_cpus"] == "2-3" and create["mounts"] == before["mounts"]
+    assert before["name"] == "dsp-a3-1"          # the saved plan is left as it was

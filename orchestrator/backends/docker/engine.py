@@ -40,6 +40,7 @@ from ..logcursor import LogCursor
 from .classify import TERMINAL, node_status, parse_docker_time, transition_events
 from .evidence import AttemptState, drain, event_time, fresh_lines
 from . import slotfiles
+from .spareslots import SpareSlots
 from .render import DockerRequest, render_docker
 
 # Plan "create" keys that belong to the container config; every other known key is host config.
@@ -85,7 +86,7 @@ def _create_bind_sources(containers: list[dict[str, Any]]) -> None:
                     pass        # the engine's refusal names the path
 
 
-class DockerBackend(b.Backend[DockerRequest]):
+class DockerBackend(SpareSlots, b.Backend[DockerRequest]):
     name = "docker"
     places_nodes = False     # one Docker host: a retry cannot go elsewhere
     graceful_cancel = True   # `docker stop`: SIGTERM, then SIGKILL after the grace period
@@ -94,6 +95,7 @@ class DockerBackend(b.Backend[DockerRequest]):
     volume_sources = frozenset(("pvc", "host_path", "nfs", "empty_dir"))
     log_options = frozenset({"tail", "since", "timestamps"})   # the engine keeps each line's time
     spares = True            # spare containers run the keeper beside the nodes (docs/spares.md)
+    replenishes_spares = True  # a used spare is followed by a new container (replenish_spare)
 
     def __init__(self, client: Any = None, *, pull: bool = False, log_follow: bool = True):
         self._client = client
@@ -167,6 +169,7 @@ class DockerBackend(b.Backend[DockerRequest]):
             me = f"{os.getuid()}:{os.getgid()}"
             slotfiles.prepare(plan.run, plan.attempt, [c["node"] for c in containers if not c.get("spare")],
                               shared=any(c["create"].get("user") != me for c in containers))
+            slotfiles.save_plan(plan.run, plan.attempt, plan.to_dict())
         _create_bind_sources(containers)
         undo: list[Callable[[], None]] = []
         since = time.time() - 1.0
@@ -537,37 +540,6 @@ class DockerBackend(b.Backend[DockerRequest]):
                     events += drain(st)
         events.sort(key=lambda e: e.time)
         return b.Observation(events, nodes)
-
-    # ------------------------------------------------------------ spare nodes
-
-    def recover_in_place(self, ref: b.AttemptRef, node: int) -> b.InPlaceRecovery | None:
-        """Replace lost slot ``node`` with an idle spare container: the lost container is killed
-        (`docker kill`: fenced off, a paused one too) and the next round names the spare in its
-        place; every keeper of the round restarts its torchrun (runtime/keeper.py). No container is
-        created or removed. None when the attempt has no spare left."""
-        current = slotfiles.current(ref.run, ref.attempt)
-        if current is None or node not in current["active"]:
-            return None
-        with sdk.engine(f"replacing node {node} of {ref.attempt_name} with a spare"):
-            st = self._state_for(ref)
-            used = slotfiles.used_slots(ref.run, ref.attempt)
-            idle = [slot for slot in sorted(st.names) if slot not in used and self._running(st.names[slot])]
-            if not idle:
-                return None
-            spare = idle[0]
-            self._quiet_kill(st.names[node])
-            n, active = slotfiles.next_round(ref.run, ref.attempt, node, spare)
-        with st.lock:
-            for slot in active:      # the new round's news only: each keeper starts over (its log goes on)
-                st.status.pop(slot, None)
-        return b.InPlaceRecovery(round=n, lost=node, spare=spare, spares_left=len(idle) - 1)
-
-    def _running(self, name: str) -> bool:
-        errors, _ = sdk.errors()
-        try:
-            return self.client.api.inspect_container(name)["State"].get("Status") == "running"
-        except errors.NotFound:
-            return False
 
     def logs(self, ref: b.AttemptRef, node: int = 0, follow: bool = False,
              query: b.LogQuery | None = None) -> Iterator[str]:

@@ -31,6 +31,28 @@ def prepare(run: str, attempt: int, nodes: list[int], *, shared: bool) -> None:
         k.write_round(rounds, 0, nodes, layout.round_rendezvous_id(run, attempt, 0), {})
 
 
+def save_plan(run: str, attempt: int, plan: dict[str, Any]) -> None:
+    """The attempt's plan beside its rounds: a replenished spare is made from a lost slot's container."""
+    path = layout.attempt_dir(run, attempt) / layout.PLAN_FILE
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_text(json.dumps(plan, indent=1))
+    os.replace(tmp, path)
+
+
+def slot_resource(run: str, attempt: int, slot: int) -> dict[str, Any] | None:
+    """Slot ``slot``'s container in the attempt's saved plan; None when the plan or the slot is missing."""
+    try:
+        plan = json.loads((layout.attempt_dir(run, attempt) / layout.PLAN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return next((r for r in plan.get("resources", []) if r.get("kind") == "container" and r.get("node") == slot),
+                None)
+
+
+def closed(run: str, attempt: int) -> bool:
+    return (layout.rounds_dir(run, attempt) / k.CLOSED).exists()
+
+
 def has_rounds(run: str, attempt: int) -> bool:
     return layout.rounds_dir(run, attempt).exists()
 

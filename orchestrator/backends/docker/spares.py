@@ -12,12 +12,14 @@ from that file, as the local backend does, not from the container's state.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
 from ... import labels as L
 from ... import layout
 from ...runtime import c10dstore, keeper
+from ...runtime.protocol import ENV_LOCAL_TAG, ENV_NODE_NAME
 
 MOUNT = "/wmctl-spares"
 KEEPER = f"{MOUNT}/keeper.py"
@@ -100,3 +102,17 @@ def store_container(run: str, attempt: int, *, image: str, port: int, network: s
     if user is not None:
         create["user"] = user
     return create
+
+
+def for_slot(resource: dict[str, Any], run: str, attempt: int, slot: int) -> dict[str, Any]:
+    """A plan's slot container (a lost node's) made over for a new spare in slot ``slot``
+    (replenishing): its name, hostname, labels, tag and keeper's slot are the new slot's; its CPUs,
+    devices, mounts and torchrun line stay (the lost node's, free now)."""
+    create = copy.deepcopy(resource["create"])
+    name = layout.node_name(run, attempt, slot)
+    argv = create["command"]
+    torchrun = argv[argv.index("--", argv.index("--pid-file")) + 1:]
+    create.update(name=name, hostname=name, command=keeper_command(slot, torchrun))
+    create["labels"] = {**create["labels"], L.NODE: str(slot), L.NODES: str(slot + 1)}
+    create["environment"] = {**create["environment"], ENV_NODE_NAME: name, ENV_LOCAL_TAG: name}
+    return {**resource, "node": slot, "spare": True, "replenished": True, "aliases": [name], "create": create}
