@@ -121,7 +121,13 @@ def test_rounds_and_exit_files_on_the_host(tmp_path, monkeypatch):
     exit_path.write_text(json.dumps({"exit_code": 1, "signal": None, "time": 5.0, "round": 0}))
     ended = slotfiles.round_end("dsp", 1, 1, 0)
     assert ended is not None and ended["exit_code"] == 1
+    pid_path = S.slots_dir("dsp", 1) / S.pid_file(1)
+    pid_path.write_text(json.dumps({"keeper": 1, "agent": None, "started": 4.0, "round": -1}))
+    assert slotfiles.round_start("dsp", 1, 1, 0) is None           # a keeper waiting: not started
+    pid_path.write_text(json.dumps({"keeper": 1, "agent": 7, "started": 4.5, "round": 0}))
+    assert slotfiles.round_start("dsp", 1, 1, 0) == 4.5
     n, active = slotfiles.next_round("dsp", 1, lost=1, spare=2)
+    assert slotfiles.round_start("dsp", 1, 1, 1) is None
     assert (n, active) == (1, [0, 2])
     info = slotfiles.current("dsp", 1)
     assert info is not None and info["env"] == {"WMCTL_RESUME": "1", "WMCTL_FENCE_EPOCH": "1001"}

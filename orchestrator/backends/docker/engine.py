@@ -502,20 +502,24 @@ class DockerBackend(SpareSlots, b.Backend[DockerRequest]):
                         info = None
                     state = info["State"] if info else None
                     signal = st.signals.get(node)
+                    started = parse_docker_time(state.get("StartedAt")) if state else None
                     finished = parse_docker_time(state.get("FinishedAt")) if state else None
                     if current is not None and state is not None and state.get("Status") == "running":
-                        # the container runs on, its keeper waiting: the round's end is its exit file
+                        # The container runs on across rounds, its keeper waiting between them: the
+                        # round's start and end are the keeper's pid and exit files.
+                        started = slotfiles.round_start(ref.run, ref.attempt, node, current["round"])
                         end = slotfiles.round_end(ref.run, ref.attempt, node, current["round"])
                         if end is not None:
                             state = {**state, "Status": "exited", "ExitCode": end.get("exit_code"), "OOMKilled": False}
                             signal, finished = end.get("signal"), float(end.get("time") or looked)
+                        elif started is None:
+                            state = {**state, "Status": "created"}     # not this round's torchrun yet
                     prev = st.status.get(node)
                     cur = node_status(node, name, state, signal=signal, cancelled=st.cancelled,
                                       previous=prev, gone_exit=st.died.get(node))
                     events += transition_events(
                         prev, cur, name=name, event_time=event_time(st, node, prev, cur),
-                        started_at=parse_docker_time(state.get("StartedAt")) if state else None,
-                        finished_at=finished, last_alive=st.alive_at.get(node))
+                        started_at=started, finished_at=finished, last_alive=st.alive_at.get(node))
                     if cur.phase in (b.PENDING, b.RUNNING, b.PAUSED):
                         st.alive_at[node] = looked
                     st.status[node] = cur

@@ -13,7 +13,7 @@ from ... import layout
 from ...launch import fence_epoch
 from ...runtime import keeper as k
 from ...runtime.protocol import ENV_FENCE_EPOCH, ENV_RESUME
-from .spares import exit_file, slots_dir
+from .spares import exit_file, pid_file, slots_dir
 
 
 def prepare(run: str, attempt: int, nodes: list[int], *, shared: bool) -> None:
@@ -71,6 +71,19 @@ def round_end(run: str, attempt: int, slot: int, round_: int) -> dict[str, Any] 
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and data.get("round") == round_ else None
+
+
+def round_start(run: str, attempt: int, slot: int, round_: int) -> float | None:
+    """When slot ``slot``'s keeper started its torchrun of round ``round_`` (its pid file); None
+    until it has (a keeper still on an earlier round, or waiting)."""
+    try:
+        data = json.loads((slots_dir(run, attempt) / pid_file(slot)).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("round") != round_:
+        return None
+    started = data.get("started")
+    return float(started) if isinstance(started, (int, float)) else None
 
 
 def used_slots(run: str, attempt: int) -> set[int]:
