@@ -179,3 +179,17 @@ def test_a_replenished_spare_is_the_lost_slots_container_renamed(tmp_path, monke
     assert argv[argv.index(S.PYTHON_WORD):] == before["command"][before["command"].index(S.PYTHON_WORD):]
     assert create["cpuset_cpus"] == before["cpuset_cpus"] == "2-3" and create["mounts"] == before["mounts"]
     assert before["name"] == "dsp-a3-1"          # the saved plan is left as it was
+
+
+def test_the_cli_refuses_spares_on_a_remote_engine_before_anything(tmp_path):
+    """`wmctl submit --dry-run` with DOCKER_HOST on another machine: exit 2 naming the field and the
+    fix, no traceback (nothing contacts the engine)."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: dsx\ncommand: [python, train.py]\nnodes: 2\nimage: {vendor: cpu, tag: 'x:1'}\n"
+                    "restart: {spares: 1}\n")
+    env = {**os.environ, "DOCKER_HOST": "tcp://10.11.12.13:2376", "WMCTL_HOME": str(tmp_path / "home")}
+    done = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", str(spec), "--backend", "docker",
+                           "--dry-run"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "restart.spares: spare nodes need the Docker engine on this machine" in done.stderr
+    assert "set restart.spares: 0" in done.stderr and "Traceback" not in done.stderr
