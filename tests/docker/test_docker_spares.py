@@ -5,8 +5,8 @@ real `wmctl submit --backend docker --auto-resume`: one run covers the claims, t
   round 1 of the same attempt (no container created or removed, the store apart survives node 0);
 - once round 1 resumed, a new spare container (slot 3) is started in the background; node 1's
   container killed after the next checkpoint: slot 3 takes its place in round 2;
-- slot 2 killed at once, before round 2 resumes (no new spare yet): none is left, a new attempt
-  replaces the first;
+- round 2's own new spare (slot 4) killed while idle (no news), then slot 2: no spare is left, a
+  new attempt replaces the first;
 - the run ends bit-identical (float.hex) to the uninterrupted computation, and leaves nothing
   behind (the store and the idle containers included).
 """
@@ -87,13 +87,18 @@ def test_docker_spares_replace_node0_in_place_are_replenished_then_run_out(docke
     h.wait_until(lambda: len(recoveries()) == 2, 120, "the second in-place recovery")
     second = recoveries()[1]
     assert (second["lost_node"], second["spare_node"], second["round"]) == (1, 3, 2), second
-    # at once, before round 2 resumes (a new spare is started only then): no spare is warm
-    docker_client.containers.get(f"{run}-a0-2").kill()
+    # round 2 resumes, commits, and gets its own new spare (slot 4), which dies idle: no news
+    h.wait_until(lambda: running(docker_client, f"{run}-a0-4"), 120, "the second replenished spare")
+    third = second["checkpoint_step"] + 5
+    h.wait_until(lambda: checkpointed(docker_client, run, third), 180, f"round 2's checkpoint {third}")
+    docker_client.containers.get(f"{run}-a0-4").kill()
+    h.wait_until(lambda: not running(docker_client, f"{run}-a0-4"), 60, "the idle spare's end")
+    docker_client.containers.get(f"{run}-a0-2").kill()       # and no spare is left for slot 2
     assert w.wait(360) == 0, w.output
     rec = h.record(home, run)
     assert [a["outcome"] for a in rec["attempts"]] == ["node_lost", "succeeded"], w.output
-    assert [r.get("replenished") for r in rec["attempts"][0]["recoveries"]][:1] == [3], rec["attempts"][0]
-    assert rec["attempts"][1]["resumed_from_step"] >= again
+    assert [r.get("replenished") for r in rec["attempts"][0]["recoveries"]] == [3, 4], rec["attempts"][0]
+    assert rec["attempts"][1]["resumed_from_step"] >= third
     assert "spare node 2 takes its place in round 1" in w.output
     assert "spare node 3 takes its place in round 2" in w.output
     assert "no spare node is left" in w.output
