@@ -147,6 +147,7 @@ def spare_comparison(trials: int) -> None:
 
     home = Path(tempfile.mkdtemp(prefix="wmctl-bench-docker-spares-"))
     os.environ["WMCTL_HOME"] = str(home)
+    br.IMAGE = os.environ.get("WMCTL_BENCH_IMAGE", br.IMAGE)     # sessions side by side on one engine
     br.build_image()
     without, with_spare = [], []
     try:
