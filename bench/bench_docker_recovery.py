@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import docker  # noqa: E402
 
 from orchestrator.backends import base  # noqa: E402
-from orchestrator.backends.docker import DockerBackend  # noqa: E402
+from orchestrator.backends.docker.engine import DockerBackend  # noqa: E402
 from tests.docker.baseimage import ensure_base_image  # noqa: E402
 from tests.docker.test_backend_docker import make_plan  # noqa: E402
 
