@@ -9,6 +9,8 @@ real `wmctl submit --backend docker --auto-resume`: one run covers the claims, t
   new attempt replaces the first;
 - the run ends bit-identical (float.hex) to the uninterrupted computation, and leaves nothing
   behind (the store and the idle containers included).
+
+And the backend alone (seconds): a frozen (paused) node fenced off by `docker kill`.
 """
 
 from __future__ import annotations
@@ -18,8 +20,15 @@ from pathlib import Path
 import docker.errors
 import pytest
 
+from orchestrator import backends, layout
+from orchestrator import labels as L
+from orchestrator.backends.docker.engine import DockerBackend
+from orchestrator.plan import AttemptContext, HostFacts
+from orchestrator.runtime import keeper
 from orchestrator.runtime.protocol import parse_progress
+from orchestrator.vendors import load_profile
 from tests.integration import harness as h
+from tests.unit.helpers import spec_from
 
 from .conftest import SWEPT_RUNS
 from .test_docker_faults import final_state, leftovers, watch, write_spec
@@ -54,6 +63,10 @@ def progress(client, run: str, attempt: int, slots: int = 4) -> list[dict]:
 
 def checkpointed(client, run: str, step: int) -> bool:
     return any(p["event"] == "checkpoint" and p.get("step", 0) >= step for p in progress(client, run, 0))
+
+
+def leftovers_of(client, run: str) -> list:
+    return client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]})
 
 
 def running(client, name: str) -> bool:
@@ -103,4 +116,38 @@ def test_docker_spares_replace_node0_in_place_are_replenished_then_run_out(docke
     assert "spare node 3 takes its place in round 2" in w.output
     assert "no spare node is left" in w.output
     assert final_state(home, run) == uninterrupted(STEPS)
+    assert not leftovers(docker_client, run)
+
+
+def test_a_frozen_node_is_fenced_off_by_docker_kill_and_the_spare_named_with_no_container_made(
+        docker_client, image, tmp_path, monkeypatch):
+    """The backend alone, on the real engine (no training: the keepers wait for torchrun's
+    rendezvous): node 1's container paused (a frozen node), recover_in_place kills it (a paused
+    container too) and writes round 1 with the spare; no container is created or removed; poll
+    reports round 1's slots only; cancel removes every container, the store's included."""
+    monkeypatch.setenv("WMCTL_HOME", str(tmp_path))
+    run = "dks-frozen"
+    spec = spec_from({"name": run, "nodes": 2, "command": ["python", "counter.py"], "affinity": "none",
+                      "image": {"vendor": "cpu", "tag": image}, "restart": {"spares": 1}})
+    plan = backends.render_plan(spec, load_profile("cpu"), "docker", AttemptContext(), HostFacts.of_this_machine())
+    be = DockerBackend(docker_client, log_follow=False)
+    ref = be.submit(plan)
+    try:
+        names = {r["node"]: r["create"]["name"] for r in plan.resources if r["kind"] == "container"}
+        h.wait_until(lambda: all(running(docker_client, n) for n in [*names.values(), f"{run}-a0-store"]), 60,
+                     "every container running")
+        before = sorted(c.id for c in leftovers_of(docker_client, run))
+        docker_client.containers.get(names[1]).pause()
+        got = be.recover_in_place(ref, 1)
+        assert got is not None and (got.round, got.lost, got.spare, got.spares_left) == (1, 1, 2, 0)
+        assert docker_client.containers.get(names[1]).attrs["State"]["Status"] == "exited"   # fenced off
+        assert sorted(c.id for c in leftovers_of(docker_client, run)) == before
+        rounds = keeper.all_rounds(layout.rounds_dir(run, 0))
+        assert [(r["round"], r["active"]) for r in rounds] == [(0, [0, 1]), (1, [0, 2])]
+        assert rounds[1]["env"]["WMCTL_RESUME"] == "1"
+        assert sorted(s.node for s in be.poll(ref).nodes) == [0, 2]
+        assert be.recover_in_place(ref, 0) is None          # no spare left
+    finally:
+        be.cancel(ref)
+        be.close()
     assert not leftovers(docker_client, run)
