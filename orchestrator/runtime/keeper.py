@@ -99,11 +99,39 @@ def prewarm(command: list[str]) -> Callable[[list[str]], Any] | None:
     return torchrun.main
 
 
+def sync_poll_s(active: int) -> float:
+    """How often an agent waiting for the round's other nodes asks the store whether the
+    rendezvous is complete. torch asks once a second (dynamic_rendezvous.py: ``_delay(seconds=1)``
+    on ``_Action.SYNC``), which costs a recovery up to a second after the last node joined; a
+    round's nodes all start within a moment of each other, so a keeper's agent asks faster, scaled
+    so the store sees about 1000 asks a second at most whatever the number of nodes."""
+    return min(1.0, max(0.05, active / 1000.0))
+
+
+def quicken_rendezvous(poll_s: float) -> None:
+    """In a forked torchrun (this process is the agent): its rendezvous' one-second sync delay
+    becomes ``poll_s``; every other delay of torch's is kept. Nothing when torch's module has no
+    such function (another torch): the agent then polls as torch does."""
+    try:
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    except ImportError:
+        return
+    slow = getattr(dynamic_rendezvous, "_delay", None)
+    if slow is None:
+        return
+
+    def delay(seconds: Any) -> None:
+        slow(poll_s if seconds == 1 else seconds)
+
+    dynamic_rendezvous._delay = delay
+
+
 class Forked:
     """A round's torchrun forked from the keeper, torch already imported: ``subprocess.Popen``'s
     few methods the loop uses."""
 
-    def __init__(self, main: Callable[[list[str]], Any], args: list[str], env: dict[str, str], log: IO[bytes]):
+    def __init__(self, main: Callable[[list[str]], Any], args: list[str], env: dict[str, str], log: IO[bytes],
+                 poll_s: float = 1.0):
         self.returncode: int | None = None
         self.pid = os.fork()
         if self.pid == 0:      # the child: never returns
@@ -117,6 +145,7 @@ class Forked:
                 os.dup2(log.fileno(), 2)
                 os.environ.update(env)
                 sys.argv = ["torchrun", *args]
+                quicken_rendezvous(poll_s)
                 main(args)
                 code = 0
             except SystemExit as exc:
@@ -251,7 +280,8 @@ def run_rounds(directory: str, slot: int | None, command: list[str], *, log_path
                     except FileNotFoundError:
                         pass
                     argv = with_rdzv_id(command, info["rdzv_id"])
-                    proc = (Forked(main, argv[3:], info["env"], log) if main is not None else
+                    proc = (Forked(main, argv[3:], info["env"], log, sync_poll_s(len(info["active"])))
+                            if main is not None else
                             subprocess.Popen(argv, env={**os.environ, **info["env"]}, stdout=log,
                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
                     _write(pid_file, {"keeper": os.getpid(), "agent": proc.pid, "started": time.time(),

@@ -76,3 +76,18 @@ def test_keeper_log_dash_is_its_own_stdout(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "from the round" in proc.stdout
     assert not (tmp_path / "-").exists()
+
+
+def test_a_keepers_agent_polls_its_rendezvous_faster_scaled_to_the_nodes(monkeypatch):
+    """torch's agents ask the store once a second whether the rendezvous is complete (up to a
+    second lost per recovery); a keeper's forked torchrun asks every sync_poll_s instead, and
+    only that delay changes."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    asked: list[object] = []
+    monkeypatch.setattr(dynamic_rendezvous, "_delay", lambda seconds: asked.append(seconds))
+    keeper.quicken_rendezvous(keeper.sync_poll_s(2))
+    dynamic_rendezvous._delay(seconds=1)
+    dynamic_rendezvous._delay((0, 0.3))          # the first round's random skew: kept
+    assert asked == [0.05, (0, 0.3)]
+    assert [keeper.sync_poll_s(n) for n in (2, 100, 500, 5000)] == [0.05, 0.1, 0.5, 1.0]
