@@ -189,7 +189,7 @@ def spare_trial(home: Path, name: str) -> dict:
                   if json.loads(p.read_text()).get("round") == 1)
     later = [p for p in h.progress(home, name, 0) if p.get("time", 0) > decided]
     resumed = min(p["time"] for p in later if p["event"] == "resume")
-    first = min(p["time"] for p in later if p["event"] == "step")
+    first = min(p["time"] for p in later if p["event"] == "step" and p["time"] >= resumed)   # not the old round's
     met = [t for t in (rendezvous_done(log, decided) for log in folder.glob("node-*.log")) if t is not None]
     rdzv = max(met) if met else started
     return {"detect": decided - killed_at, "worker restart": started - decided, "re-rendezvous": rdzv - started,

@@ -78,7 +78,8 @@ def replenish(spec: JobSpec, backend: b.Backend[Any], ref: b.AttemptRef, rec: At
     job that reports none. Never before: a new spare's start (a process importing torch, a
     container, a pod) must not slow the recovery itself. Each recovery records the slot started
     (``replenished``; None when the backend could not start one). The lines to tell the user."""
-    if not (spec.restart.replenish_spares and backend.replenishes_spares and tracker.in_place):
+    if not (spec.restart.spares and spec.restart.replenish_spares and tracker.in_place
+            and backend.replenishes_spares):
         return []
     resumed = tracker.first_step_at is not None or (
         tracker.all_started_at is not None and now - tracker.all_started_at >= REPLENISH_AFTER_S)

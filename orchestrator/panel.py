@@ -15,6 +15,8 @@ Where each row comes from:
 - split: the last step line's ``timing`` (orchestrator.runtime.timing), its bottleneck first.
 - heartbeat: the supervisor's hang clock against ``restart.heartbeat_timeout``; per node, the
   backend's phase and host and when the node last printed a line.
+- in place: the running attempt's in-place recoveries (spare nodes): which node a spare replaced,
+  at which step, from which checkpoint, and the new spare started for it.
 - failures: every failed attempt in the record, with its class and the decision taken.
 """
 
@@ -41,6 +43,7 @@ BAR_WIDTH = 16
 LABEL_WIDTH = 12
 MAX_NODE_ROWS = 8
 MAX_FAILURE_ROWS = 6
+MAX_IN_PLACE_ROWS = 3
 WIDTH = 80                 # the panel's width on a terminal at least this wide
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -151,6 +154,7 @@ def rows(state: PanelState, now: float, unicode: bool = True) -> list[Row]:
         out.append(Row("waiting", current.evidence, WARN))
     if current is not None:
         out += [Row("straggler", entry_text(s), WARN) for s in current.stragglers if s.get("cleared_step") is None]
+        out += _in_place_rows(current.recoveries)
     out += _failure_rows(record)
     if state.backoff_until is not None and record.status == "running":
         left = max(0, math.ceil(state.backoff_until - now))
@@ -282,6 +286,19 @@ def _node_rows(state: PanelState, now: float) -> list[Row]:
             rest[node.phase] = rest.get(node.phase, 0) + 1
         out.append(Row("", f"and {len(nodes) - MAX_NODE_ROWS} more: "
                        + ", ".join(f"{n} {phase}" for phase, n in sorted(rest.items())), DIM))
+    return out
+
+
+def _in_place_rows(recoveries: list[dict[str, Any]]) -> list[Row]:
+    """The attempt's in-place recoveries, the newest last; past MAX_IN_PLACE_ROWS a count first."""
+    out = []
+    if len(recoveries) > MAX_IN_PLACE_ROWS:
+        out.append(Row("in place", f"{len(recoveries)} recoveries in this attempt; the newest:", WARN))
+        recoveries = recoveries[-(MAX_IN_PLACE_ROWS - 1):]
+    for r in recoveries:
+        new = f"; new spare node {r['replenished']}" if r.get("replenished") is not None else ""
+        out.append(Row("in place", f"node {r.get('lost_node')} -> spare node {r.get('spare_node')} at step "
+                       f"{r.get('step')}, from checkpoint {r.get('checkpoint_step')}{new}", WARN))
     return out
 
 

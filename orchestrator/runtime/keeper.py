@@ -100,41 +100,46 @@ def prewarm(command: list[str]) -> Callable[[list[str]], Any] | None:
 
 
 def sync_poll_s(active: int) -> float:
-    """How often an agent waiting for the round's other nodes asks the store whether the
-    rendezvous is complete. torch asks once a second (dynamic_rendezvous.py: ``_delay(seconds=1)``
-    on ``_Action.SYNC``), which costs a recovery up to a second after the last node joined; a
-    round's nodes all start within a moment of each other, so a keeper's agent asks faster, scaled
-    so the store sees about 1000 asks a second at most whatever the number of nodes."""
+    """How often an agent waiting for the round's other nodes reads the rendezvous state. torch
+    reads it at most once a second: its state holder caches the state for a second
+    (dynamic_rendezvous.py ``_BackendRendezvousStateHolder``, ``cache_duration=1``) and its join
+    loop sleeps a second between reads (``_delay(seconds=1)`` on ``_Action.SYNC``), which costs a
+    recovery about a second after the last node joined (measured: 1.06-1.27 s for two agents that
+    join at once). A round's nodes all start within a moment of each other, so a keeper's agent
+    reads faster, scaled so the store sees about 1000 reads a second at most whatever the number
+    of nodes."""
     return min(1.0, max(0.05, active / 1000.0))
 
 
 def quicken_rendezvous(poll_s: float) -> None:
-    """In a forked torchrun (this process is the agent): its rendezvous' one-second sync delay
-    becomes ``poll_s``; every other delay of torch's is kept. And the rendezvous state it caches
-    for a second (``_BackendRendezvousStateHolder``'s ``cache_duration=1``: a sync within a second
-    of the last answers from the cache, so a faster poll alone still saw the round complete up to
-    a second late: measured 1.1 s from both agents' start to "Rendezvous complete", 0.07 s with
-    both) is kept ``poll_s`` only. Nothing where torch's module has no such function or class
-    (another torch): the agent then polls as torch does."""
+    """In a forked torchrun (this process is the agent): its rendezvous state is read every
+    ``poll_s`` instead of every second (the state holder's cache and the join loop's sleep), and
+    the random skew of its first join, up to 0.3 s so that many agents do not reach the store at
+    once, is scaled by the same factor (the whole 0.3 s again from about 1000 nodes). Nothing
+    changes where torch's module lacks either name (another torch): the agent reads as torch does."""
     try:
-        from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
     except ImportError:
         return
-    slow = getattr(dynamic_rendezvous, "_delay", None)
-    if slow is not None:
-        def delay(seconds: Any) -> None:
-            slow(poll_s if seconds == 1 else seconds)
-
-        dynamic_rendezvous._delay = delay
-    holder = getattr(dynamic_rendezvous, "_BackendRendezvousStateHolder", None)
-    init = getattr(holder, "__init__", None)
-    if holder is None or init is None:
+    slow = getattr(dr, "_delay", None)
+    holder = getattr(dr, "_BackendRendezvousStateHolder", None)
+    if slow is None or holder is None:
         return
 
-    def cached_briefly(self: Any, backend: Any, settings: Any, cache_duration: Any = 1) -> None:
-        init(self, backend, settings, cache_duration=min(cache_duration, poll_s))
+    def delay(seconds: Any) -> None:
+        if seconds == 1:
+            slow(poll_s)
+        elif isinstance(seconds, tuple):     # the first round's random skew, (0, 0.3): scaled alike
+            slow((seconds[0] * poll_s, seconds[1] * poll_s))
+        else:
+            slow(seconds)
 
-    holder.__init__ = cached_briefly
+    class QuickHolder(holder):  # type: ignore[misc,valid-type]
+        def __init__(self, backend: Any, settings: Any, cache_duration: float = 1) -> None:
+            super().__init__(backend, settings, cache_duration=min(cache_duration, poll_s))
+
+    dr._delay = delay
+    dr._BackendRendezvousStateHolder = QuickHolder  # type: ignore[misc]  # a subclass in its place
 
 
 class Forked:

@@ -87,30 +87,15 @@ def test_a_keepers_agent_polls_its_rendezvous_faster_scaled_to_the_nodes(monkeyp
 
     asked: list[object] = []
     monkeypatch.setattr(dynamic_rendezvous, "_delay", lambda seconds: asked.append(seconds))
-    holder = dynamic_rendezvous._BackendRendezvousStateHolder
-    monkeypatch.setattr(holder, "__init__", holder.__init__)      # quicken_rendezvous changes it: undone after
+    monkeypatch.setattr(dynamic_rendezvous, "_BackendRendezvousStateHolder",
+                        dynamic_rendezvous._BackendRendezvousStateHolder)
     keeper.quicken_rendezvous(keeper.sync_poll_s(2))
     dynamic_rendezvous._delay(seconds=1)
-    dynamic_rendezvous._delay((0, 0.3))          # the first round's random skew: kept
-    assert asked == [0.05, (0, 0.3)]
+    dynamic_rendezvous._delay((0, 0.3))          # the first round's random skew: scaled alike
+    dynamic_rendezvous._delay(0.5)               # any other delay: kept
+    assert asked == [0.05, (0, 0.015), 0.5]
+    # the state the join loop reads is cached for poll_s, not a second
+    nothing: Any = object()
+    holder = dynamic_rendezvous._BackendRendezvousStateHolder(nothing, nothing)
+    assert holder._cache_duration == 0.05
     assert [keeper.sync_poll_s(n) for n in (2, 100, 500, 5000)] == [0.05, 0.1, 0.5, 1.0]
-
-
-def test_a_keepers_agent_caches_the_rendezvous_state_no_longer_than_it_polls(monkeypatch):
-    """torch's state holder answers a sync within a second of the last from its cache
-    (cache_duration=1), so polling faster alone still saw the round complete up to a second
-    late; a keeper's agent caches it for sync_poll_s at most."""
-    import datetime
-
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    holder = dynamic_rendezvous._BackendRendezvousStateHolder
-    monkeypatch.setattr(holder, "__init__", holder.__init__)      # undone after the test
-    monkeypatch.setattr(dynamic_rendezvous, "_delay", dynamic_rendezvous._delay)
-    keeper.quicken_rendezvous(0.05)
-    settings = dynamic_rendezvous.RendezvousSettings(
-        "r", 2, 2, dynamic_rendezvous.RendezvousTimeout(), keep_alive_interval=datetime.timedelta(seconds=5),
-        keep_alive_max_attempt=3)
-    backend: Any = object()       # never asked: only the holder's settings are read
-    assert holder(backend, settings)._cache_duration == 0.05
-    assert holder(backend, settings, cache_duration=0)._cache_duration == 0

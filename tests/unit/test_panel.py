@@ -172,3 +172,22 @@ def test_a_waiting_attempt_shows_the_cluster_s_or_the_queue_s_reason_until_it_ru
     a0.evidence = None                      # every node runs: the supervisor clears it
     state.fold(News(record(a0), a0, running(), [], T + 1, 60.0))
     assert "waiting" not in shown(state, T + 2)
+
+
+def test_in_place_recoveries_show_inside_the_running_attempt_newest_last():
+    """Spare nodes: a recovery is no failed attempt; the panel says which node a spare replaced,
+    at which step, from which checkpoint, and the new spare started for it; past three, a count."""
+    a0 = AttemptRecord(0, T - 90, last_step=31, last_checkpoint_step=30)
+    a0.recoveries = [{"round": 1, "lost_node": 1, "spare_node": 2, "step": 11, "checkpoint_step": 10,
+                      "replenished": 3},
+                     {"round": 2, "lost_node": 0, "spare_node": 3, "step": 31, "checkpoint_step": 30}]
+    state = P.PanelState()
+    state.fold(News(record(a0), a0, running(), steps(28, 31, T - 5), T - 1, 60.0))
+    rows = [(r.label, r.value, r.tone) for r in P.rows(state, T) if r.label in ("in place", "failure a0")]
+    assert rows == [("in place", "node 1 -> spare node 2 at step 11, from checkpoint 10; new spare node 3", P.WARN),
+                    ("in place", "node 0 -> spare node 3 at step 31, from checkpoint 30", P.WARN)]
+    a0.recoveries += [{"round": n, "lost_node": 0, "spare_node": n + 1, "step": 40 + n, "checkpoint_step": 40}
+                      for n in (3, 4)]
+    shown_rows = [r.value for r in P.rows(state, T) if r.label == "in place"]
+    assert shown_rows[0] == "4 recoveries in this attempt; the newest:" and len(shown_rows) == 3
+    assert shown_rows[-1].startswith("node 0 -> spare node 5 at step 44")
