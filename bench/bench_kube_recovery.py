@@ -33,6 +33,9 @@ Kubernetes' durations; the fake cluster's 20 ms controller loop (0.5 Kubernetes 
 about a kubelet's 1 s PLEG relist) and the API's real latencies are magnified by
 1/SCALE_TIMELINE in the printed figures.
 
+Part four (``--only spares``; bench/kube_spares.py): a machine death with and without a spare node,
+the replacement's image pull taking 5 minutes; goal <= node_silence_timeout + 10 s with a spare.
+
 Part three (``--only outage``, included by default; bench/kube_outage.py): a 2-minute API outage
 (``--outage-s``, wall clock) as the next attempt is submitted; the run continues, and the time
 lost past the outage's end is printed.
@@ -261,18 +264,25 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--timeline-trials", type=int, default=2)
     ap.add_argument("--restart-s", type=float, default=10.0)
-    ap.add_argument("--only", choices=["detect", "timeline", "cold-pull", "outage"], default=None)
+    ap.add_argument("--only", choices=["detect", "timeline", "cold-pull", "outage", "spares"], default=None)
+    ap.add_argument("--spare-trials", type=int, default=2)
+    ap.add_argument("--in-place-s", type=float, default=5.0,
+                    help="spares: a round's keepers from reading the round to the first resumed step (assumed)")
     ap.add_argument("--outage-s", type=float, default=120.0, help="the API outage figure's outage (wall clock)")
     args = ap.parse_args()
     if args.only in (None, "outage"):
         from bench.kube_outage import report      # issue 23 item 2: an API outage during resubmission
 
         report(args.outage_s)
+    if args.only in (None, "spares"):
+        from kube_spares import spares_report      # bench/kube_spares.py (issue 25)
+
+        spares_report(args.spare_trials, args.in_place_s, args.restart_s)
     if args.only in (None, "cold-pull"):
         from kube_cold_pull import cold_pull       # bench/kube_cold_pull.py (issue 23 item 3)
 
         cold_pull(1, args.restart_s)
-    if args.only in ("cold-pull", "outage"):
+    if args.only in ("cold-pull", "outage", "spares"):
         return
     if args.only != "detect":
         timeline(args.timeline_trials, args.restart_s)

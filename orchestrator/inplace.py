@@ -47,7 +47,8 @@ def recover_in_place(spec: JobSpec, backend: b.Backend[Any], ref: b.AttemptRef, 
         return False, (f"attempt {rec.attempt}: node {failure.node} failed ({failure.kind}) and no spare node is left "
                        f"(restart.spares={spec.restart.spares}): a new attempt replaces this one")
     rec.recoveries.append({
-        "time": round(decided, 3), "round": got.round, "lost_node": got.lost, "spare_node": got.spare,
+        "time": round(decided, 3), "kind": failure.kind, "round": got.round, "lost_node": got.lost,
+        "spare_node": got.spare,
         "host": failure.host, "evidence": failure.evidence, "step": tracker.last_step,
         "checkpoint_step": tracker.last_checkpoint_step, "detect_s": round(max(0.0, decided - failure.time), 3),
         "replace_s": round(clock() - decided, 3)})
@@ -56,6 +57,13 @@ def recover_in_place(spec: JobSpec, backend: b.Backend[Any], ref: b.AttemptRef, 
                   f"takes its place in round {got.round}, every worker restarts in place from the newest "
                   f"checkpoint (step {step_text(tracker.last_checkpoint_step)}); {got.spares_left} spare(s) left, "
                   "no new attempt")
+
+
+def lost_hosts(rec: AttemptRecord) -> list[str]:
+    """The machines an attempt lost to a node's failure and replaced in place: the next attempt
+    keeps off them as it keeps off the host its own failure names (a straggler is not one:
+    it was slow, not failed)."""
+    return [r["host"] for r in rec.recoveries if r.get("kind") in NODE_FAILURES and r.get("host")]
 
 
 def straggler_line(spec: JobSpec, backend: b.Backend[Any], attempt: int, straggler: Straggler) -> tuple[str, bool]:

@@ -11,6 +11,7 @@ PARENT_ATTEMPT = "wmctl.io/parent-attempt"
 EXCLUDED_NODES = "wmctl.io/excluded-nodes"  # comma-separated host names
 VERSION = "wmctl.io/version"
 CANCEL_REQUESTED = "wmctl.io/cancel-requested"  # annotation: the cancel intent (JSON), set before teardown
+ROLE = "wmctl.io/role"                      # a pod of the attempt that is no node: "store" (spare nodes' c10d store)
 
 COMPLETION_INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 KUEUE_GROUP = "kueue.x-k8s.io"

@@ -20,7 +20,7 @@ from . import stragglerwatch, waitnote
 from .backends import base as b
 from .display import step_line, step_text, summary
 from .errors import EngineUnavailable, RunCancelled, RunFailed, WmctlError
-from .inplace import STRAGGLER, recover_in_place, replenish
+from .inplace import STRAGGLER, lost_hosts, recover_in_place, replenish
 from .endgame import benign_exit, left_in_barrier
 from .joberror import with_job_error
 from .keptmetrics import adopted_metrics, metric_key
@@ -242,12 +242,14 @@ class Supervisor:
         new attempt, no retry spent."""
         self._sync(rec, tracker)
         done, line = recover_in_place(self.spec, self.backend, ref, rec, tracker, failure, self.clock)
+        if line:
+            self.echo(line)
+        if done and self.spec.restart.exclude_failed_nodes and self.backend.places_nodes:
+            self._remember(rec, failure)     # a machine lost in place is as lost for the next runs
         if done:
             self.store.save(self.record)
             self.store.append_metric({"event": "recovery", "by": "watcher", "attempt": rec.attempt,
                                       **rec.recoveries[-1]})
-        if line:
-            self.echo(line)
         return done
 
     def _replenish(self, ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker, now: float) -> None:
@@ -514,6 +516,9 @@ class Supervisor:
         if (parent and parent.decision == F.RETRY_ELSEWHERE and parent.failed_host
                 and parent.failed_host not in own and self.backend.places_nodes):
             own.append(parent.failed_host)
+        if parent and self.spec.restart.exclude_failed_nodes and self.backend.places_nodes:
+            # machines the parent lost and replaced in place with spares: as failed as its last
+            own += [h for h in dict.fromkeys(lost_hosts(parent)) if h not in own]
         applied = X.for_attempt(own, remembers=self.backend.remembers_exclusions, cluster=self.backend.cluster_key,
                                 ttl_s=self.spec.restart.remember_exclusions_s, room=room, now=self.clock(),
                                 usable=functools.partial(self.backend.placeable_hosts, self.spec),

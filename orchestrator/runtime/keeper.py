@@ -12,6 +12,12 @@ It runs where the node runs (a local process, a container, a Slurm task, a pod),
 file of standard library only, with no import from wmctl: a backend may mount this file into an
 image that has no wmctl in it and run ``python keeper.py --rounds DIR --slot N ... -- torchrun ...``
 (``tests/unit/test_keeper_standalone.py`` holds it to that).
+
+Two round sources: the folder above (local, Docker, Slurm), or, on Kubernetes, the attempt's
+rounds ConfigMap read through the API server (``--rounds-url``) with the pod's service-account
+token: a ConfigMap mounted as a volume changes only at the kubelet's next sync (a minute), where
+a watch of it is news at once. Its data holds the same ``round-N.json`` documents and a
+``closed`` key.
 """
 
 from __future__ import annotations
@@ -20,10 +26,14 @@ import argparse
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
+import threading
 import time
 import traceback
+import urllib.request
+import warnings
 from pathlib import Path
 from typing import IO, Any, Callable
 
@@ -33,6 +43,9 @@ ENV_LOCAL_TAG = "WMCTL_LOCAL_TAG"
 
 POLL_S = 0.05
 CLOSED = "closed"          # written at teardown: idle spares stop
+API_POLL_S = 0.25          # a keeper's first wait before it reads its rounds ConfigMap again after a failure
+WATCH_S = 300              # how long one watch of the rounds ConfigMap lasts before it is opened anew
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"     # the pod's service-account token and CA
 
 
 def round_file(directory: str | Path, n: int) -> Path:
@@ -65,6 +78,101 @@ def all_rounds(directory: str | Path) -> list[dict[str, Any]]:
         except (OSError, ValueError):
             continue
     return out
+
+
+def newest_of(data: dict[str, str]) -> dict[str, Any] | None:
+    """The newest round among a rounds ConfigMap's ``data`` (keys ``round-NNNN.json``)."""
+    for key in sorted((k for k in data if k.startswith("round-") and k.endswith(".json")), reverse=True):
+        try:
+            found = json.loads(data[key])
+        except ValueError:
+            continue
+        if isinstance(found, dict):
+            return found
+    return None
+
+
+class FolderRounds:
+    """Rounds from a folder of ``round-N.json`` files (local, Docker, Slurm)."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+
+    def newest(self) -> dict[str, Any] | None:
+        return newest_round(self.directory)
+
+    def closed(self) -> bool:
+        return (self.directory / CLOSED).exists()
+
+
+class ApiRounds:
+    """Rounds from a ConfigMap through the Kubernetes API (``url``: its path on the API server):
+    read once, then watched (one long request per keeper, not a read every moment: an API server
+    serves hundreds of keepers); read again and watched anew whenever a watch ends or fails.
+    Authenticated with the service-account token (read again each time: the kubelet rotates bound
+    tokens) and checked against its CA. While the API cannot be reached the last round read holds:
+    a moment of API trouble is no news, and the keeper's torchrun runs on meanwhile."""
+
+    def __init__(self, url: str, token_file: str, ca_file: str | None, log: IO[bytes] | None = None):
+        self.url, self.token_file, self.log = url, token_file, log
+        base, _, self.name = url.rstrip("/").rpartition("/")
+        self.watch_url = f"{base}?watch=1&fieldSelector=metadata.name%3D{self.name}&timeoutSeconds={WATCH_S}"
+        self.context = None
+        if url.startswith("https:"):
+            self.context = ssl.create_default_context(cafile=ca_file if ca_file and os.path.exists(ca_file) else None)
+        self.data: dict[str, str] = {}
+        self.failing = False
+        self._thread: threading.Thread | None = None
+
+    def _open(self, url: str, timeout: float) -> Any:
+        headers = {"Accept": "application/json"}
+        try:
+            with open(self.token_file, encoding="utf-8") as fh:
+                headers["Authorization"] = f"Bearer {fh.read().strip()}"
+        except OSError:
+            pass
+        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout,
+                                      context=self.context)
+
+    def _take(self, obj: Any) -> str:
+        """Keep a ConfigMap's data; its resourceVersion (to watch from)."""
+        data = obj.get("data") if isinstance(obj, dict) else None
+        if isinstance(data, dict):
+            self.data = dict(data)
+        return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
+
+    def _follow(self) -> None:
+        wait = API_POLL_S
+        while True:
+            try:
+                with self._open(self.url, 10) as resp:
+                    rv = self._take(json.loads(resp.read()))
+                with self._open(f"{self.watch_url}&resourceVersion={rv}", WATCH_S + 10) as stream:
+                    self.failing, wait = False, API_POLL_S
+                    for line in stream:
+                        event = json.loads(line)
+                        if event.get("type") in ("ADDED", "MODIFIED"):
+                            self._take(event.get("object"))
+                        elif event.get("type") == "ERROR":       # 410 Gone: read again, watch anew
+                            break
+            except (OSError, ValueError) as exc:      # URLError, HTTPError, timeouts, a cut stream
+                if not self.failing and self.log is not None:
+                    self.log.write(f"wmctl keeper: cannot read the rounds at {self.url}: {exc}\n".encode())
+                    self.log.flush()
+                self.failing = True
+                time.sleep(wait)
+                wait = min(wait * 2, 5.0)
+
+    def newest(self) -> dict[str, Any] | None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._follow, name="wmctl-keeper-rounds", daemon=True)
+            self._thread.start()
+        return newest_of(self.data)
+
+    def closed(self) -> bool:
+        if self._thread is None:
+            self.newest()
+        return CLOSED in self.data
 
 
 def close(directory: str | Path) -> None:
@@ -149,7 +257,11 @@ class Forked:
     def __init__(self, main: Callable[[list[str]], Any], args: list[str], env: dict[str, str], log: IO[bytes],
                  poll_s: float = 1.0):
         self.returncode: int | None = None
-        self.pid = os.fork()
+        with warnings.catch_warnings():
+            # 3.12+ warns of fork() in a process with threads (ApiRounds' watch): the child uses
+            # none of that thread's objects, and CPython re-initialises its own locks in the child
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.pid = os.fork()
         if self.pid == 0:      # the child: never returns
             code = 1
             try:
@@ -254,12 +366,21 @@ def _write(path: str, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def run_rounds(directory: str, slot: int | None, command: list[str], *, log_path: str, exit_file: str,
-               pid_file: str) -> int:
+def run_rounds(directory: str | None, slot: int | None, command: list[str], *, log_path: str, exit_file: str,
+               pid_file: str, source: "FolderRounds | ApiRounds | None" = None, hold_s: float | None = None) -> int:
     """The keeper's loop for one slot; returns its exit code (0 when its torchrun succeeded, or
-    when it was stopped: dropped from a round, or closed)."""
+    when it was stopped: dropped from a round, or closed). Rounds come from ``source`` (default:
+    the folder ``directory``).
+
+    ``hold_s``: how long a failed torchrun's slot waits for a newer round before the keeper
+    exits with its code (None: until teardown). Where the watcher learns a node's end only from
+    the node's own exit (a pod), a job's own error must end the keepers; a peer's loss (the
+    usual cause of a survivor's failure) is answered by a new round well within it."""
     tag = os.environ.get(ENV_LOCAL_TAG, "")
+    rounds = source if source is not None else FolderRounds(directory or ".")
     current, ran, stopping = -1, False, False
+    failed_at: float | None = None
+    failed_code = 0
     proc: subprocess.Popen[bytes] | Forked | None = None
     main = prewarm(command)    # paid now, not after a node is lost
 
@@ -280,11 +401,12 @@ def run_rounds(directory: str, slot: int | None, command: list[str], *, log_path
     # path: /dev/stdout of a pipe the engine made may not be openable by the container's user
     with (os.fdopen(os.dup(1), "ab", buffering=0) if log_path == "-" else open(log_path, "ab", buffering=0)) as log:
         while True:
-            if (Path(directory) / CLOSED).exists() or (stopping and proc is None):
+            if rounds.closed() or (stopping and proc is None):
                 _kill_tree(tag, proc)
                 return 0
-            info = newest_round(directory)
+            info = rounds.newest()
             if info is not None and info["round"] > current and not stopping:
+                failed_at = None
                 if proc is not None:
                     _kill_tree(tag, proc)
                     proc = None
@@ -315,6 +437,10 @@ def run_rounds(directory: str, slot: int | None, command: list[str], *, log_path
                     _reap()
                     return exit_code
                 # failed (a peer died under it, most likely): wait for the next round or teardown
+                failed_at, failed_code = time.monotonic(), exit_code
+            if failed_at is not None and hold_s is not None and time.monotonic() - failed_at >= hold_s:
+                _reap()
+                return failed_code      # no new round came: the job's own failure, the keeper ends with it
             time.sleep(POLL_S)
 
 
@@ -323,8 +449,16 @@ def main(argv: list[str] | None = None) -> int:
     the keeper's loop as a program of its own, for a backend that runs it in a container, a pod or
     a Slurm task (the local backend calls ``run_rounds`` from its agent)."""
     parser = argparse.ArgumentParser(prog="wmctl-keeper")
-    parser.add_argument("--rounds", required=True, help="the attempt's rounds folder")
-    parser.add_argument("--slot", type=int, required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--rounds", help="the attempt's rounds folder")
+    where.add_argument("--rounds-url", help="the attempt's rounds ConfigMap on the Kubernetes API server")
+    parser.add_argument("--token-file", default=f"{SA_DIR}/token", help="with --rounds-url: the bearer token")
+    parser.add_argument("--ca-file", default=f"{SA_DIR}/ca.crt", help="with --rounds-url: the API server's CA")
+    parser.add_argument("--hold", type=float, default=None,
+                        help="seconds a failed round waits for a newer one before the keeper exits with its code")
+    slot = parser.add_mutually_exclusive_group(required=True)
+    slot.add_argument("--slot", type=int)
+    slot.add_argument("--slot-env", help="the environment variable that holds the slot (a pod's JOB_COMPLETION_INDEX)")
     parser.add_argument("--log", required=True, help="torchrun's output: a file, or - for this keeper's stdout")
     parser.add_argument("--exit-file", required=True)
     parser.add_argument("--pid-file", required=True)
@@ -333,8 +467,15 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("the command to run each round (after --) is missing")
+    if args.slot_env is not None:
+        raw = os.environ.get(args.slot_env, "")
+        if not raw.isdigit():
+            parser.error(f"--slot-env {args.slot_env}: the environment holds {raw!r}, not a slot number")
+        args.slot = int(raw)
+    source = (ApiRounds(args.rounds_url, args.token_file, args.ca_file, sys.stderr.buffer)
+              if args.rounds_url else None)
     return run_rounds(args.rounds, args.slot, command, log_path=args.log, exit_file=args.exit_file,
-                      pid_file=args.pid_file)
+                      pid_file=args.pid_file, source=source, hold_s=args.hold)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ def attempt_manifests(run: str, attempt: int, *, nodes: int = 2, namespace: str 
 
 def rendered_plan(run: str, attempt: int, *, nodes: int = 2, excluded_nodes: tuple[str, ...] = (),
                   parent: int | None = None, image: str = "registry.example.com/team/wm:v3",
-                  namespace: str | None = None, kube: dict[str, Any] | None = None):
+                  namespace: str | None = None, kube: dict[str, Any] | None = None,
+                  restart: dict[str, Any] | None = None):
     """The lead's real renderer (orchestrator/backends/kubernetes/render.py) for a small CPU job."""
     from orchestrator.plan import AttemptContext
     from orchestrator.backends.kubernetes.render import render_kubernetes
@@ -85,6 +86,8 @@ def rendered_plan(run: str, attempt: int, *, nodes: int = 2, excluded_nodes: tup
                             "command": ["python", "train.py"],
                             "resources": {"cpu": 1, "memory": "2Gi", "shm": "1Gi"}}
     data["kubernetes"] = {**({"namespace": namespace} if namespace else {}), **(kube or {})}
+    if restart:
+        data["restart"] = restart
     spec = from_dict(data)
     ctx = AttemptContext(attempt=attempt, excluded_nodes=tuple(excluded_nodes),
                          resume=attempt > 0, parent=parent)

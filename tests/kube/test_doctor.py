@@ -89,9 +89,10 @@ def _cluster(fake_api, *, enforce="privileged", dns="cluster.local", gpus="8"):
         fake_api.cluster.add_node(name, capacity={"nvidia.com/gpu": gpus})
 
 
-def _spec(tmp_path, **kube):
+def _spec(tmp_path, restart=None, **kube):
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump({
+        **({"restart": restart} if restart else {}),
         "name": "wm", "nodes": 2, "accelerators_per_node": 8,
         "image": {"vendor": "cuda", "tag": "registry.example.com/wm:v1"}, "command": ["python", "train.py"],
         "resources": {"cpu": 8, "memory": "64Gi", "shm": "8Gi"},
@@ -147,6 +148,20 @@ def test_sim_doctor_names_every_reason_a_cluster_would_fail_the_job(fake_api, tm
     assert "'train-high', which does not exist" in out
     assert "serves corp.internal" in out and "set kubernetes.cluster_domain: corp.internal" in out
     assert "0 node(s) have 8 allocatable nvidia.com/gpu; the job needs 2" in out
+
+
+def test_sim_doctor_asks_what_spare_nodes_need_only_for_a_spec_with_spares(fake_api, tmp_path, monkeypatch, capsys):
+    """restart.spares: the store's pod is created and the keepers get a Role: a namespace `edit`
+    user may do neither (the built-in edit role has no Roles), and doctor says so; a spec without
+    spares does not ask."""
+    _cluster(fake_api)
+    fake_api.as_user("ed", role="edit", namespace="training")
+    monkeypatch.setenv("KUBECONFIG", _kubeconfig(tmp_path, fake_api.server.url, "ed"))
+    _, out, err = run_main(["doctor", "--kubernetes", "--spec", _spec(tmp_path, restart={"spares": 1})], capsys)
+    assert "[error] access roles: cannot get, create, delete, patch roles in namespace training" in out, out
+    assert "[error] access rolebindings" in out and "Traceback" not in out + err
+    _, out, _ = run_main(["doctor", "--kubernetes", "--spec", _spec(tmp_path)], capsys)
+    assert "access roles" not in out
 
 
 def test_sim_doctor_counts_devices_when_it_may_list_nodes(fake_api, tmp_path, monkeypatch, capsys):

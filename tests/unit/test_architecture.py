@@ -66,6 +66,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends.kubernetes.client", 4),
     ("orchestrator.backends.kubernetes.watch", 4),
     ("orchestrator.backends.kubernetes.nodewatch", 4),
+    ("orchestrator.backends.kubernetes.rounds", 4),     # spare nodes at run time: rounds, fencing, a new spare
     ("orchestrator.backends.slurm.engine", 4),          # the Backend face: sbatch, poll, scancel
     ("orchestrator.backends.slurm.tools", 4),           # Slurm's client tools, run and parsed
     ("orchestrator.backends.slurm.doctor", 4),          # wmctl doctor --slurm
@@ -81,6 +82,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends.kubernetes.render", 3),
     ("orchestrator.backends.kubernetes.check", 3),
     ("orchestrator.backends.kubernetes.kinds", 3),
+    ("orchestrator.backends.kubernetes.spares", 3),     # what spare nodes add to the plan
     ("orchestrator.backends.kubernetes.classify", 3),
     ("orchestrator.backends.kubernetes.podend", 3),     # a pod's end or failed start, in the kubelet's words
     ("orchestrator.backends.slurm.render", 3),          # the sbatch script and command line

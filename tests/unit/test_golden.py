@@ -135,3 +135,21 @@ def test_golden_docker_spares(monkeypatch):
     text = text.replace(str(Path(source_files()[0]).parents[2]), "<wmctl>")
     text = text.replace(str(spec.source_dir), "<specdir>").replace(os.path.expanduser("~"), "<home>")
     _compare(text, golden_path("docker", "cpu-spares"))
+
+
+def test_golden_kubernetes_spares(monkeypatch):
+    """restart.spares on Kubernetes (backends/kubernetes/spares.py): the Job of nodes + spares with
+    per-index limits, the rounds and files ConfigMaps, the keepers' Role, the store's pod. The
+    files ConfigMap carries runtime/keeper.py and runtime/c10dstore.py as they are (checked here):
+    the golden shows their names, not their text, so an edit of the keeper changes no golden."""
+    from orchestrator.backends.kubernetes import spares as sp
+
+    _home(monkeypatch, "kubernetes")
+    spec = full_spec("cuda", **{"restart.spares": 1})
+    ctx = AttemptContext(attempt=1, excluded_nodes=("gpu-node-7",), resume=True, parent=0)
+    plan = render_plan(spec, load_profile("cuda"), "kubernetes", ctx)
+    files = next(o for o in plan.resources if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-files"))
+    assert files["data"] == sp.file_texts()
+    files["data"] = {name: f"<orchestrator/runtime/{name}>" for name in files["data"]}
+    text = plan_document(plan, "yaml").replace(str(spec.source_dir), "<specdir>")
+    _compare(text.replace(os.path.expanduser("~"), "<home>"), golden_path("kubernetes", "spares-cuda"))

@@ -46,8 +46,8 @@ def test_a_lost_node_is_replaced_and_recorded():
     backend = SparedToy(left=1)
     (done, line), rec = _try(1, F.NODE_LOST, backend)
     assert done and "spare node 2 takes its place in round 1" in line and "0 spare(s) left" in line
-    assert rec.recoveries == [{"time": 6.0, "round": 1, "lost_node": 1, "spare_node": 2, "host": "h1",
-                               "evidence": "evidence", "step": 12, "checkpoint_step": 10, "detect_s": 1.0,
+    assert rec.recoveries == [{"time": 6.0, "kind": F.NODE_LOST, "round": 1, "lost_node": 1, "spare_node": 2,
+                               "host": "h1", "evidence": "evidence", "step": 12, "checkpoint_step": 10, "detect_s": 1.0,
                                "replace_s": 0.0}]
 
 

@@ -40,7 +40,7 @@ def test_spares_out_of_bounds_are_refused_naming_the_field(value):
     assert "restart.spares" in str(err.value)
 
 
-@pytest.mark.parametrize("backend", ["kubernetes", "slurm"])
+@pytest.mark.parametrize("backend", ["slurm"])
 def test_backends_without_spares_refuse_them_with_the_fix(backend):
     spec = spec_from({**BASE, "restart": {"spares": 1}, "checkpoint": {"dir": "/ck"},
                       "volumes": [{"name": "ck", "mount": "/ck", "pvc": "ck"}]})
@@ -57,6 +57,12 @@ def test_the_local_backend_takes_spares():
 
 def test_the_docker_backend_takes_spares():
     check_backend(spec_from({**BASE, "restart": {"spares": 1}}), "docker", auto_resume=False)
+
+
+def test_the_kubernetes_backend_takes_spares():
+    spec = spec_from({**BASE, "restart": {"spares": 1}, "checkpoint": {"dir": "/ck"},
+                      "volumes": [{"name": "ck", "mount": "/ck", "pvc": "ck"}]})
+    check_backend(spec, "kubernetes", auto_resume=True)
 
 
 def test_a_round_changes_only_torchruns_rendezvous_id():

@@ -71,6 +71,8 @@ class ScriptedBackend:
     name = "scripted"
     places_nodes = True
     remembers_exclusions = False
+    spares = False                  # inplace.py asks both before it calls a spare method
+    replenishes_spares = False
     cluster: str | None = None
 
     placeable: frozenset[str] | None = None

@@ -39,7 +39,7 @@ class Access:
     why: str
     cluster: bool = False         # cluster-scoped (Nodes)
     degrades: str = ""            # optional: what works less well without it
-    only_for: str = ""            # only for specs that ask for this queue or scheduler (a GROUPS key)
+    only_for: str = ""            # only for specs that ask for this queue or scheduler (a GROUPS key), or "spares"
 
 
 # Every verb wmctl uses; tests/kube/test_doctor.py keeps this equal to manifests/rbac-watcher.yaml.
@@ -47,6 +47,11 @@ ACCESS: tuple[Access, ...] = (
     Access("batch", "jobs", ("get", "list", "watch", "create", "delete", "patch"),
            "each attempt is a Job; patch writes cancel's intent"),
     Access("", "pods", ("get", "list", "watch", "delete"), "pods are watched, and force-deleted on lost nodes"),
+    Access("", "pods", ("create", "patch"), "the spare nodes' c10d store runs in a pod of its own", only_for="spares"),
+    Access("rbac.authorization.k8s.io", "roles", ("get", "create", "delete", "patch"),
+           "the spare nodes' keepers read their rounds ConfigMap", only_for="spares"),
+    Access("rbac.authorization.k8s.io", "rolebindings", ("get", "create", "delete", "patch"),
+           "the spare nodes' keepers read their rounds ConfigMap", only_for="spares"),
     Access("", "pods/log", ("get",), "progress and heartbeats are read from rank 0's log, "
            "a dead rank 0's node from index 1's (its witness)"),
     Access("", "services", ("get", "list", "create", "delete", "patch"), "the rendezvous host's headless Service"),
@@ -112,12 +117,13 @@ def _allowed(api_client: Any, namespace: str, a: Access, verb: str) -> bool:
 
 
 def wanted_groups(spec: JobSpec | None) -> list[str]:
-    """The GROUPS (queue or gang scheduler) the spec asks for."""
+    """The GROUPS (queue or gang scheduler) the spec asks for, and "spares" (restart.spares)."""
     if spec is None:
         return []
     k = spec.kubernetes
     return [name for name, on in (("volcano", k.scheduler == "volcano"),
-                                  ("kueue", bool(k.queue) and k.scheduler != "volcano")) if on]
+                                  ("kueue", bool(k.queue) and k.scheduler != "volcano"),
+                                  ("spares", spec.restart.spares > 0)) if on]
 
 
 def access_findings(api_client: Any, namespace: str, wanted: list[str]) -> list[Finding]:
@@ -183,7 +189,7 @@ def device_findings(api_client: Any, spec: JobSpec | None, profile: VendorProfil
 
 
 def scheduler_findings(api_client: Any, spec: JobSpec) -> list[Finding]:
-    wanted = wanted_groups(spec)
+    wanted = [name for name in wanted_groups(spec) if name in GROUPS]
     if not wanted:
         return []
     served = {g.get("name") for g in _get(api_client, "ApisApi", "get_api_versions").get("groups") or []}

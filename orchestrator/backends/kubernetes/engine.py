@@ -56,12 +56,14 @@ class _Rooms:
         from .apply import Applier
         from .observe import Observer
         from .podlogs import LOG_READ_TIMEOUT_S, PodLogs
+        from .rounds import Rounds
         from .teardown import Teardown
 
         self.apply = Applier(cluster)
         self.podlogs = PodLogs(cluster, LOG_READ_TIMEOUT_S if log_read_timeout is None else log_read_timeout)
         self.observe = Observer(cluster, self.podlogs, watch_timeout)
         self.teardown = Teardown(cluster, self.apply, self.podlogs, force_delete_lost)
+        self.rounds = Rounds(cluster)
 
 
 class KubernetesBackend(b.Backend[KubernetesRequest]):
@@ -75,6 +77,10 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
     resolves_gone = True     # observe.py _resolve_gone: the Job it saw finish, or the Job controller's Event
     # pods/log's PodLogOptions: tailLines, sinceSeconds, timestamps (the kubelet keeps each line's time)
     log_options = frozenset({"tail", "since", "timestamps"})
+    # spare pods wait beside the nodes' (spares.py: an Indexed Job of nodes + spares, each pod a
+    # keeper; rounds.py: an in-place recovery fences the lost pod and writes the next round)
+    spares = True
+    replenishes_spares = True    # an elastic Indexed Job grows by one index: a new spare pod (rounds.add_spare)
 
     @classmethod
     def create(cls, options: b.BackendOptions) -> "KubernetesBackend":
@@ -226,7 +232,31 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
             self.contact.check(self.api_client)      # an API outage is EngineUnavailable, not a quiet run
         except CredentialsRejected as exc:           # lost contact too: the run is not hung
             raise self.cluster.named(exc) from None
-        return self._observe.poll(self._state(ref))
+        st = self._state(ref)
+        if st.spares and st.active is None:
+            self._rooms().rounds.learn(st)            # a watcher that did not write the rounds reads them
+        return self._observe.poll(st)
+
+    # --- spare nodes (spares.py, rounds.py) ---------------------------------------------------
+    def recover_in_place(self, ref: AttemptRef, node: int) -> b.InPlaceRecovery | None:
+        """Lost slot ``node`` replaced by a warm spare pod: its pod deleted with grace 0 (fenced
+        off), the next round written to the attempt's rounds ConfigMap; every keeper named in it
+        restarts its torchrun (runtime/keeper.py). No Job or pod is created. None when no spare
+        pod is running (none left, or a new one still pulling its image)."""
+        st = self._state(ref)
+        if not st.spares:
+            return None
+        if st.active is None:
+            self._rooms().rounds.learn(st)
+        return self._rooms().rounds.recover(st, node)
+
+    def replenish_spare(self, ref: AttemptRef, lost: int) -> int | None:
+        """A new spare: the Job's completions and parallelism raised together by one (an elastic
+        Indexed Job), so the Job controller creates the new index's pod; it is scheduled, pulls
+        its image and starts its keeper in the background, and is a spare once it runs. Its
+        slot, or None when the Job cannot grow (RBAC, a cluster before elastic Indexed Jobs)."""
+        st = self._state(ref)
+        return self._rooms().rounds.add_spare(st) if st.spares else None
 
     def watch_stats(self, ref: AttemptRef) -> dict[str, dict[str, int]]:
         st = self._state(ref)
@@ -265,8 +295,12 @@ class KubernetesBackend(b.Backend[KubernetesRequest]):
         """A finished Job stays for `kubectl` until ttlSecondsAfterFinished (the spec's
         kubernetes.ttl_seconds_after_finished) lets the cluster remove it, its pods and (owned by
         it) its Service and PodGroup. Its logs go with the pods: keep each node's tail in the
-        run folder now, so `wmctl logs` still works after the TTL."""
-        self._teardown.keep_logs(ref, self._record(ref).container)
+        run folder now, so `wmctl logs` still works after the TTL. With spare nodes the rounds are
+        closed first: the idle spares' keepers end, so the Job can finish."""
+        rec = self._record(ref)
+        if rec.spares:
+            self._rooms().rounds.close(ref)
+        self._teardown.keep_logs(ref, rec.container)
 
     def note_cancel(self, ref: AttemptRef, intent: dict[str, Any]) -> None:
         """Annotate the attempt's Job with the cancel intent (a merge patch on metadata only), so

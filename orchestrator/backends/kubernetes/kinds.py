@@ -29,6 +29,11 @@ KINDS: dict[str, Kind] = {k.kind: k for k in (
     Kind("Service", 0, api="CoreV1Api", method="service", owned=True),
     Kind("ConfigMap", 0, api="CoreV1Api", method="config_map", owned=True),
     Kind("PodGroup", 1, plural="podgroups", api_version="scheduling.volcano.sh/v1beta1", owned=True),
+    # Spare nodes (spares.py): the keepers' Role on their rounds ConfigMap, and the c10d store's
+    # pod, up before the nodes' pods.
+    Kind("Role", 0, api="RbacAuthorizationV1Api", method="role", owned=True),
+    Kind("RoleBinding", 0, api="RbacAuthorizationV1Api", method="role_binding", owned=True),
+    Kind("Pod", 1, api="CoreV1Api", method="pod", owned=True),
     Kind("Job", 2, api="BatchV1Api", method="job"),
 )}
 

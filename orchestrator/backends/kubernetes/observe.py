@@ -13,7 +13,7 @@ from ... import labels as L
 from ...adaptors import kubernetes as sdk
 from ...errors import BackendError
 from ..base import (LOST, NODE_EXITED, NODE_LOST, NODE_QUEUED, NODE_STARTED, NODE_WAITING, PROGRESS, SUCCEEDED,
-                    CANCELLED, Event, NodeStatus, Observation)
+                    WITNESS_EVENTS, CANCELLED, Event, NodeStatus, Observation)
 from . import admission
 from .classify import (JOB_END_CONDITIONS, device_counts, device_loss, exit_info, failed_create, job_end_event,
                        job_finished, job_suspended_by, kueue_wait, newest_per_index, node_healthy, node_ready,
@@ -22,8 +22,22 @@ from .client import call_json
 from .cluster import Cluster, Obj, api_error, attempt_selector
 from .nodewatch import NodeWatch
 from .podlogs import PodLogs
-from .record import Attempt
+from .record import Attempt, spares_of
+from .rounds import failed_indexes, store_lost
+from .spares import STORE_ROLE
 from .watch import ResourceWatcher
+
+
+def _past_member(ev: Event, nodes: list[NodeStatus]) -> bool:
+    """A runtime's liveness report (node_silent, node_beat) about a host no slot of the current
+    round runs on: an older round's (the replaced node's silence, printed before its keeper
+    stopped the runtime and read after the recovery) is no news of this round."""
+    host = (ev.progress or {}).get("host") if ev.kind == PROGRESS else None
+    return bool(host) and (ev.progress or {}).get("event") in WITNESS_EVENTS and host not in {n.host for n in nodes}
+
+
+def _store_pod(pod: Obj) -> bool:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(L.ROLE) == STORE_ROLE
 
 
 def _graceful_intent(intent: str) -> bool:
@@ -138,8 +152,30 @@ class Observer:
         if fact:
             self._emit(st, [fact])
 
+    def _store_seen(self, st: Attempt, pod: Obj | None, deleted: bool = False) -> None:
+        """Under ``st.lock``: the spare nodes' c10d store pod as the watch sees it; its loss is the
+        attempt's (spares.store_lost), said once, unless the attempt is over or being torn down."""
+        if pod is not None:
+            st.store = pod
+            self._scope_nodes(st, [pod])
+        pod = st.store
+        if pod is None or st.cancelled or job_finished(st.job):
+            return
+        host = (pod.get("spec") or {}).get("nodeName") or ""
+        known, node = st.node_watch.lookup(host) if st.node_watch and host else (False, None)
+        why = store_lost(pod, node, deleted=deleted, nodes_known=known and st.node_access)
+        if why is not None:
+            self._emit(st, [(("lost", pod["metadata"]["uid"]), Event(
+                NODE_LOST, node=None, host=host or None, reason="StoreLost", message=why, time=time.time()))])
+
     def _pods_sync(self, st: Attempt, items: list[Obj]) -> None:
+        stores = [p for p in items if _store_pod(p)]
+        items = [p for p in items if not _store_pod(p)]
         with st.lock:
+            if stores:
+                self._store_seen(st, stores[0])
+            elif st.store is not None:
+                self._store_seen(st, None, deleted=True)
             fresh = {p["metadata"]["uid"]: p for p in items}
             gone = [old for uid, old in st.pods.items() if uid not in fresh]
             st.pods.update(fresh)
@@ -151,6 +187,10 @@ class Observer:
                 self._deleted(st, old)
 
     def _pod_event(self, st: Attempt, etype: str, pod: Obj) -> None:
+        if _store_pod(pod):      # the spare nodes' c10d store (spares.py): no node of the attempt
+            with st.lock:
+                self._store_seen(st, pod, deleted=etype == "DELETED")
+            return
         with st.lock:
             uid = pod["metadata"]["uid"]
             if etype == "DELETED":
@@ -170,6 +210,8 @@ class Observer:
 
     def _nodes_changed(self, st: Attempt, names: set[str]) -> None:
         with st.lock:
+            if st.store is not None and (st.store.get("spec") or {}).get("nodeName") in names:
+                self._store_seen(st, None)
             for p in list(st.pods.values()):
                 if (p.get("spec") or {}).get("nodeName") in names:
                     self._evaluate(st, p)
@@ -189,6 +231,7 @@ class Observer:
             st.job_absent = not items
             if st.job and not st.completions:
                 st.completions = int((st.job.get("spec") or {}).get("completions") or 1)
+                st.spares = spares_of(st.job)
                 self.podlogs.start_followers(st)
 
     def _job_event(self, st: Attempt, etype: str, job: Obj) -> None:
@@ -208,7 +251,13 @@ class Observer:
                 st.events.append(Event(CANCELLED, message=f"cancel requested on the Job: {intent}"))
             if not st.completions:
                 st.completions = int((job.get("spec") or {}).get("completions") or 1)
+                st.spares = spares_of(job)
                 self.podlogs.start_followers(st)
+            elif st.spares and etype != "DELETED":
+                grown = int((job.get("spec") or {}).get("completions") or 1)
+                if grown > st.completions:       # a spare index added (rounds.add_spare)
+                    st.completions = grown
+                    self.podlogs.start_followers(st)
 
     # --- poll ---------------------------------------------------------------------------------
     def poll(self, st: Attempt) -> Observation:
@@ -234,6 +283,12 @@ class Observer:
                 nodes = node_statuses(list(st.pods.values()), st.completions, st.lost, st.gone)
                 # rank 0's last lines before its end (podlogs.hold_end)
                 events, nodes, settling = self.podlogs.hold_end(st, events, nodes)
+            if st.active is not None:
+                # spare nodes: the current round's slots only; an idle spare, or a slot an in-place
+                # recovery replaced (its fenced pod's end, its failed index), is no news
+                active = set(st.active)
+                nodes = [n for n in nodes if n.node in active]
+                events = [e for e in events if (e.node is None or e.node in active) and not _past_member(e, nodes)]
         return Observation(events, nodes, settling)
 
     def _read_failed_create(self, st: Attempt) -> None:
@@ -244,7 +299,8 @@ class Observer:
             # a suspended Job (queued by Kueue, or a graceful cancel) creates no pods on purpose
             short = (st.job is not None and not job_finished(st.job) and not st.cancelled and st.completions
                      and not (st.job.get("spec") or {}).get("suspend")
-                     and len(newest_per_index(list(st.pods.values()))) < st.completions)
+                     # a slot lost with spares (its index failed) gets no pod: nothing to explain
+                     and len(newest_per_index(list(st.pods.values()))) < st.completions - len(failed_indexes(st.job)))
             if not st._due("events", short):
                 return
         try:

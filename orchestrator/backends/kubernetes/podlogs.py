@@ -85,6 +85,9 @@ class PodLogs:
         the Job tells its completions."""
         with st.lock:
             wanted = [0, WITNESS_INDEX] if st.completions > WITNESS_INDEX else [0]
+            if st.spares:
+                # rank 0 is wherever the round's rendezvous put it (spares.py): every slot is followed
+                wanted = list(range(st.completions))
             for index in wanted:
                 if index in st.log_threads or st.stop.is_set():
                     continue
@@ -173,7 +176,7 @@ class PodLogs:
             stamp, line = split_timestamp(b.cut_line(raw))
             if not cursor.fresh(stamp, line):
                 continue            # read before a reconnect
-            ev = b.line_event(line, index, host, output_at, witness=index != 0,
+            ev = b.line_event(line, index, host, output_at, witness=index != 0 and not st.spares,
                               stamp=stamp / 1e9 if stamp is not None else None)
             if ev is not None:
                 with st.lock:

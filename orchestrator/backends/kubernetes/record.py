@@ -23,6 +23,15 @@ FAILED_CREATE_EVERY_S = 2.0
 Key = tuple[str, int, str]
 
 
+def spares_of(job: Obj | None) -> int:
+    """How many spare nodes a Job keeps: its maxFailedIndexes, where a failed pod fails its index
+    only (backoffLimitPerIndex, render.py with restart.spares); 0 for any other Job."""
+    spec = (job or {}).get("spec") or {}
+    if spec.get("backoffLimitPerIndex") is None:
+        return 0
+    return int(spec.get("maxFailedIndexes") or 0)
+
+
 @dataclass
 class Attempt:
     ref: AttemptRef
@@ -61,6 +70,12 @@ class Attempt:
     # Events for FailedCreate ("events"), its Kueue Workload ("queue"); name -> last read
     read_at: dict[str, float] = field(default_factory=dict)
     devices_seen: dict[str, dict[str, int]] = field(default_factory=dict)   # pod uid -> device counts first seen
+    # spare nodes (spares.py, rounds.py): how many the Job keeps (its maxFailedIndexes), and the
+    # slots of the current round (None: no spares, or the rounds not read yet); poll reports those only
+    spares: int = 0
+    round: int = 0
+    active: list[int] | None = None
+    store: Obj | None = None        # the c10d store's pod (spare nodes), as last seen
 
     def _due(self, what: str, wanted: object) -> bool:
         """Under ``lock``: whether the rate-limited read ``what`` is wanted and due now; if so it
@@ -78,6 +93,7 @@ class Attempt:
         containers = (template.get("spec") or {}).get("containers") or [{}]
         if not self.watching:        # a watched attempt's Job watch sets it (and starts its log followers)
             self.completions = int(spec.get("completions") or 1)
+        self.spares = spares_of(job)
         self.container = self.container or containers[0].get("name")
         # the Volcano PodGroup its pods join, if the spec asked for Volcano (render.py)
         annotations = (template.get("metadata") or {}).get("annotations") or {}

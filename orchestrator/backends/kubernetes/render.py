@@ -24,6 +24,7 @@ from ...spec import JobSpec, Volume
 from ...templating import render_objects
 from ...validate import format_quantity
 from ...vendors import VendorProfile
+from . import spares as sp
 from .check import BASELINE_CAPABILITIES, capabilities, pod_problems, volume_problems
 
 SHM_VOLUME = "wmctl-dshm"
@@ -54,6 +55,8 @@ def render_kubernetes(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
     if values["scheduler_name"] == "volcano":
         objects += render_objects("kubernetes/podgroup.yaml.j2", values, template_dir)
     objects += render_objects("kubernetes/service.yaml.j2", values, template_dir)
+    if values["spares"]:
+        objects += render_objects("kubernetes/spares.yaml.j2", values, template_dir)
     objects += render_objects("kubernetes/job.yaml.j2", values, template_dir)
     check_rendered(objects, values)
     notes = list(values["notes"])
@@ -83,7 +86,8 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
     pod_annotations = {**k.pod_annotations, L.SPEC_HASH: digest}
     if scheduler_name == "volcano":
         pod_annotations[L.VOLCANO_GROUP] = job_name
-        notes.append(f"gang-scheduled by Volcano: PodGroup {job_name} with minMember {spec.nodes}")
+        notes.append(f"gang-scheduled by Volcano: PodGroup {job_name} with minMember "
+                     f"{spec.nodes + spec.restart.spares}")
     elif k.queue:
         job_labels[L.KUEUE_QUEUE] = k.queue
         suspend = True   # Kueue unsuspends the Job when the queue admits it
@@ -93,18 +97,22 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
     # canonical name equals the endpoint host (_matches_machine_hostname). kubelet writes this
     # FQDN first in the pod's /etc/hosts, so pod 0 recognises itself without waiting for the
     # headless Service's DNS record; the short name needs DNS and races pod 0's start.
+    spares = spec.restart.spares
     endpoint = f"{pod_fqdn(spec, job_name, 0)}:{spec.rendezvous.port}"
+    if spares:      # the store in a pod of its own (spares.py): any node, node 0 included, may die
+        endpoint = f"{sp.store_fqdn(spec, job_name)}:{spec.rendezvous.port}"
     # each node pulls the image on its own: the rendezvous waits out a peer's cold pull, which the
     # watcher bounds by restart.image_pull_timeout (issue 23 item 3)
     command = torchrun_args(spec, profile, endpoint=endpoint, rdzv_id=layout.rendezvous_id(spec.name, ctx.attempt),
-                            node_rank=None, peer_start_s=spec.restart.image_pull_timeout_s)
+                            node_rank=None, peer_start_s=spec.restart.image_pull_timeout_s, store_apart=bool(spares),
+                            torchrun=sp.TORCHRUN if spares else None)
     if spec.nodes > 10:
         # torch elastic's dynamic rendezvous ranks the agents by sorting their node descriptors
         # (FQDN, pid, id: dynamic_rendezvous.py _mark_rendezvous_complete), not by --node-rank.
         notes.append(f"node ranks follow c10d's sorted host names, not the completion index (PET_NODE_RANK): pod 0 is "
                      f"rank 0, but {job_name}-10 ranks before {job_name}-2; a job that needs index = rank reads "
                      "JOB_COMPLETION_INDEX")
-    if k.host_network:
+    if k.host_network and not spares:
         command = store_host_by_index(command)
         notes.append("host_network: pod 0 hosts the rendezvous store by its completion index (is_host), not by "
                      "its name: a hostNetwork pod's /etc/hosts is its node's, without the pod's own FQDN")
@@ -113,12 +121,16 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
     _note_node_local_checkpoint(spec, ctx, notes)
     # wmctl's own values use no $(VAR) reference (the node rank comes through fieldRef), so
     # every string is escaped: Docker and local pass them literally and so must Kubernetes.
+    command = sp.keeper_command(spec, job_name, command, notes) if spares else command
     command = [escape_expansion(a) for a in command]
     env_list: list[dict[str, Any]] = [{"name": n, "value": escape_expansion(v)} for n, v in env.items()]
-    env_list += [
-        # torchrun reads --node-rank from PET_NODE_RANK: the completion index, no shell needed.
+    # torchrun reads --node-rank from PET_NODE_RANK: the completion index, no shell needed. With
+    # spares the rendezvous ranks the nodes (a spare's index is past --nnodes): none is set.
+    env_list += [] if spares else [
         {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
-            "fieldPath": f"metadata.annotations['{L.COMPLETION_INDEX_ANNOTATION}']"}}},
+            "fieldPath": f"metadata.annotations['{L.COMPLETION_INDEX_ANNOTATION}']"}}}]
+    env_list += sp.pod_env() if spares else []
+    env_list += [
         {"name": ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
@@ -132,6 +144,11 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
     pod_security = _pod_security_notes(spec, notes)
 
     volumes, mounts = _volumes(spec, profile)
+    if spares:
+        volume, mount = sp.files_mount()
+        volume["configMap"]["name"] = sp.files_name(job_name)
+        volumes.append(volume)
+        mounts.append(mount)
     resources = _resources(spec, profile, notes)
     tolerations = _tolerations(spec)
     node_affinity = None
@@ -144,6 +161,7 @@ def kubernetes_values(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext
             notes.append(f"excluding nodes that failed earlier attempts: {', '.join(own)}")
     grace = k.termination_grace_period_s
     return {
+        **sp.spare_values(spec, job_name, ctx.attempt, labels, node_affinity),
         "job_name": job_name, "service_name": job_name, "namespace": k.namespace,
         "labels": labels, "job_labels": job_labels, "annotations": annotations,
         "pod_labels": labels, "pod_annotations": pod_annotations,
@@ -347,8 +365,10 @@ def check_rendered(objects: list[dict[str, Any]], values: dict[str, Any]) -> Non
         "env": (container.get("env"), values["env"]),
         "volumeMounts": (container.get("volumeMounts"), values["volume_mounts"]),
         "volumes": (pod.get("volumes"), values["volumes"]),
-        "completions": (job["spec"].get("completions"), values["nodes"]),
-        "backoffLimit": (job["spec"].get("backoffLimit"), 0),
+        "completions": (job["spec"].get("completions"), values["slots"]),
+        "backoffLimit": (job["spec"].get("backoffLimit"), None if values["spares"] else 0),
+        "backoffLimitPerIndex": (job["spec"].get("backoffLimitPerIndex"), 0 if values["spares"] else None),
+        "maxFailedIndexes": (job["spec"].get("maxFailedIndexes"), values["spares"] or None),
         "restartPolicy": (pod.get("restartPolicy"), "Never"),
     }
     for what, (got, want) in expect.items():

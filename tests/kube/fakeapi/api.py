@@ -48,6 +48,9 @@ RESOURCES: dict[tuple[str, str], Resource] = {
         Resource("apps/v1", "deployments", "Deployment"),
         Resource("scheduling.volcano.sh/v1beta1", "podgroups", "PodGroup", crd=True),
         Resource("v1", "serviceaccounts", "ServiceAccount"),
+        # Stored only: what the API server's RBAC authorizer grants is rbac.py's (tests load it)
+        Resource("rbac.authorization.k8s.io/v1", "roles", "Role"),
+        Resource("rbac.authorization.k8s.io/v1", "rolebindings", "RoleBinding"),
         Resource("v1", "persistentvolumeclaims", "PersistentVolumeClaim"),
         Resource("scheduling.k8s.io/v1", "priorityclasses", "PriorityClass", namespaced=False),
         Resource("kueue.x-k8s.io/v1beta1", "localqueues", "LocalQueue", crd=True),
@@ -70,6 +73,22 @@ def _invalid(kind: str, name: str, fld: str, msg: str) -> ApiError:
 # bytes; keys are not counted) may not exceed MaxSecretSize (1 MiB, pkg/apis/core/types.go),
 # checked on create and on every update (ValidateConfigMapUpdate calls ValidateConfigMap).
 CONFIGMAP_MAX_BYTES = 1 * 1024 * 1024
+MAX_INT32 = 2**31 - 1
+
+
+def _check_job_update(old: Obj, new: Obj) -> None:
+    """pkg/apis/batch/validation/validation.go validateCompletions (ValidateJobSpecUpdate): a
+    Job's completions is immutable, except in an Indexed Job whose completions and parallelism
+    change together and stay equal (elastic Indexed Jobs, GA in 1.31)."""
+    before, after = old.get("spec") or {}, new.get("spec") or {}
+    if before.get("completions") == after.get("completions"):
+        return
+    name = (old.get("metadata") or {}).get("name") or ""
+    if after.get("completionMode") != "Indexed":
+        raise _invalid("Job", name, "spec.completions", "field is immutable")
+    if after.get("completions") != after.get("parallelism"):
+        raise _invalid("Job", name, "spec.completions",
+                       "can only be modified in tandem with spec.parallelism")
 
 
 def _check_configmap(obj: Obj) -> None:
@@ -188,7 +207,9 @@ class Api:
                                f'Unsupported value: "{rp}": supported values: "OnFailure", "Never"')
             spec.setdefault("completions", 1)
             spec.setdefault("parallelism", spec["completions"])
-            spec.setdefault("backoffLimit", 6)
+            # pkg/apis/batch/v1/defaults.go SetDefaults_Job: MaxInt32 with backoffLimitPerIndex
+            # (each index then has its own limit), else 6
+            spec.setdefault("backoffLimit", MAX_INT32 if spec.get("backoffLimitPerIndex") is not None else 6)
             spec.setdefault("completionMode", "NonIndexed")
             spec.setdefault("suspend", False)
             obj["spec"] = spec
@@ -289,6 +310,8 @@ class Api:
             if subresource == "status":
                 cur["status"] = copy.deepcopy(body.get("status") or {})
             else:
+                if res.plural == "jobs":
+                    _check_job_update(cur, body)
                 status = cur.get("status")
                 cur.clear()
                 cur.update(copy.deepcopy(body))
@@ -302,6 +325,8 @@ class Api:
             new = json_patch(cur, body) if "json-patch" in content_type else merge_patch(cur, body)
             if res.plural == "configmaps":
                 _check_configmap(new)
+            if res.plural == "jobs" and subresource != "status":
+                _check_job_update(cur, new)
             if subresource == "status":
                 cur["status"] = new.get("status", {})
             else:

@@ -168,7 +168,7 @@ def _set_condition(conds: list[Obj], cond: Obj) -> list[Obj]:
 
 
 def _job_status(spec: Obj, status: Obj, active: list[Obj], succeeded_idx: list[int], n_failed: int,
-                new_conds: list[Obj]) -> Obj:
+                new_conds: list[Obj], failed_idx: list[int] | None = None) -> Obj:
     """The Job's status as the controller writes it from what _sync_job found."""
     new_status: Obj = {
         "active": len(active), "succeeded": len(succeeded_idx), "failed": n_failed,
@@ -177,6 +177,8 @@ def _job_status(spec: Obj, status: Obj, active: list[Obj], succeeded_idx: list[i
     }
     if spec.get("completionMode") == "Indexed" and succeeded_idx:
         new_status["completedIndexes"] = _compress_indexes(succeeded_idx)
+    if failed_idx is not None:       # with backoffLimitPerIndex the controller always writes it ("" for none)
+        new_status["failedIndexes"] = _compress_indexes(failed_idx)
     if new_conds:
         new_status["conditions"] = new_conds
     if any(c["type"] == "Complete" and c["status"] == "True" for c in new_conds):
@@ -197,6 +199,10 @@ def _compress_indexes(idx: list[int]) -> str:
         parts.append(str(idx[i]) if i == j else f"{idx[i]}-{idx[j]}")
         i = j + 1
     return ",".join(parts)
+
+
+def _controlled_by(obj: Obj, uid: str) -> bool:
+    return any(r.get("uid") == uid and r.get("controller") for r in obj["metadata"].get("ownerReferences") or [])
 
 
 def _is_terminal(pod: Obj) -> bool:
@@ -223,6 +229,7 @@ class Cluster:
         self.default_script = PodScript()
         self._scripts: list[tuple[Callable[[Obj], bool], PodScript]] = []
         self._job_pods: dict[str, dict[str, bool]] = {}   # job uid -> pod uid -> counted failed
+        self._pod_index: dict[str, int] = {}               # pod uid -> its completion index (Indexed Jobs)
         self._marked_not_ready: set[str] = set()          # nodes whose pods MarkPodsNotReady flipped
         self._finished_at: dict[str, float] = {}           # job uid -> when the TTL controller saw it finish
         self.timeline: list[tuple[float, str, str]] = []   # (time.time(), what, detail)
@@ -427,8 +434,10 @@ class Cluster:
     def _sync_job(self, job: Obj) -> None:
         meta, spec, status = job["metadata"], job["spec"], job.get("status") or {}
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        pods, _ = self.store.list("pods", ns, lambda p: any(
-            r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or []))
+        # pkg/controller/job/job_controller.go getPodsForJob (ControllerRefManager.ClaimPods): the
+        # Job's pods are those it controls (ownerReference controller: true). Another object it
+        # merely owns (the spare nodes' store pod, owned so that it goes with the Job) is not one.
+        pods, _ = self.store.list("pods", ns, lambda p: _controlled_by(p, uid))
         seen = self._track_failed_pods(uid, pods)
         conds = status.get("conditions") or []
         finished = any(c["type"] in ("Complete", "Failed") and c["status"] == "True" for c in conds)
@@ -437,6 +446,7 @@ class Cluster:
         succeeded_idx = sorted({int((p["metadata"].get("annotations") or {}).get(INDEX_KEY, -1))
                                 for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"})
         n_failed = sum(1 for v in seen.values() if v)
+        failed_idx = self._failed_indexes(spec, seen, succeeded_idx)
         new_conds = list(conds)
         if meta.get("deletionTimestamp"):
             return
@@ -453,12 +463,25 @@ class Cluster:
             target = new_conds[-1]
             self.store.update("jobs", ns, name, lambda j: j["status"].__setitem__("conditions", new_conds))
             self.note("job_failure_target", name)
+        if not finished and target is None and failed_idx:
+            # job_controller.go syncJob, hasBackoffLimitPerIndex: more failed indexes than
+            # maxFailedIndexes fails the Job at once (its running pods deleted); else failed
+            # indexes fail it once every index has either succeeded or failed
+            over = spec.get("maxFailedIndexes") is not None and len(failed_idx) > int(spec["maxFailedIndexes"])
+            if over or len(failed_idx) + len(succeeded_idx) >= completions:
+                reason, message = (("MaxFailedIndexesExceeded",
+                                    "Job has exceeded the specified maximal number of failed indexes") if over
+                                   else ("FailedIndexes", "Job has failed indexes"))
+                new_conds = _set_condition(new_conds, {"type": "FailureTarget", "status": "True", "reason": reason,
+                                                       "message": message, "lastProbeTime": now_rfc3339()})
+                target = new_conds[-1]
+                self.store.update("jobs", ns, name, lambda j: j["status"].__setitem__("conditions", new_conds))
+                self.note("job_failure_target", name)
         if target is not None and not finished:
             for p in active:
                 self.api.delete_pod(ns, p["metadata"]["name"], None)
             active = []
-            left, _ = self.store.list("pods", ns, lambda p: any(
-                r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or []))
+            left, _ = self.store.list("pods", ns, lambda p: _controlled_by(p, uid))
             if not [p for p in left if p["metadata"].get("deletionTimestamp") and not _is_terminal(p)]:
                 new_conds = _set_condition(new_conds, {
                     "type": "Failed", "status": "True", "reason": target.get("reason"),
@@ -475,7 +498,7 @@ class Cluster:
                                                        "reason": "JobSuspended",
                                                        "message": "Job suspended"})
         else:
-            self._start_missing_pods(job, active, succeeded_idx, seen)
+            self._start_missing_pods(job, active, succeeded_idx + failed_idx, seen)
             if len(succeeded_idx) >= completions:
                 for ctype in ("SuccessCriteriaMet", "Complete"):
                     new_conds = _set_condition(new_conds, {
@@ -484,9 +507,26 @@ class Cluster:
                         "lastProbeTime": now_rfc3339()})
                 self.note("job_complete", name)
                 self._record_job_finished(job, "Normal", "Completed", "Job completed")
-        new_status = _job_status(spec, status, active, succeeded_idx, n_failed, new_conds)
+        new_status = _job_status(spec, status, active, succeeded_idx, n_failed, new_conds,
+                                 failed_idx if spec.get("backoffLimitPerIndex") is not None else None)
         if new_status != {k: v for k, v in status.items()}:
             self.store.update("jobs", ns, name, lambda j: j.__setitem__("status", new_status))
+
+    def _failed_indexes(self, spec: Obj, seen: dict[str, bool], succeeded_idx: list[int]) -> list[int]:
+        """With backoffLimitPerIndex (pkg/controller/job/backoff_utils.go, indexed_job_utils.go
+        calculateFailedIndexes): an index whose pods failed more than backoffLimitPerIndex times
+        is failed, gets no new pod, and is listed in status.failedIndexes. (Without a
+        podFailurePolicy every failure counts; a pod that vanished or is terminating before it
+        succeeded counts as failed, as _track_failed_pods says.)"""
+        limit = spec.get("backoffLimitPerIndex")
+        if limit is None or spec.get("completionMode") != "Indexed":
+            return []
+        counts: dict[int, int] = {}
+        for puid, failed in seen.items():
+            idx = self._pod_index.get(puid)
+            if failed and idx is not None:
+                counts[idx] = counts.get(idx, 0) + 1
+        return sorted(i for i, n in counts.items() if n > int(limit) and i not in succeeded_idx)
 
     def _track_failed_pods(self, uid: str, pods: list[Obj]) -> dict[str, bool]:
         """The Job's pods ever seen, by uid, each marked True once it failed: a pod that vanished
@@ -498,6 +538,9 @@ class Cluster:
                 seen[puid] = True
         for p in pods:
             puid = p["metadata"]["uid"]
+            raw = (p["metadata"].get("annotations") or {}).get(INDEX_KEY)
+            if raw is not None and str(raw).isdigit():
+                self._pod_index[puid] = int(raw)
             phase = (p.get("status") or {}).get("phase")
             failed = phase == "Failed" or (bool(p["metadata"].get("deletionTimestamp"))
                                            and phase != "Succeeded")
@@ -506,8 +549,10 @@ class Cluster:
 
     def _start_missing_pods(self, job: Obj, active: list[Obj], succeeded_idx: list[int],
                             seen: dict[str, bool]) -> None:
-        """Create a pod for each index neither succeeded nor running, up to the parallelism;
-        the new pods join ``active`` and ``seen``."""
+        """Create a pod for each index neither finished (``succeeded_idx``: succeeded, or failed
+        past backoffLimitPerIndex) nor running, up to the parallelism; the new pods join
+        ``active`` and ``seen``. An elastic Indexed Job (completions and parallelism raised
+        together) gets its new indexes' pods here too."""
         ns, spec = job["metadata"]["namespace"], job["spec"]
         completions = int(spec.get("completions") or 1)
         active_idx = {int((p["metadata"].get("annotations") or {}).get(INDEX_KEY, -1))
@@ -528,6 +573,7 @@ class Cluster:
                 self._record_event(job, "Warning", "FailedCreate", f"Error creating: {err.message}")
                 break
             seen[created["metadata"]["uid"]] = False
+            self._pod_index[created["metadata"]["uid"]] = idx
             active.append(created)
 
     def _record_event(self, job: Obj, etype: str, reason: str, message: str, *, kind: str = "Job",

@@ -161,6 +161,13 @@ def request_attributes(method: str, path: str, query: dict[str, str]) -> Attribu
         verb = "list"
     elif method == "DELETE" and not name:
         verb = "deletecollection"
+    if verb in ("list", "watch") and not name:
+        # requestinfo.go: a list or watch whose field selector requires metadata.name exactly is
+        # a request for that one object, so a rule's resourceNames can allow it
+        for part in (query.get("fieldSelector") or "").split(","):
+            key, sep, value = part.partition("==") if "==" in part else part.partition("=")
+            if sep and key.strip() == "metadata.name" and not key.endswith("!"):
+                name = value.strip()
     return Attributes(verb, group, version, resource, sub, namespace, name)
 
 
