@@ -12,6 +12,15 @@ import, c10d rendezvous, init_process_group, first all_reduce), total. There is 
 restore in this job: the supervisor's own bench adds it.
 
     PYTHONPATH=. python bench/bench_docker_recovery.py [--trials 3]
+    PYTHONPATH=. python bench/bench_docker_recovery.py --spares [--trials 3]
+
+``--spares``: through the real `wmctl submit --backend docker --auto-resume` with the counter job
+(checkpoint every 5 steps, a restore on resume), `docker kill` of node 1 after step 12, alternating
+a run without a spare (a new attempt: bench_recovery.py's split) and one with ``restart.spares: 1``
+(the spare container takes node 1's place in round 1, docs/spares.md), split into detect (kill ->
+the supervisor's decision), worker restart (-> every keeper of round 1 forked its torchrun),
+re-rendezvous (-> the last agent's "Rendezvous complete"), worker start + checkpoint load (-> the
+job's `resume` line) and first step. Goal on a quiet machine: <= 3 s with the spare.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import docker  # noqa: E402
 
 from orchestrator.backends import base  # noqa: E402
-from orchestrator.backends.docker import DockerBackend  # noqa: E402
+from orchestrator.backends.docker.engine import DockerBackend  # noqa: E402
 from tests.docker.baseimage import ensure_base_image  # noqa: E402
 from tests.docker.test_backend_docker import make_plan  # noqa: E402
 
@@ -78,10 +87,94 @@ def trial(client, image: str) -> dict[str, float]:
             "rendezvous+first step": t_step - t_submit, "total": t_step - t0}
 
 
+def spare_trial(home: Path, name: str) -> dict[str, float]:
+    """`docker kill` of node 1 replaced in place by the spare container: the split of kill -> first
+    resumed step, from the run record, the keepers' pid files and the archived container logs."""
+    import json
+
+    import yaml
+
+    import bench_recovery as br
+    from tests.integration import harness as h
+
+    spec = br.write_spec(home, name, "docker", steps=60, every=5, sleep=0.1, spares=1)
+    data = yaml.safe_load(spec.read_text())
+    data["env"] = {"LOGLEVEL": "INFO"}          # torchrun's INFO lines carry the rendezvous' end
+    spec.write_text(yaml.safe_dump(data))
+    w = h.Watch(spec, home, "--backend", "docker")
+    client = docker.from_env()
+
+    def steps() -> list[dict]:
+        out = []
+        for slot in range(3):
+            try:
+                text = client.containers.get(f"{name}-a0-{slot}").logs().decode(errors="replace")
+            except docker.errors.NotFound:
+                continue
+            out += [p for p in map(br.parse_progress, text.splitlines()) if p and p["event"] == "step"]
+        return out
+
+    h.wait_until(lambda: any(p["step"] >= 12 for p in steps()), 300, "step 12")
+    killed_at = time.time()
+    client.containers.get(f"{name}-a0-1").kill()
+    code = w.wait(600)
+    if code != 0:
+        raise SystemExit(f"{name}: wmctl exited {code}\n{w.output[-3000:]}")
+    rec = h.record(home, name)
+    a0 = rec["attempts"][0]
+    if len(rec["attempts"]) != 1 or not a0.get("recoveries"):
+        raise SystemExit(f"{name}: no in-place recovery\n{w.output[-3000:]}")
+    decided = a0["recoveries"][0]["time"]
+    folder = h.run_folder(home, name) / "attempt-0"
+    pids = [json.loads(p.read_text()) for p in (folder / "slots").glob("slot-*.pid.json")]
+    started = max(p["started"] for p in pids if p.get("round") == 1)
+    later = [p for p in h.progress(home, name, 0) if p.get("time", 0) > decided]    # the archived logs
+    resumed = min(p["time"] for p in later if p["event"] == "resume")
+    first = min(p["time"] for p in later if p["event"] == "step")
+    met = [t for t in (br.rendezvous_done(log, decided) for log in folder.glob("node-*.log")) if t is not None]
+    rdzv = max(met) if met else started
+    return {"detect": decided - killed_at, "worker restart": started - decided, "re-rendezvous": rdzv - started,
+            "start+load": resumed - rdzv, "first step": first - resumed, "total": first - killed_at}
+
+
+def spare_comparison(trials: int) -> None:
+    import os
+    import shutil
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_recovery as br
+
+    home = Path(tempfile.mkdtemp(prefix="wmctl-bench-docker-spares-"))
+    os.environ["WMCTL_HOME"] = str(home)
+    br.IMAGE = os.environ.get("WMCTL_BENCH_IMAGE", br.IMAGE)     # sessions side by side on one engine
+    br.build_image()
+    without, with_spare = [], []
+    try:
+        for i in range(trials):       # alternating, so a machine that gets busier hurts both alike
+            without.append(br.one_trial("docker", home, f"dkbs-nospare-{i}", at_step=12, steps=60, every=5,
+                                        sleep=0.1))
+            with_spare.append(spare_trial(home, f"dkbs-spare-{i}"))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    br.show("docker, no spare: docker kill of node 1 -> first resumed step (a new attempt)", without)
+    keys = ["detect", "worker restart", "re-rendezvous", "start+load", "first step", "total"]
+    print("\ndocker, one spare: docker kill of node 1 -> first resumed step (in place, no new attempt)")
+    print("  trial " + " ".join(f"{k:>17}" for k in keys))
+    for i, r in enumerate(with_spare):
+        print(f"  {i:>5} " + " ".join(f"{r[k]:>16.2f}s" for k in keys))
+    print("  median" + " ".join(f"{statistics.median(r[k] for r in with_spare):>16.2f}s" for k in keys))
+    print(f"load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (goal <= 3 s on a quiet machine)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--spares", action="store_true", help="without and with a spare container, alternating")
     args = ap.parse_args()
+    if args.spares:
+        spare_comparison(args.trials)
+        return
     client = docker.from_env(timeout=900)
     image = ensure_base_image(client)
     rows = []

@@ -397,7 +397,9 @@ def run_rounds(directory: str | None, slot: int | None, command: list[str], *, l
         signal.signal(sig, forward)
     # No torchrun yet (a spare waits for a round that names it): the engine still sees the keeper.
     _write(pid_file, {"keeper": os.getpid(), "agent": None, "started": time.time(), "round": -1})
-    with open(log_path, "ab", buffering=0) as log:
+    # "-": this keeper's own stdout (a container's, which `docker logs` reads), never reopened by
+    # path: /dev/stdout of a pipe the engine made may not be openable by the container's user
+    with (os.fdopen(os.dup(1), "ab", buffering=0) if log_path == "-" else open(log_path, "ab", buffering=0)) as log:
         while True:
             if rounds.closed() or (stopping and proc is None):
                 _kill_tree(tag, proc)
@@ -459,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     slot = parser.add_mutually_exclusive_group(required=True)
     slot.add_argument("--slot", type=int)
     slot.add_argument("--slot-env", help="the environment variable that holds the slot (a pod's JOB_COMPLETION_INDEX)")
-    parser.add_argument("--log", required=True)
+    parser.add_argument("--log", required=True, help="torchrun's output: a file, or - for this keeper's stdout")
     parser.add_argument("--exit-file", required=True)
     parser.add_argument("--pid-file", required=True)
     parser.add_argument("command", nargs=argparse.REMAINDER)

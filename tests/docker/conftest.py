@@ -215,7 +215,8 @@ WHEELS_IMAGES = "docker-wheels-images"
 # one group held the four, one module after another, the suite's longest pole (~10 minutes).
 SWEPT_RUNS = "docker-swept-runs"      # the prefix of each module's own group name
 
-FAULTS_TAG = "wmctl-test/faults:counter"
+# One engine can serve several checkouts at once (sessions side by side): each may name its own tag.
+FAULTS_TAG = os.environ.get("WMCTL_TEST_FAULTS_TAG", "wmctl-test/faults:counter")
 
 
 @pytest.fixture(scope="module")

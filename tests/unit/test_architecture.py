@@ -78,6 +78,7 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends.local.classify", 3),
     ("orchestrator.backends.docker.render", 3),
     ("orchestrator.backends.docker.classify", 3),
+    ("orchestrator.backends.docker.spares", 3),         # spare nodes: the keeper's command, mounts, the store
     ("orchestrator.backends.kubernetes.render", 3),
     ("orchestrator.backends.kubernetes.check", 3),
     ("orchestrator.backends.kubernetes.kinds", 3),

@@ -135,6 +135,20 @@ def test_plans_have_no_yaml_anchors(vendor, backend, monkeypatch):
     assert not [e for e in events if isinstance(e, yaml.AliasEvent) or getattr(e, "anchor", None)]
 
 
+def test_golden_docker_spares(monkeypatch):
+    """restart.spares: 1 on Docker: the store container and three keeper slots (docs/spares.md).
+    The keeper is mounted from this installation: its path is <wmctl> in the golden."""
+    from orchestrator.backends.docker.spares import source_files
+
+    _home(monkeypatch, "docker")
+    spec = full_spec("cpu", **{"restart.spares": 1})
+    ctx = AttemptContext(attempt=1, excluded_nodes=("gpu-node-7",), resume=True, parent=0)
+    text = plan_document(render_plan(spec, load_profile("cpu"), "docker", ctx, cpus=list(range(128))), "yaml")
+    text = text.replace(str(Path(source_files()[0]).parents[2]), "<wmctl>")
+    text = text.replace(str(spec.source_dir), "<specdir>").replace(os.path.expanduser("~"), "<home>")
+    _compare(text, golden_path("docker", "cpu-spares"))
+
+
 def test_golden_kubernetes_spares(monkeypatch):
     """restart.spares on Kubernetes (backends/kubernetes/spares.py): the Job of nodes + spares with
     per-index limits, the rounds and files ConfigMaps, the keepers' Role, the store's pod. The

@@ -63,6 +63,22 @@ def test_keeper_without_a_command_is_a_usage_error(tmp_path):
     assert "the command to run each round" in proc.stderr
 
 
+def test_keeper_log_dash_is_its_own_stdout(tmp_path):
+    """``--log -``: the round's output goes to the keeper's stdout (a container's, which `docker
+    logs` reads), not to a file named '-' and not by reopening /dev/stdout."""
+    rounds = tmp_path / "rounds"
+    rounds.mkdir()
+    keeper.write_round(rounds, 0, [0], "rdzv-0", {})
+    proc = subprocess.run(
+        [sys.executable, "-I", str(KEEPER), "--rounds", str(rounds), "--slot", "0", "--log", "-",
+         "--exit-file", str(tmp_path / "exit.json"), "--pid-file", str(tmp_path / "pid.json"), "--",
+         sys.executable, "-c", "print('from the round', flush=True)"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "from the round" in proc.stdout
+    assert not (tmp_path / "-").exists()
+
+
 def test_a_keepers_agent_polls_its_rendezvous_faster_scaled_to_the_nodes(monkeypatch):
     """torch's agents ask the store once a second whether the rendezvous is complete (up to a
     second lost per recovery); a keeper's forked torchrun asks every sync_poll_s instead, and

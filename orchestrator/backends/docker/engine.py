@@ -39,6 +39,8 @@ from ...vendors import VendorProfile
 from ..logcursor import LogCursor
 from .classify import TERMINAL, node_status, parse_docker_time, transition_events
 from .evidence import AttemptState, drain, event_time, fresh_lines
+from . import slotfiles
+from .spareslots import SpareSlots
 from .render import DockerRequest, render_docker
 
 # Plan "create" keys that belong to the container config; every other known key is host config.
@@ -84,7 +86,7 @@ def _create_bind_sources(containers: list[dict[str, Any]]) -> None:
                     pass        # the engine's refusal names the path
 
 
-class DockerBackend(b.Backend[DockerRequest]):
+class DockerBackend(SpareSlots, b.Backend[DockerRequest]):
     name = "docker"
     places_nodes = False     # one Docker host: a retry cannot go elsewhere
     graceful_cancel = True   # `docker stop`: SIGTERM, then SIGKILL after the grace period
@@ -92,6 +94,8 @@ class DockerBackend(b.Backend[DockerRequest]):
     # secret and config_map are Kubernetes objects: a Docker host has no such thing to mount
     volume_sources = frozenset(("pvc", "host_path", "nfs", "empty_dir"))
     log_options = frozenset({"tail", "since", "timestamps"})   # the engine keeps each line's time
+    spares = True            # spare containers run the keeper beside the nodes (docs/spares.md)
+    replenishes_spares = True  # a used spare is followed by a new container (replenish_spare)
 
     def __init__(self, client: Any = None, *, pull: bool = False, log_follow: bool = True):
         self._client = client
@@ -129,7 +133,14 @@ class DockerBackend(b.Backend[DockerRequest]):
 
     def check_host(self, spec: JobSpec) -> list[tuple[str, str]]:
         # A remote engine's bind sources are its folders, not this machine's: not checked here.
-        return host_paths.missing_read_only(spec) if sdk.engine_is_local() else []
+        if not sdk.engine_is_local():
+            if spec.restart.spares:
+                # the keeper and the rounds folder are bind mounts of this machine's files
+                return [("restart.spares", f"spare nodes need the Docker engine on this machine, and DOCKER_HOST "
+                         f"({os.environ.get('DOCKER_HOST')}) is another: set restart.spares: 0, or submit from the "
+                         "engine's own machine")]
+            return []
+        return host_paths.missing_read_only(spec)
 
     def prepare_host(self, spec: JobSpec) -> list[str]:
         if spec.image.tag:
@@ -147,9 +158,18 @@ class DockerBackend(b.Backend[DockerRequest]):
         containers = [r for r in plan.resources if r.get("kind") == "container"]
         if not containers:
             raise BackendError("the plan has no containers", hint="render the plan for the docker backend")
+        stores = [r for r in plan.resources if r.get("kind") == "store"]     # spare nodes: the c10d store
         ref = b.AttemptRef(self.name, plan.run, plan.attempt)
         errors, _ = sdk.errors()
         _ = self.client       # connect first: an unreachable engine fails before anything exists
+        if stores:
+            if not sdk.engine_is_local():
+                raise BackendError("spare nodes (restart.spares) need the Docker engine on this machine",
+                                   hint="set restart.spares: 0, or submit from the engine's own machine")
+            me = f"{os.getuid()}:{os.getgid()}"
+            slotfiles.prepare(plan.run, plan.attempt, [c["node"] for c in containers if not c.get("spare")],
+                              shared=any(c["create"].get("user") != me for c in containers))
+            slotfiles.save_plan(plan.run, plan.attempt, plan.to_dict())
         _create_bind_sources(containers)
         undo: list[Callable[[], None]] = []
         since = time.time() - 1.0
@@ -168,7 +188,7 @@ class DockerBackend(b.Backend[DockerRequest]):
                 declared = {r["name"] for r in plan.resources if r["kind"] == "network"}
                 for net in sorted(networks - declared):
                     self._require_network(net)
-                created = [self._ensure_container(c, plan, undo) for c in containers]
+                created = [self._ensure_container(c, plan, undo) for c in [*stores, *containers]]
                 for cid in created:
                     self._start(cid)
             except errors.APIError as exc:
@@ -276,12 +296,12 @@ class DockerBackend(b.Backend[DockerRequest]):
         except errors.APIError as exc:
             if exc.status_code != 409:
                 raise
-            return self._adopt(config["name"], plan, res["node"])
+            return self._adopt(config["name"], plan, res.get("node", "store"))
         cid = out["Id"]
         undo.append(lambda: self._quiet_remove_container(cid))
         return cid
 
-    def _adopt(self, name: str, plan: Any, node: int) -> str:
+    def _adopt(self, name: str, plan: Any, node: int | str) -> str:
         container = self.client.containers.get(name)
         have = container.labels or {}
         if have.get(L.RUN) != plan.run or have.get(L.ATTEMPT) != str(plan.attempt) or have.get(L.NODE) != str(node):
@@ -327,7 +347,7 @@ class DockerBackend(b.Backend[DockerRequest]):
             st = self._attempts.get(key)
             if st is not None:
                 return st
-            st = AttemptState(ref, names)
+            st = AttemptState(ref, names, spares=slotfiles.has_rounds(ref.run, ref.attempt))
             # Alive when the attempt started, as far as anyone knows: a container found gone later
             # with nothing to date its removal can have gone any time since.
             st.alive_at = {node: since for node in names}
@@ -336,9 +356,12 @@ class DockerBackend(b.Backend[DockerRequest]):
                              name=f"wmctl-docker-events-{ref.attempt_name}")
         st.threads.append(t)
         t.start()
-        followed = [0, b.WITNESS_NODE] if self._log_follow else []
+        # With spares global rank 0 is on whichever slot c10d ranks first in a round: every slot's
+        # output is read whole, as the local backend reads every node's.
+        followed = (sorted(names) if st.spares else [0, b.WITNESS_NODE]) if self._log_follow else []
         for node in (n for n in followed if n in names):
-            t = threading.Thread(target=self._follow_progress, args=(st, names[node], node), daemon=True,
+            witness = node != 0 and not st.spares
+            t = threading.Thread(target=self._follow_progress, args=(st, names[node], node, witness), daemon=True,
                                  name=f"wmctl-docker-log-{node}-{ref.attempt_name}")
             st.threads.append(t)
             t.start()
@@ -397,12 +420,12 @@ class DockerBackend(b.Backend[DockerRequest]):
             st.streams.remove(stream)
             st.stop.wait(1.0)
 
-    def _follow_progress(self, st: AttemptState, name: str, node: int = 0) -> None:
+    def _follow_progress(self, st: AttemptState, name: str, node: int = 0, witness: bool = False) -> None:
         """Node 0's output: progress lines and the output heartbeat. The witness node's
-        (base.WITNESS_NODE): its reports about node 0 only."""
+        (base.WITNESS_NODE, ``witness``): its reports about node 0 only."""
         output_at: dict[int, float] = {}
         for ns, line in self._log_lines(name, follow=True, stop=st.stop, streams=st.streams):
-            ev = b.line_event(line, node, name, output_at, witness=node != 0, stamp=ns / 1e9 if ns else None)
+            ev = b.line_event(line, node, name, output_at, witness=witness, stamp=ns / 1e9 if ns else None)
             if ev is not None:
                 st.inbox.put(("progress", ev))
 
@@ -463,25 +486,40 @@ class DockerBackend(b.Backend[DockerRequest]):
         errors, _ = sdk.errors()
         with sdk.engine(f"polling {ref.attempt_name}"):
             st = self._state_for(ref)
+            # With spares: the current round's active slots only (not an idle spare, nor a slot replaced)
+            current = slotfiles.current(ref.run, ref.attempt) if st.spares else None
+            active = sorted(st.names) if current is None else sorted(n for n in st.names if n in current["active"])
             with st.lock:
                 events = drain(st)
                 # Cancelling an attempt that had already ended is clean-up, not a cancellation.
-                ended = bool(st.status) and all(s.phase in TERMINAL for s in st.status.values())
+                ended = bool(st.status) and all(st.status[n].phase in TERMINAL for n in active if n in st.status)
                 looked = time.time()
-                for node, name in sorted(st.names.items()):
+                for node in active:
+                    name = st.names[node]
                     try:
                         info = self.client.api.inspect_container(name)
                     except errors.NotFound:
                         info = None
                     state = info["State"] if info else None
+                    signal = st.signals.get(node)
+                    started = parse_docker_time(state.get("StartedAt")) if state else None
+                    finished = parse_docker_time(state.get("FinishedAt")) if state else None
+                    if current is not None and state is not None and state.get("Status") == "running":
+                        # The container runs on across rounds, its keeper waiting between them: the
+                        # round's start and end are the keeper's pid and exit files.
+                        started = slotfiles.round_start(ref.run, ref.attempt, node, current["round"])
+                        end = slotfiles.round_end(ref.run, ref.attempt, node, current["round"])
+                        if end is not None:
+                            state = {**state, "Status": "exited", "ExitCode": end.get("exit_code"), "OOMKilled": False}
+                            signal, finished = end.get("signal"), float(end.get("time") or looked)
+                        elif started is None:
+                            state = {**state, "Status": "created"}     # not this round's torchrun yet
                     prev = st.status.get(node)
-                    cur = node_status(node, name, state, signal=st.signals.get(node), cancelled=st.cancelled,
+                    cur = node_status(node, name, state, signal=signal, cancelled=st.cancelled,
                                       previous=prev, gone_exit=st.died.get(node))
                     events += transition_events(
                         prev, cur, name=name, event_time=event_time(st, node, prev, cur),
-                        started_at=parse_docker_time(state.get("StartedAt")) if state else None,
-                        finished_at=parse_docker_time(state.get("FinishedAt")) if state else None,
-                        last_alive=st.alive_at.get(node))
+                        started_at=started, finished_at=finished, last_alive=st.alive_at.get(node))
                     if cur.phase in (b.PENDING, b.RUNNING, b.PAUSED):
                         st.alive_at[node] = looked
                     st.status[node] = cur
@@ -489,8 +527,13 @@ class DockerBackend(b.Backend[DockerRequest]):
                     st.cancel_reported = True
                     if not ended:
                         events.append(b.Event(b.CANCELLED, message=f"{ref.attempt_name} cancelled by wmctl"))
-                nodes = [st.status[n] for n in sorted(st.names)]
-            if b.Observation([], nodes).finished and not st.stop.is_set():
+                nodes = [st.status[n] for n in active]
+            # With spares a failed round is not the attempt's end: the supervisor may answer it with
+            # a spare (recover_in_place), and the followers must read the next round. Teardown stops them.
+            over = not st.spares or all(n.phase == b.SUCCEEDED for n in nodes)
+            if b.Observation([], nodes).finished and over and not st.stop.is_set():
+                if st.spares:
+                    slotfiles.close(ref.run, ref.attempt)     # idle spares stop: their logs end too
                 # Nothing more can happen. The log stream ends with node 0's container: give the
                 # follower a moment to deliver the last PROGRESS lines, then stop the threads.
                 for t in st.threads[1:]:
@@ -532,6 +575,8 @@ class DockerBackend(b.Backend[DockerRequest]):
         st = self._attempts.get((ref.run, ref.attempt))
         if st is not None:
             st.cancelled = True  # before the kill: its events and exits are ours, not a failure
+        if not graceful:
+            slotfiles.close(ref.run, ref.attempt)    # spare nodes: idle keepers stop rather than wait
         with sdk.engine(f"cancelling {ref.attempt_name}"):
             found = self._containers(ref.run, ref.attempt)
             if graceful:

@@ -34,6 +34,7 @@ class AttemptState:
     seen: set[tuple[Any, ...]] = field(default_factory=set)      # docker events already applied
     cancelled: bool = False
     cancel_reported: bool = False
+    spares: bool = False            # slots with spare nodes: rounds decide which are active (slotfiles.py)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 

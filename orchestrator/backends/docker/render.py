@@ -18,17 +18,27 @@ from ... import layout
 from ...errors import SpecError
 from ...launch import accelerators_per_node, device_ids_per_node, job_env, split_evenly, torchrun_args
 from ...plan import AttemptContext, HostFacts, Plan, Request
-from ...runtime.protocol import ENV_NODE_NAME
+from ...runtime.protocol import ENV_LOCAL_TAG, ENV_NODE_NAME
 from ...runtime.records import record
 from ...runtime.topology import format_cpulist
 from ...spec import JobSpec
 from ...vendors import VendorProfile
 from ..host_paths import host_path_source
+from . import spares as S
 
 
 @record(frozen=True)
 class DockerRequest(Request):
     network: str
+    # spare nodes (restart.spares): how many of the slot containers are spares (the last ones);
+    # the c10d store runs in a container of its own (docs/spares.md)
+    spares: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        data = super().as_dict()
+        if not self.spares:
+            data.pop("spares")      # a plan without spares reads as it always did
+        return data
 
 
 def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, host: HostFacts) -> Plan[DockerRequest]:
@@ -38,12 +48,20 @@ def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, ho
     job_name = layout.attempt_name(spec.name, ctx.attempt)
     network = spec.docker.network or job_name
     notes: list[str] = []
-    cpusets = _cpusets(spec, list(host.cpus), notes)
-    device_ids = _device_ids(spec, profile, notes)
-    endpoint = f"{layout.node_name(spec.name, ctx.attempt, 0)}:{spec.rendezvous.port}"
+    spares = spec.restart.spares
+    slots = spec.nodes + spares        # spare nodes are the last slots: containers whose keeper waits, warm
+    cpusets = _cpusets(spec, list(host.cpus), notes, slots)
+    device_ids = _device_ids(spec, profile, notes, slots)
+    store = S.store_name(spec.name, ctx.attempt)
+    endpoint = f"{store if spares else layout.node_name(spec.name, ctx.attempt, 0)}:{spec.rendezvous.port}"
     command = torchrun_args(spec, profile, endpoint=endpoint, rdzv_id=layout.rendezvous_id(spec.name, ctx.attempt),
-                            node_rank=None)
+                            node_rank=None, store_apart=bool(spares),
+                            torchrun=[S.PYTHON_WORD, "-m", "torch.distributed.run"] if spares else None)
     mounts, volumes_to_create = _mounts(spec, profile)
+    if spares:
+        notes.append(f"{spares} spare node(s) (slots {', '.join(map(str, range(spec.nodes, slots)))}) wait beside the "
+                     f"job's, each container running wmctl's keeper (runtime/keeper.py, mounted read-only); the c10d "
+                     f"store runs in a container of its own, {store}:{spec.rendezvous.port}")
     resources: list[dict[str, Any]] = []
     if spec.docker.network is None:
         resources.append({"kind": "network", "name": network, "driver": "bridge",
@@ -51,9 +69,16 @@ def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, ho
     resources += volumes_to_create
     grace = spec.kubernetes.termination_grace_period_s
     user = container_user(spec, host, notes)
-    for node in range(spec.nodes):
+    if spares:
+        store_env = {"PYTHONUNBUFFERED": "1", **({"HOME": "/tmp"} if user is not None and spec.docker.user == "auto"
+                                                 else {})}
+        apart = S.store_container(spec.name, ctx.attempt, image=image, port=spec.rendezvous.port, network=network,
+                                  user=user, env=store_env, spec_hash=spec.spec_hash())
+        resources.append({"kind": "store", "aliases": [store], "create": apart,
+                          "docker_run": docker_run_line(apart, [store])})
+    for node in range(slots):
         name = layout.node_name(spec.name, ctx.attempt, node)
-        labels = {**L.run_labels(spec.name, ctx.attempt), L.NODE: str(node), L.NODES: str(spec.nodes),
+        labels = {**L.run_labels(spec.name, ctx.attempt), L.NODE: str(node), L.NODES: str(slots),
                   L.SPEC_HASH: spec.spec_hash()}
         if ctx.parent is not None:
             labels[L.PARENT_ATTEMPT] = str(ctx.parent)
@@ -67,13 +92,18 @@ def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, ho
         if profile.docker.visible_devices_env and device_ids is not None and not profile.docker.device_requests:
             backend_env[profile.docker.visible_devices_env] = device_ids[node]
         env = job_env(spec, profile, ctx, checkpoint_dir=spec.checkpoint.dir, backend_env=backend_env)
-        env["PET_NODE_RANK"] = str(node)
+        if spares:
+            # c10d gives node ranks in each round; the keeper finds its torchrun and workers by this tag
+            env[ENV_LOCAL_TAG] = name
+        else:
+            env["PET_NODE_RANK"] = str(node)
         env[ENV_NODE_NAME] = name
         create: dict[str, Any] = {
-            "name": name, "image": image, "command": command, "hostname": name,
-            "environment": env, "labels": labels, "working_dir": spec.workdir or spec.image.workdir,
-            "shm_size": spec.resources.shm_bytes, "mounts": mounts, "network": network,
-            "stop_signal": "SIGTERM", "stop_timeout": grace,
+            "name": name, "image": image, "command": S.keeper_command(node, command) if spares else command,
+            "hostname": name, "environment": env, "labels": labels, "working_dir": spec.workdir or spec.image.workdir,
+            "shm_size": spec.resources.shm_bytes,
+            "mounts": [*mounts, *S.mounts(spec.name, ctx.attempt, host.home)] if spares else mounts,
+            "network": network, "stop_signal": "SIGTERM", "stop_timeout": grace,
         }
         if user is not None:
             create["user"] = user
@@ -89,9 +119,10 @@ def render_docker(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, ho
         # description its own (and the YAML plan free of &id001 anchors).
         create = copy.deepcopy(create)
         resources.append({"kind": "container", "node": node, "aliases": [name], "create": create,
-                          "docker_run": docker_run_line(create, [name])})
+                          "docker_run": docker_run_line(create, [name]),
+                          **({"spare": node >= spec.nodes} if spares else {})})
     return Plan(backend="docker", run=spec.name, attempt=ctx.attempt, spec_hash=spec.spec_hash(),
-                request=DockerRequest(network=network), resources=resources, notes=notes, context=ctx)
+                request=DockerRequest(network=network, spares=spares), resources=resources, notes=notes, context=ctx)
 
 
 def container_user(spec: JobSpec, host: HostFacts, notes: list[str]) -> str | None:
@@ -110,24 +141,43 @@ def container_user(spec: JobSpec, host: HostFacts, notes: list[str]) -> str | No
     return f"{uid}:{gid}"
 
 
-def _cpusets(spec: JobSpec, cpus: list[int], notes: list[str]) -> list[str]:
+def _cpusets(spec: JobSpec, cpus: list[int], notes: list[str], slots: int) -> list[str]:
+    """CPUs per slot container (nodes, then spares). With spares, explicit docker.cpusets name the
+    nodes' and may name the spares' too; a spare without one of its own, or a host with fewer CPUs
+    than slots, shares a node's (listed in a note)."""
     if spec.docker.cpusets:
-        return list(spec.docker.cpusets)
-    if spec.nodes == 1:
+        given = list(spec.docker.cpusets)
+        return [given[i % len(given)] for i in range(slots)] if slots > len(given) else given
+    if slots == 1:
         return []
     if len(cpus) < spec.nodes:
         raise SpecError([("nodes", f"{spec.nodes} nodes share one Docker host with only {len(cpus)} CPUs; "
                           "lower nodes or give docker.cpusets explicitly")])
-    parts = [format_cpulist(c) for c in split_evenly(cpus, spec.nodes)]
-    notes.append(f"{spec.nodes} nodes share one Docker host: CPUs split per node as {', '.join(parts)}")
+    if len(cpus) < slots:      # spares beyond the CPUs: each shares the CPUs of a node
+        parts = [format_cpulist(c) for c in split_evenly(cpus, spec.nodes)]
+        parts += [parts[i % spec.nodes] for i in range(spec.nodes, slots)]
+        notes.append(f"{spec.nodes} nodes and {slots - spec.nodes} spare(s) share one Docker host with {len(cpus)} "
+                     f"CPUs: CPUs per slot {', '.join(parts)} (a spare shares a node's)")
+        return parts
+    parts = [format_cpulist(c) for c in split_evenly(cpus, slots)]
+    what = "node" if slots == spec.nodes else "slot (nodes, then spares)"
+    notes.append(f"{slots} {'nodes' if slots == spec.nodes else 'slots'} share one Docker host: "
+                 f"CPUs split per {what} as {', '.join(parts)}")
     return parts
 
 
-def _device_ids(spec: JobSpec, profile: VendorProfile, notes: list[str]) -> list[str] | None:
-    """Which accelerators each node container sees; 'all' when one node owns the host."""
-    ids = device_ids_per_node(spec, profile)
-    if ids is not None and spec.nodes > 1:
-        notes.append(f"{spec.nodes} nodes share one Docker host: accelerators split per node as {'; '.join(ids)}")
+def _device_ids(spec: JobSpec, profile: VendorProfile, notes: list[str], slots: int) -> list[str] | None:
+    """Which accelerators each slot container sees; 'all' when one node owns the host (and has no
+    spare); a spare gets a slice of its own, as a node does."""
+    if slots == spec.nodes:
+        ids = device_ids_per_node(spec, profile)
+    else:
+        accel = accelerators_per_node(spec, profile)
+        ids = None if not profile.accelerator or not accel else \
+            [",".join(str(i) for i in range(n * accel, (n + 1) * accel)) for n in range(slots)]
+    if ids is not None and slots > 1:
+        notes.append(f"{slots} {'nodes' if slots == spec.nodes else 'slots'} share one Docker host: "
+                     f"accelerators split per {'node' if slots == spec.nodes else 'slot'} as {'; '.join(ids)}")
     return ids
 
 
