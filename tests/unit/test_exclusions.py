@@ -311,3 +311,19 @@ def test_parse_usable_slurm_nodes():
 
     text = "cn01|idle\ncn02|mixed\ncn03|down*\ncn04|drained\ncn05|allocated\ncn01|idle\ncn06|idle*\n"
     assert parse_usable_nodes(text) == {"cn01", "cn02", "cn05"}
+
+
+def test_slurm_counts_down_and_drained_nodes_as_places_for_the_cap():
+    """sbatch refuses ("Requested node configuration is not available") a job that the partition
+    less the excluded nodes can never hold, even when the excluded nodes are down: so for the cap
+    every node of the partition is a place (CI: a 3-node partition, 2 nodes + 1 spare, two nodes
+    lost -> excluding the down one made attempt 1 fail at sbatch instead of waiting)."""
+    from orchestrator.backends.slurm.tools import parse_usable_nodes
+
+    text = "n1|idle\nn2|down*\nn3|drained\nn1|idle\n"
+    assert parse_usable_nodes(text) == {"n1"}
+    assert parse_usable_nodes(text, any_state=True) == {"n1", "n2", "n3"}
+    from orchestrator.exclusions import apply
+
+    got = apply(["n3", "n2"], [], room=None, usable=parse_usable_nodes(text, any_state=True), needed=3)
+    assert got.nodes == ()                       # nothing excluded: the job waits for n2 and n3

@@ -130,9 +130,14 @@ class SlurmBackend(b.Backend[SlurmRequest]):
         return plan.request.script
 
     def placeable_hosts(self, spec: JobSpec) -> frozenset[str] | None:
-        """The nodes of slurm.partition (else every partition) that are not down, drained or
-        failing (`sinfo -N`); None when sinfo does not answer."""
-        return self.tools.usable_nodes(spec.slurm.partition)
+        """Every node of slurm.partition (else of every partition), down, drained or failing ones
+        too (`sinfo -N`); None when sinfo does not answer. A down node is still the partition's:
+        sbatch queues a job that waits for it, but refuses outright ("Requested node configuration
+        is not available") one that the partition's nodes less the excluded ones can never hold,
+        so excluding a down node costs a place like any other (a 3-node partition, a job of 2
+        nodes + 1 spare, two nodes just lost: excluding either would make the run fail at sbatch
+        rather than wait for them)."""
+        return self.tools.usable_nodes(spec.slurm.partition, any_state=True)
 
     def cluster_key(self) -> str | None:
         """``slurm:<ClusterName>`` from `scontrol show config`, else ``slurm:<SLURM_CONF path>``;
