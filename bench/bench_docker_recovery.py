@@ -90,7 +90,6 @@ def trial(client, image: str) -> dict[str, float]:
 def spare_trial(home: Path, name: str) -> dict[str, float]:
     """`docker kill` of node 1 replaced in place by the spare container: the split of kill -> first
     resumed step, from the run record, the keepers' pid files and the archived container logs."""
-    import json
 
     import yaml
 
@@ -120,21 +119,7 @@ def spare_trial(home: Path, name: str) -> dict[str, float]:
     code = w.wait(600)
     if code != 0:
         raise SystemExit(f"{name}: wmctl exited {code}\n{w.output[-3000:]}")
-    rec = h.record(home, name)
-    a0 = rec["attempts"][0]
-    if len(rec["attempts"]) != 1 or not a0.get("recoveries"):
-        raise SystemExit(f"{name}: no in-place recovery\n{w.output[-3000:]}")
-    decided = a0["recoveries"][0]["time"]
-    folder = h.run_folder(home, name) / "attempt-0"
-    pids = [json.loads(p.read_text()) for p in (folder / "slots").glob("slot-*.pid.json")]
-    started = max(p["started"] for p in pids if p.get("round") == 1)
-    later = [p for p in h.progress(home, name, 0) if p.get("time", 0) > decided]    # the archived logs
-    resumed = min(p["time"] for p in later if p["event"] == "resume")
-    first = min(p["time"] for p in later if p["event"] == "step")
-    met = [t for t in (br.rendezvous_done(log, decided) for log in folder.glob("node-*.log")) if t is not None]
-    rdzv = max(met) if met else started
-    return {"detect": decided - killed_at, "worker restart": started - decided, "re-rendezvous": rdzv - started,
-            "start+load": resumed - rdzv, "first step": first - resumed, "total": first - killed_at}
+    return br.spare_split(home, name, w.output, killed_at, "slots/slot-*.pid.json")
 
 
 def spare_comparison(trials: int) -> None:

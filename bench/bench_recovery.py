@@ -180,14 +180,21 @@ def spare_trial(home: Path, name: str, sig: int = signal.SIGKILL) -> dict:
     code = w.wait(600)
     if code != 0:
         raise SystemExit(f"{name}: wmctl exited {code}\n{w.output[-3000:]}")
+    return spare_split(home, name, w.output, killed_at, "node-*.pid.json")
+
+
+def spare_split(home: Path, name: str, output: str, killed_at: float, pid_files: str) -> dict:
+    """The split of kill -> first resumed step of an in-place recovery, from the run's record,
+    its keepers' pid files (``pid_files``, a glob in the attempt folder) and its logs: local's
+    and Docker's benches alike."""
     rec = h.record(home, name)
     a0 = rec["attempts"][0]
     if len(rec["attempts"]) != 1 or not a0.get("recoveries"):
-        raise SystemExit(f"{name}: no in-place recovery\n{w.output[-3000:]}")
+        raise SystemExit(f"{name}: no in-place recovery\n{output[-3000:]}")
     decided = a0["recoveries"][0]["time"]
     folder = h.run_folder(home, name) / "attempt-0"
-    started = max(json.loads(p.read_text())["started"] for p in folder.glob("node-*.pid.json")
-                  if json.loads(p.read_text()).get("round") == 1)
+    pids = [json.loads(p.read_text()) for p in folder.glob(pid_files)]
+    started = max(p["started"] for p in pids if p.get("round") == 1)
     later = [p for p in h.progress(home, name, 0) if p.get("time", 0) > decided]
     resumed = min(p["time"] for p in later if p["event"] == "resume")
     first = min(p["time"] for p in later if p["event"] == "step" and p["time"] >= resumed)   # not the old round's
