@@ -38,11 +38,23 @@ def left_in_barrier(backend: b.Backend[Any], ref: b.AttemptRef, rec: AttemptReco
 
 def benign_exit(backend: b.Backend[Any], ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker,
                 failure: F.Failure, echo: Callable[[str], None], clock: Callable[[], float]) -> bool:
-    """Is this app-looking exit only an agent's shutdown noise after its workers succeeded
+    """Is this exit only a scheduler's signal or eviction that reached a node after the job
+    reported completion, an agent's shutdown noise after its workers succeeded
     (failures.shutdown_noise), or a worker's crash on its way out after the job reported
     completion (failures.teardown_crash)? Then it is noted and the attempt is watched on: the
     other nodes' ends decide. True also while such a crash waits (TEARDOWN_WAIT_S) for rank
     0's `completed` line."""
+    if failure.kind == F.PREEMPTED and tracker.completed_step is not None and failure.node not in tracker.benign:
+        # The job said it completed (its last step done, its last checkpoint committed before it
+        # said so), then a scheduler's signal reached a node on its way out (Slurm's time limit or a
+        # preemption, an eviction, a SIGTERM): no work is left to save or redo. Read as a
+        # preemption, it would run the whole job again from its newest checkpoint.
+        tracker.benign[failure.node] = f"stopped by the cluster after it completed: {failure.evidence}"
+        tracker.done_at = tracker.done_at or clock()
+        who = "the job" if failure.node is None else f"node {failure.node}"
+        echo(f"attempt {rec.attempt}: {who} was signalled or evicted after the job reported completion at step "
+             f"{tracker.completed_step} ({failure.evidence}): nothing was left to do, not counted as a preemption")
+        return True
     if failure.kind != F.APP_ERROR or failure.node is None or failure.node in tracker.benign:
         return False
     lines = tracker.tails.get(failure.node)

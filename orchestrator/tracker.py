@@ -39,9 +39,10 @@ class AttemptTracker:
     done_at: float | None = None            # since when the job is done: it completed, a node's exit was benign
     all_started_at: float | None = None
     warned: set[str] = field(default_factory=set)     # timing advice already shown
-    # node -> its agent's error, for a node whose workers succeeded and whose agent then failed
-    # only on its way out (failures.shutdown_noise): that exit is not the job's failure
-    benign: dict[int, str] = field(default_factory=dict)
+    # node -> why its end is not the job's failure: its agent failed only on its way out after its
+    # workers succeeded (failures.shutdown_noise), or it ended after the job completed (a crash
+    # on the way out, a scheduler's signal); None: the job as a whole (Slurm's TIMEOUT)
+    benign: dict[int | None, str] = field(default_factory=dict)
     tails: dict[int, list[str]] = field(default_factory=dict)   # node -> the end of its output, once read
     waiting: b.Event | None = None          # the cluster's newest reason for nodes not created / not placed
     waiting_since: float | None = None      # since when some node waits with a reason
@@ -150,7 +151,7 @@ class AttemptTracker:
             node = next((n.node for n in self.nodes if ev.host and n.host == ev.host), None)
             self.events.append(replace(ev, node=node))
         found = F.root_cause([ev for ev in self.events
-                              if not (ev.kind == b.NODE_EXITED and ev.node in self.benign)])
+                              if not (ev.kind in (b.NODE_EXITED, b.EVICTED) and ev.node in self.benign)])
         if found is None and self.waiting is not None and self.waiting_since is not None:
             found = F.pending_failure(self.waiting, self.waiting_since, now, pending_timeout)
         if found is None and self.starting_since is not None and self.all_started_at is None:

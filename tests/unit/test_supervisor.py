@@ -570,6 +570,33 @@ def test_a_worker_that_aborts_after_the_job_completed_does_not_fail_the_run(home
         assert "aborted (SIGABRT)" in record.attempts[0].evidence
 
 
+@pytest.mark.parametrize("how", ["nodes", "job", "not completed"])
+def test_a_scheduler_signal_after_the_job_completed_is_not_a_preemption(home, how):
+    """Slurm's time limit signals a job that has just finished its last step (seen in CI: attempt 0
+    said `exit completed` at step 500, the signal came during its exit, nothing was saved): each
+    node's end says `Signalled` (classify.node_exited), or the job's whole end says TimeLimit. The
+    job's work is done, so the run succeeded on attempt 0, not rerun from its newest checkpoint
+    (here none: from step 0). Without the `exit completed` line it is the preemption it looks like."""
+    said = [b.Event(b.PROGRESS, START, 0, "host-0", progress={"event": "exit", "status": "completed", "step": 12})]
+    signalled = [b.Event(b.EVICTED, START + 1, n, f"host-{n}", exit_code=1, reason="Signalled",
+                         message=f"torchrun exited with 1 on host-{n} after Slurm's signal reached it") for n in (1, 0)]
+    if how == "job":
+        signalled = [b.Event(b.EVICTED, START + 1, reason="TimeLimit", message="Slurm: job 7 reached its time limit")]
+    ended = [b.NodeStatus(n, b.FAILED, f"host-{n}", 1) for n in (0, 1)]
+    outcome, backend, record, lines, _ = supervise({
+        0: [([progress("step", 12), *(said if how != "not completed" else [])], running()), (signalled, ended)],
+        1: [([progress("step", 12)], done())],
+    })
+    if how == "not completed":
+        assert record.attempts[0].outcome == "preempted" and len(record.attempts) == 2, record.final_report
+        return
+    assert outcome.exit_code == 0 and record.status == "succeeded", record.final_report
+    assert len(record.attempts) == 1 and record.attempts[0].outcome == "succeeded", record.final_report
+    assert ("submit", 1) not in backend.calls
+    assert any("after the job reported completion at step 12" in line and "not counted as a preemption" in line
+               for line in lines), lines
+
+
 def test_a_node_left_in_torchruns_exit_barrier_after_a_benign_crash_is_stopped_and_the_run_succeeds(home):
     """Node 1's worker aborted after the job completed; node 0's agent (its workers done) then
     waits in torchrun's exit barrier for node 1's agent, which left without joining it: node 0
