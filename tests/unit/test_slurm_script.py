@@ -274,3 +274,44 @@ def test_wmctl_home_must_be_absolute_and_one_line(cluster, home):
     host = HostFacts(cpus=(0,), python="/usr/bin/python3", home=Path(home))
     with pytest.raises(OptionError, match="WMCTL_HOME"):
         backends.render_plan(_spec(cluster), load_profile("cpu"), "slurm", AttemptContext(), host)
+
+
+def test_after_wmctls_teardown_kills_the_steps_the_shell_waits_for_its_scancel(cluster):
+    """wmctl's teardown (engine.cancel) writes the attempt's teardown marker, SIGKILLs the steps,
+    then scancels the job. The shell must not end on the steps' exit first (CI saw it: Slurm then
+    recorded the cancelled job FAILED, exit 137, as if it had failed by itself): it waits for the
+    scancel's SIGTERM, and ends on it with the job's exit record written."""
+    import signal
+    import time
+
+    from orchestrator.backends.slurm.render import TEARDOWN_FILE
+
+    c = cluster
+    host = HostFacts(cpus=(0,), python=str(c["python"]), home=c["home"])
+    plan = backends.render_plan(_spec(c), load_profile("cpu"), "slurm", AttemptContext(), host)
+    attempt = Path(plan.request.attempt_dir)
+    attempt.mkdir(parents=True, exist_ok=True)
+    (attempt / TEARDOWN_FILE).write_text("1\n")
+    script = c["tmp"] / "job.sbatch"
+    script.write_text(plan.request.script, encoding="utf-8")
+    env = {"PATH": f"{c['shims']}{os.pathsep}{os.environ['PATH']}", "HOME": str(c["tmp"]),
+           "PROBE_OUT": str(c["out"]), "PROBE_EXIT_0": "137", "PROBE_EXIT_1": "137",      # the steps SIGKILLed
+           "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "n[1-2]"}
+    proc = subprocess.Popen(["bash", str(script)], cwd=c["tmp"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        records = [Path(p) for p in plan.request.node_exit_records]
+        deadline = time.monotonic() + 60
+        while not all(p.exists() for p in records):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.05)
+        with pytest.raises(subprocess.TimeoutExpired):      # the steps are over: it waits for the scancel
+            proc.wait(timeout=2)
+        assert not (attempt / "job.exit.json").exists()
+        proc.send_signal(signal.SIGTERM)                    # the scancel's
+        assert proc.wait(timeout=30) == 137, proc.communicate()[0]
+        assert json.loads((attempt / "job.exit.json").read_text())["exit_code"] == 137
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

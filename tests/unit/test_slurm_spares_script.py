@@ -187,3 +187,32 @@ def test_a_new_round_moves_the_spare_in_and_a_signal_ends_everything(cluster, mo
             os.killpg(proc.pid, 9)
     assert proc.returncode == 143, out
     assert json.loads((attempt / "job.exit.json").read_text())["exit_code"] == 143
+
+
+def test_after_wmctls_teardown_kills_the_steps_the_shell_waits_for_its_scancel(cluster, monkeypatch):
+    """As test_slurm_script's: wmctl's teardown marker, every slot's step SIGKILLed (the keepers,
+    a spare's included); the shell waits for the scancel's SIGTERM rather than end on the steps'
+    exit, so Slurm records the job CANCELLED, not FAILED."""
+    from orchestrator.backends.slurm.render import TEARDOWN_FILE
+
+    c = cluster
+    proc, attempt = _start(c, monkeypatch, PROBE_EXIT_0="1", PROBE_EXIT_1="1")
+    try:
+        pid_files = [attempt / f"node-{s}.pid.json" for s in (0, 1, 2)]
+        _wait(lambda: all(p.exists() for p in pid_files), "every slot's keeper")
+        (attempt / TEARDOWN_FILE).write_text("1\n")
+        for p in pid_files:
+            try:
+                os.kill(json.loads(p.read_text())["keeper"], 9)
+            except ProcessLookupError:
+                pass
+        with pytest.raises(subprocess.TimeoutExpired):      # no step is left: it waits for the scancel
+            proc.wait(timeout=3)
+        assert not (attempt / "job.exit.json").exists()
+        os.kill(proc.pid, 15)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+    assert proc.returncode == 143, out
+    assert json.loads((attempt / "job.exit.json").read_text())["exit_code"] == 143

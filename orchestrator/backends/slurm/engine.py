@@ -47,7 +47,7 @@ from ..local.render import local_checkpoint_dir
 from . import classify as C
 from . import slots as S
 from .check import problems
-from .render import JOB_EXIT_FILE, SlurmRequest, render_slurm
+from .render import JOB_EXIT_FILE, TEARDOWN_FILE, SlurmRequest, render_slurm
 from .tools import JobInfo, NodeState, SlurmTools, parse_sbatch
 
 JOB_FILE = "job.json"          # in the attempt folder: {"job_id", "job_name", "nodes", "submitted"}
@@ -447,6 +447,10 @@ class SlurmBackend(b.Backend[SlurmRequest]):
             return                       # never submitted: nothing to tear down
         job_id = job.job_id
         rounds = layout.rounds_dir(ref.run, ref.attempt)
+        try:     # the batch shell waits for the scancel below rather than end first (render.TEARDOWN_FILE)
+            (layout.attempt_dir(ref.run, ref.attempt) / TEARDOWN_FILE).write_text(f"{time.time()}\n")
+        except OSError:
+            pass     # the folder is gone: the job records FAILED rather than CANCELLED, nothing worse
         if graceful:
             self.tools.run(["scancel", "--signal=TERM", job_id])
             deadline = time.time() + self._grace_s(ref)

@@ -36,6 +36,9 @@ SPARES_TEMPLATE = "slurm/job-spares.sbatch.j2"   # restart.spares: one step per 
 SCRIPT_FILE = "job.sbatch"            # in the attempt folder: what sbatch was given
 BATCH_LOG = "batch.log"               # the batch shell's own output (sbatch --output)
 JOB_EXIT_FILE = "job.exit.json"       # the script's last word: srun's exit status
+# Written by wmctl's teardown (engine.cancel) before it kills the steps: the batch shell then waits
+# for the scancel that follows rather than end first, so Slurm records the job CANCELLED.
+TEARDOWN_FILE = "teardown.requested"
 # sbatch's filename patterns (man sbatch, "filename pattern"): %j, %N, ... and %% for a '%'.
 _PERCENT = re.compile("%")
 # A node name from Slurm (or `--exclude-node`): what sbatch's --exclude takes, hostlist ranges too.
@@ -105,6 +108,7 @@ def render_slurm(spec: JobSpec, profile: VendorProfile, ctx: AttemptContext, hos
         "comments": [Verbatim(_comment(c)) for c in comments],
         "directives": [Verbatim(d) for d in directives],
         "attempt_dir": str(attempt_dir),
+        "teardown_file": Verbatim(TEARDOWN_FILE),
         "workdir": str(spec.context_dir) if container == "none" else str(attempt_dir),
         "env": [(Verbatim(k), v) for k, v in env.items()],
         "node_name_env": Verbatim(ENV_NODE_NAME),

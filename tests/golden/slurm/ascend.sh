@@ -55,6 +55,19 @@ finish() {
   exit "$1"
 }
 
+# wmctl's own teardown (`wmctl cancel`, a failed attempt's) writes the marker below, SIGKILLs the
+# steps, then ends the job with scancel (engine._kill). A shell that ended on the steps' exit first
+# would leave the job FAILED (exit 137) in Slurm's books, as if the job had failed by itself; it
+# waits for that scancel instead (at most 30 s), so Slurm records the job CANCELLED, as it was.
+await_teardown() {
+  local i
+  [ -e "$attempt_dir/teardown.requested" ] || return 0
+  for ((i = 0; i < 300; i++)); do
+    [ -n "$stopping" ] && return 0
+    sleep 0.1
+  done
+}
+
 cd -- /specdir || finish 1
 
 # The rendezvous host: node 0's NodeAddr, the address Slurm itself reaches it at (node names need
@@ -133,4 +146,5 @@ while :; do
   code=$?
   kill -0 "$srun_pid" 2>/dev/null || break
 done
+await_teardown
 finish "$code"

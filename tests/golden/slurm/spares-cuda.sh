@@ -67,6 +67,19 @@ finish() {
   exit "$1"
 }
 
+# wmctl's own teardown (`wmctl cancel`, a failed attempt's) writes the marker below, SIGKILLs the
+# steps, then ends the job with scancel (engine._kill). A shell that ended on the steps' exit first
+# would leave the job FAILED (exit 137) in Slurm's books, as if the job had failed by itself; it
+# waits for that scancel instead (at most 30 s), so Slurm records the job CANCELLED, as it was.
+await_teardown() {
+  local i
+  [ -e "$attempt_dir/teardown.requested" ] || return 0
+  for ((i = 0; i < 300; i++)); do
+    [ -n "$stopping" ] && return 0
+    sleep 0.1
+  done
+}
+
 cd -- /specdir || finish 1
 
 # The allocation's nodes, this one (where the store runs) first. Slot s runs on node (s + 1) mod
@@ -174,5 +187,6 @@ while [ "$running" -gt 0 ] && [ -z "$stopping" ]; do
     break
   fi
 done
+await_teardown
 if [ -n "$stopping" ]; then finish 143; fi
 finish "$code"
