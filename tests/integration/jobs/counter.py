@@ -4,7 +4,7 @@ Each step every rank adds f(step, rank) to a float64 state and all-reduces it (g
 final state depends on every step having run exactly once after the last restore. It keeps
 wmctl's contract: progress lines on rank 0, checkpoints committed by marker, resume from the
 newest committed one, SIGTERM -> checkpoint -> exit 83. Knobs via argv: --steps, --every,
---sleep (seconds per step), --fail-at (exit 1 at that step on rank 1, test hook),
+--sleep (seconds per step; --first-attempt-sleep on attempt 0), --fail-at (exit 1 at that step on rank 1, test hook),
 --alloc-mb (allocate that much at start: the OOM case), --timer (time each step with the
 runtime's StepTimer, which sends every rank's pace to the watcher: stragglers). A slow machine
 for the straggler tests: COUNTER_SLOW_HOST names a host (WMCTL_NODE_NAME) whose ranks sleep
@@ -34,9 +34,13 @@ p.add_argument("--alloc-mb", type=int, default=0)
 p.add_argument("--slow-commit", type=float, default=0.0)
 p.add_argument("--beat", action="store_true", help="start the runtime's per-node liveness beat")
 p.add_argument("--timer", action="store_true", help="time steps with StepTimer (the ranks' pace reaches the watcher)")
+p.add_argument("--first-attempt-sleep", type=float, default=None,
+               help="seconds per step on attempt 0 only (WMCTL_ATTEMPT): a slow first attempt a limit must stop")
 p.add_argument("--hold-after-resume", type=float, default=0.0,
                help="seconds to wait after a resume before the first step (a test's window to act)")
 args = p.parse_args()
+if args.first_attempt_sleep is not None and os.environ.get("WMCTL_ATTEMPT") == "0":
+    args.sleep = args.first_attempt_sleep
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))
 if args.beat:
