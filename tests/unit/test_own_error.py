@@ -1,5 +1,6 @@
-"""The job's own error told from a peer's breakage in one node's output (failures.own_error):
-anything unclear waits (docs/spares.md).
+"""The job's own error told from a peer's breakage in one node's output (failures.own_error), and
+a Kubernetes keeper's ``keeper_exit`` line turned into its slot's NODE_EXITED at once only then
+(kubernetes/rounds.keeper_exit): anything unclear waits for the keeper's hold (docs/spares.md).
 
 The outputs are real: torchrun of torch 2.13 on this machine, two nodes of two gloo workers (one
 of one), each node's output as its pod's log holds it (paths shortened, the caret lines dropped).
@@ -7,11 +8,18 @@ of one), each node's output as its pod's log holds it (paths shortened, the care
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from orchestrator import failures as F
+from orchestrator.backends import base as b
+from orchestrator.backends.kubernetes.rounds import keeper_exit
 from orchestrator.backends.slurm import classify as slurm
-from orchestrator.runtime.protocol import PREEMPTED_EXIT_CODE
+from orchestrator.runtime import keeper
+from orchestrator.runtime.protocol import PREEMPTED_EXIT_CODE, parse_progress
 
 TD = "/venv/lib/python3.11/site-packages/torch/distributed"
 LAUNCHER = [
@@ -132,3 +140,69 @@ def test_a_peers_breakage_is_read_alike_by_every_backend():
     assert F.peer_broke(PEER_DIED) and not F.peer_broke(EVERY_RANK_RAISED)
     assert slurm.peer_broke(1, PEER_DIED) and not slurm.peer_broke(PREEMPTED_EXIT_CODE, PEER_DIED)
     assert not slurm.peer_broke(1, EVERY_RANK_RAISED)
+
+
+def marker(round_: int = 2, slot: int | None = 1, code: int = 1, signal: int | None = None) -> dict:
+    payload = parse_progress(keeper.exit_line(round_, slot, code, signal, when=50.0))
+    assert payload is not None
+    return payload
+
+
+def test_a_keeper_exit_of_the_current_round_with_the_jobs_error_is_its_slots_exit_at_once():
+    ev = keeper_exit(marker(), EVERY_RANK_RAISED, 1, "node-b", current=2, active=[0, 1])
+    assert ev is not None and (ev.kind, ev.node, ev.host, ev.exit_code, ev.time) == (b.NODE_EXITED, 1, "node-b", 1,
+                                                                                     50.0)
+    assert "ValueError: bad batch at step 20" in (ev.message or "")
+    failure = F.classify_event(ev)
+    assert failure is not None and (failure.kind, failure.node, failure.host) == (F.APP_ERROR, 1, "node-b")
+
+
+@pytest.mark.parametrize("payload, tail, current, active", [
+    (marker(), PEER_DIED, 2, [0, 1]),              # a peer's death: the hold stands
+    (marker(round_=1), EVERY_RANK_RAISED, 2, [0, 1]),   # an older round's (its slot was restarted since)
+    (marker(), EVERY_RANK_RAISED, 2, [0, 2]),      # a slot the round no longer names (replaced)
+    (marker(), EVERY_RANK_RAISED, 0, None),        # the rounds not read yet
+    (marker(slot=3), EVERY_RANK_RAISED, 2, [0, 1]),    # another slot's line in this pod's log
+    (marker(code=137, signal=9), EVERY_RANK_RAISED, 2, [0, 1]),   # torchrun killed
+], ids=["peer-died", "older-round", "replaced", "rounds-unknown", "other-slot", "signal"])
+def test_any_other_keeper_exit_is_no_news(payload, tail, current, active):
+    assert keeper_exit(payload, tail, 1, "node-b", current=current, active=active) is None
+
+
+def test_a_real_keepers_log_is_judged_from_its_own_words(tmp_path: Path):
+    """A keeper run by path with a hold (as in a pod): its command raises, it writes its
+    ``keeper_exit`` line after the command's output and, with no newer round, ends with its code;
+    that log, read as the pod's, is the slot's exit at once."""
+    rounds = tmp_path / "rounds"
+    rounds.mkdir()
+    keeper.write_round(rounds, 0, [0], "rdzv-0", {})
+    log = tmp_path / "log"
+    proc = subprocess.run(
+        [sys.executable, "-I", str(Path(keeper.__file__)), "--rounds", str(rounds), "--slot", "0", "--log", str(log),
+         "--exit-file", str(tmp_path / "exit.json"), "--pid-file", str(tmp_path / "pid.json"), "--hold", "0.1", "--",
+         sys.executable, "-c", "def load(batch):\n    return batch['pixel_values']\nload({})"],
+        cwd=tmp_path, timeout=60)
+    assert proc.returncode == 1
+    lines = log.read_text().splitlines()
+    payload = parse_progress(lines[-1])
+    assert payload is not None and payload["event"] == keeper.KEEPER_EXIT
+    ev = keeper_exit(payload, lines[:-1], 0, "node-a", current=0, active=[0])
+    assert ev is not None and ev.exit_code == 1 and "KeyError: 'pixel_values'" in (ev.message or "")
+
+
+def test_a_keepers_word_read_before_the_rounds_are_known_is_judged_once_they_are():
+    """A watcher's log followers may read a keeper's line before its first poll read the rounds
+    (an adopting watcher reads each log from its start): the line waits, then counts if it is of
+    the current round, and is dropped if the round moved on."""
+    from orchestrator.backends.kubernetes.record import Attempt
+    from orchestrator.backends.kubernetes.rounds import keeper_exits_due, keeper_said
+
+    st = Attempt(b.AttemptRef("kubernetes", "r", 0, "default"))
+    keeper_said(st, marker(round_=0), EVERY_RANK_RAISED, 1, "node-b")
+    keeper_said(st, marker(round_=1, slot=0), EVERY_RANK_RAISED, 0, "node-a")
+    keeper_exits_due(st)
+    assert not st.events and len(st.keeper_exits) == 2          # the rounds are not known yet
+    st.round, st.active = 1, [0, 2]
+    keeper_exits_due(st)
+    assert [(e.kind, e.node) for e in st.events] == [(b.NODE_EXITED, 0)] and not st.keeper_exits
+    assert st.failure_seen
