@@ -475,6 +475,57 @@ def teardown_crash(lines: list[str]) -> str | None:
     return err.summary
 
 
+# ---- a node's failure while its peers live: its own error, or a peer's breakage ------------------
+
+# A worker's own words when a peer's end broke its connection (gloo's TCP pairs, NCCL's proxy, the
+# c10d store): it failed because of another node, not by itself. Slurm's engine holds such an exit
+# for the peer's record (slurm/engine.py PEER_WAIT_S); a Kubernetes keeper's exit is not read as the
+# job's own error (own_error).
+_PEER_BROKE = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe|"
+                         r"remote process exited or there was a network error|"
+                         r"DistNetworkError|failed to recv, got 0 bytes", re.I)
+# What else a peer's death or freeze can make a survivor say, beyond a broken connection: a
+# collective or the store timing out, the communication library's own errors, a store refusing.
+# Never read as the job's own error (own_error); deliberately broad: a job's own error that says
+# one of these is only reported later (when the keeper's hold ends), while a peer's death read as
+# the job's error would stop the run.
+_COMMS = re.compile(r"timed out|Timeout|[Ww]atchdog|NCCL|RCCL|DistBackendError|DistStoreError|"
+                    r"ProcessGroup|gloo|TCPStore|Connection refused|ECONNRESET|ECONNREFUSED|EPIPE|"
+                    r"socket|Rendezvous", re.I)
+
+
+def peer_broke(lines: list[str]) -> bool:
+    """Does a node's output say a peer's connection broke under it (it failed because of another node)?"""
+    return any(_PEER_BROKE.search(line) for line in lines)
+
+
+def own_error(exit_code: int, signalled: bool, lines: list[str]) -> JobError | None:
+    """The job's own error in a node's output when its torchrun failed while its peers may live
+    (a Kubernetes keeper's ``keeper_exit``, runtime/keeper.py): a traceback or last words of the
+    job (job_error) and nothing a peer's death or freeze could have caused. None whenever that is
+    not clear: a peer's connection broke (peer_broke) or any communication error (_COMMS), the
+    agent's rendezvous failed (rendezvous_failure), a signal ended torchrun (``signalled``) or its
+    root-cause worker (the OOM killer, a kill from outside), the preemption's exit, no output. A
+    worker that aborted (SIGABRT, SIGSEGV) after a traceback of the job's counts: a gloo worker
+    that raised aborts in its teardown ("terminate called without an active exception"), while a
+    communication library that aborts for a peer (NCCL's watchdog) says so first (_COMMS). Without
+    a traceback such an abort is not told from a crash (job_error names only the signal): held.
+
+    Conservative on purpose: the caller reports a None at the keeper's own end (after its hold),
+    while an answer here is an application error at once, which stops the run."""
+    if exit_code in (0, PREEMPTED_EXIT_CODE) or signalled or not 0 < exit_code < 128 or not lines:
+        return None
+    said = [line for line in lines if "WMCTL-PROGRESS " not in line]
+    if peer_broke(said) or any(_COMMS.search(line) for line in said) or rendezvous_failure(said) is not None:
+        return None
+    error = job_error(said)
+    if error is None or not error.lines:
+        return None
+    if error.exit_code is not None and not 0 < error.exit_code < 128 and error.exit_code not in TEARDOWN_SIGNALS:
+        return None
+    return error
+
+
 def device_fault(lines: list[str], patterns: list[str]) -> str | None:
     """A failing node's output naming a failed device (the vendor profile's
     device_fault_patterns, case-insensitive): the evidence, the line that said it; else None."""

@@ -40,6 +40,12 @@ from typing import IO, Any, Callable
 #: the environment variable that marks every process of one slot (runtime/protocol.py ENV_LOCAL_TAG,
 #: repeated here so this file stands alone; a unit test keeps the two equal)
 ENV_LOCAL_TAG = "WMCTL_LOCAL_TAG"
+#: the prefix of a progress line (runtime/protocol.py PROGRESS_PREFIX and format_progress's JSON,
+#: repeated here so this file stands alone; a unit test keeps the two equal)
+PROGRESS_PREFIX = "WMCTL-PROGRESS "
+#: the progress event a keeper with a hold writes to its slot's log when its torchrun fails: the
+#: watcher may tell the job's own error from it at once, without waiting for the hold (docs/spares.md)
+KEEPER_EXIT = "keeper_exit"
 
 POLL_S = 0.05
 CLOSED = "closed"          # written at teardown: idle spares stop
@@ -359,6 +365,32 @@ def _reap() -> None:
         pass
 
 
+def exit_line(round_: int, slot: int | None, exit_code: int, signal_: int | None, when: float | None = None) -> str:
+    """The progress line (no newline) that says this slot's torchrun of round ``round_`` failed, in
+    runtime/protocol.py's format: ``WMCTL-PROGRESS {json}``, keys sorted, no spaces."""
+    payload = {"event": KEEPER_EXIT, "round": round_, "slot": slot, "exit_code": exit_code, "signal": signal_,
+               "time": round(time.time() if when is None else when, 3)}
+    return PROGRESS_PREFIX + json.dumps(payload, sort_keys=True, separators=(",", ":"))
+
+
+def _ended(code: int, round_: int, slot: int | None, exit_file: str, stopping: bool, log: IO[bytes] | None) -> int:
+    """A round's torchrun ended with ``code`` (negative: a signal): its exit record written, and,
+    when it failed (not stopped) and ``log`` is given (a keeper with a hold), its ``exit_line``
+    after its output. Returns the exit code as a shell tells it (128 + the signal)."""
+    exit_code = 128 - code if code < 0 else code
+    signal_ = -code if code < 0 else None
+    # signalled: a signal reached the keeper first (a scheduler's checkpoint signal, a graceful
+    # cancel), so the end was the scheduler's doing, not the job's error
+    _write(exit_file, {"exit_code": exit_code, "signal": signal_, "time": time.time(), "round": round_,
+                       "signalled": stopping})
+    if log is not None and exit_code != 0 and not stopping:
+        try:
+            log.write((exit_line(round_, slot, exit_code, signal_) + "\n").encode())
+        except OSError:
+            pass      # an output nobody reads: the hold still ends the keeper with its code
+    return exit_code
+
+
 def _write(path: str, data: dict[str, Any]) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -375,7 +407,9 @@ def run_rounds(directory: str | None, slot: int | None, command: list[str], *, l
     ``hold_s``: how long a failed torchrun's slot waits for a newer round before the keeper
     exits with its code (None: until teardown). Where the watcher learns a node's end only from
     the node's own exit (a pod), a job's own error must end the keepers; a peer's loss (the
-    usual cause of a survivor's failure) is answered by a new round well within it."""
+    usual cause of a survivor's failure) is answered by a new round well within it. With a hold,
+    a failed torchrun's end is also said at once in the slot's log (``exit_line``): its watcher
+    reads the output before it and may tell the job's own error from it without waiting."""
     tag = os.environ.get(ENV_LOCAL_TAG, "")
     rounds = source if source is not None else FolderRounds(directory or ".")
     current, ran, stopping = -1, False, False
@@ -430,11 +464,7 @@ def run_rounds(directory: str | None, slot: int | None, command: list[str], *, l
             code = proc.poll() if proc is not None else None
             if code is not None:
                 proc = None
-                exit_code = 128 - code if code < 0 else code
-                # signalled: a signal reached the keeper first (a scheduler's checkpoint signal, a
-                # graceful cancel), so the end was the scheduler's doing, not the job's error
-                _write(exit_file, {"exit_code": exit_code, "signal": -code if code < 0 else None,
-                                   "time": time.time(), "round": current, "signalled": stopping})
+                exit_code = _ended(code, current, slot, exit_file, stopping, log if hold_s is not None else None)
                 if exit_code == 0 or stopping:
                     _reap()
                     return exit_code

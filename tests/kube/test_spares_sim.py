@@ -16,8 +16,10 @@ import pytest
 
 from orchestrator.backends import base
 from orchestrator.backends.kubernetes.spares import ROUND_KEY, rounds_name, store_name
-from orchestrator.runtime.keeper import CLOSED, newest_of
+from orchestrator.runtime.keeper import CLOSED, exit_line, newest_of
 from orchestrator.runtime.protocol import format_progress
+
+from ..unit.test_own_error import EVERY_RANK_RAISED, PEER_DIED
 
 from .manifests import rendered_plan
 from .simhelpers import Collector, node_of_index, running_pods
@@ -38,7 +40,9 @@ def _job(fake_api, name: str) -> dict:
 def test_sim_spare_pod_waits_uncounted_and_replaces_a_lost_node_in_place(fake_api, backend):
     """An attempt with one spare: its Job has nodes + 1 indexes (backoffLimitPerIndex 0,
     maxFailedIndexes 1) and the store runs in a pod of its own; poll reports the two nodes only,
-    not the spare. Node 0's machine dies: recover_in_place deletes its pod, writes round 1 with
+    not the spare. Node 0's machine dies; the survivor's keeper says its torchrun failed (its
+    peer's connection broke) before the loss is seen: no exit of slot 1 is reported (its keeper
+    holds), nor later a keeper's word of an older round. recover_in_place deletes node 0's pod, writes round 1 with
     the spare in its place, and creates no Job and no pod; the Job controller fails index 0 only
     (status.failedIndexes) and makes no pod for it; poll reports slots 1 and 2. A new spare
     (replenish_spare) is a fourth index of the same Job (an elastic Indexed Job), whose pod pulls
@@ -72,7 +76,16 @@ def test_sim_spare_pod_waits_uncounted_and_replaces_a_lost_node_in_place(fake_ap
 
     dead = node_of_index(running_pods(fake_api, "sp-a0"), 0)
     cluster.kill_node(dead)
-    assert c.until(lambda c: any(e.kind == base.NODE_LOST and e.node == 0 for e in c.events)), c.events
+    # the survivor's torchrun fails at once (its peer's connection broke) and its keeper says so,
+    # long before the node's loss is evidence: no exit of slot 1 (its keeper holds), no app error
+    survivor = next(p for p in running_pods(fake_api, "sp-a0")
+                    if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1")
+    for line in [*PEER_DIED, exit_line(0, 1, 1, None), _progress("sentinel", 1)]:
+        fake_api.api.append_log("default", survivor["metadata"]["name"], survivor["spec"]["containers"][0]["name"],
+                                line)
+    assert c.until(lambda c: any(e.kind == base.NODE_LOST and e.node == 0 for e in c.events)
+                   and {"event": "sentinel", "step": 1} in [e.progress for e in c.events]), c.events
+    assert not [e for e in c.events if e.kind == base.NODE_EXITED], c.events
     jobs_before = fake_api.api.sent("POST", "/jobs")
     pods_before = fake_api.api.sent("POST", "/pods")
     got = backend.recover_in_place(ref, 0)
@@ -87,6 +100,12 @@ def test_sim_spare_pod_waits_uncounted_and_replaces_a_lost_node_in_place(fake_ap
                 if p["metadata"]["labels"].get("batch.kubernetes.io/job-completion-index") == "0"]
     assert c.until(lambda c: [n.node for n in c.last.nodes] == [1, 2]
                    and all(n.phase == base.RUNNING for n in c.last.nodes)), c.last.nodes
+    # a keeper's word of an older round (said before it restarted for this one) is no news either
+    for line in [*EVERY_RANK_RAISED, exit_line(0, 1, 1, None), _progress("sentinel", 2)]:
+        fake_api.api.append_log("default", survivor["metadata"]["name"], survivor["spec"]["containers"][0]["name"],
+                                line)
+    assert c.until(lambda c: {"event": "sentinel", "step": 2} in [e.progress for e in c.events]), c.events
+    assert not [e for e in c.events if e.kind == base.NODE_EXITED], c.events
     # a watcher that did not write the rounds (a restarted one) reads them from the cluster
     from orchestrator.backends.kubernetes.engine import KubernetesBackend
 
@@ -285,3 +304,68 @@ def test_fake_api_keeps_completions_immutable_unless_an_indexed_job_grows_in_tan
     fake_api.api.patch(jobs, "default", "el-a0", {"spec": {"completions": 4, "parallelism": 4}},
                        "application/merge-patch+json", None)
     assert _job(fake_api, "el-a0")["spec"]["completions"] == 4
+
+
+@pytest.mark.fake_api(nodes=["node-a", "node-b", "node-c", "node-d"])
+@pytest.mark.timeout(60)
+def test_sim_the_jobs_own_error_ends_the_attempt_at_once_not_after_the_keepers_hold(fake_api, tmp_path, monkeypatch):
+    """The real supervisor, one spare. One rank's data breaks (KeyError-like, its own traceback)
+    and the peers' workers see their connections close. Each pod's keeper holds spares.hold_s
+    before it fails its pod: here far longer than this test's own timeout (node_loss_timeout 1 h
+    -> a hold of 3660 s), so only the keepers' ``keeper_exit`` lines can end the run in time.
+    Slot 0's (a peer broke under it) is no news; slot 1's own traceback is its exit at once: the
+    run stops app_error, naming the job's error and slot 1's machine, with no spare spent and no
+    new attempt."""
+    from orchestrator.backends.kubernetes.engine import KubernetesBackend
+    from orchestrator.backends.kubernetes.spares import hold_s
+    from orchestrator.specload import from_dict
+    from orchestrator.state import LocalRunStore, RunRecord
+    from orchestrator.supervisor import Supervisor, SupervisorOptions
+    from orchestrator.vendors import load_profile
+    from orchestrator.watchview import EchoView
+
+    from .simhelpers import run_supervisor
+
+    monkeypatch.setenv("WMCTL_HOME", str(tmp_path))
+    spec = from_dict({
+        "name": "own", "nodes": 2, "image": {"vendor": "cpu", "tag": "registry.example.com/wm:v3"},
+        "command": ["python", "train.py"], "resources": {"cpu": 1, "memory": "2Gi", "shm": "1Gi"},
+        "restart": {"max_attempts": 3, "backoff": "0s", "spares": 1, "node_loss_timeout": "1h"},
+    })
+    hold = hold_s(spec)
+    assert hold > 60 * 10                # ten times this test's timeout: the hold cannot end it
+    cluster = fake_api.cluster
+    cluster.script(when=lambda p: p["metadata"]["name"].endswith("-store"), run_seconds=None)
+    cluster.script(job="own-a0", run_seconds=None)          # the spare's keeper waits
+    # each active slot's keeper: its torchrun fails at step 12, it says so, then holds before its pod fails
+    start = [(0.0, _progress("start", 0)), (0.05, _progress("checkpoint", 10)), (0.1, _progress("step", 12))]
+    cluster.script(job="own-a0", index=0, run_seconds=float(hold), exit_code=1, logs=[
+        *start, *[(0.3, line) for line in PEER_DIED], (0.3, exit_line(0, 0, 1, None))])
+    cluster.script(job="own-a0", index=1, run_seconds=float(hold), exit_code=1, logs=[
+        (0.0, "training"), *[(0.4, line) for line in EVERY_RANK_RAISED], (0.4, exit_line(0, 1, 1, None))])
+    cluster.start()
+
+    backend = KubernetesBackend(fake_api.client, watch_timeout=2)
+    store = LocalRunStore(spec.name)
+    record = RunRecord(run=spec.name, backend="kubernetes", spec_path="own.yaml", overrides={},
+                       spec_hash=spec.spec_hash(), auto_resume=True)
+    lines: list[str] = []
+    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(lines.append),
+                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
+    thread, result = run_supervisor(sup)
+    try:
+        thread.join(timeout=45)
+        assert not thread.is_alive(), "\n".join(lines)
+    finally:
+        backend.close()
+
+    outcome = result["outcome"]
+    [a0] = store.load().attempts
+    host1 = a0.failed_host
+    assert (outcome.status, a0.outcome, a0.failed_node) == ("failed", "app_error", 1), "\n".join(lines)
+    assert host1 and host1 in {n["metadata"]["name"] for n in fake_api.store.list("nodes")[0]}
+    assert "ValueError: bad batch at step 20" in outcome.report and host1 in outcome.report, outcome.report
+    assert "not retried (app_error)" in outcome.report, outcome.report
+    assert a0.error and a0.error[-1] == "ValueError: bad batch at step 20", a0.error
+    assert not a0.recoveries                   # the job's error never spends a spare
+    assert [r["body"]["metadata"]["name"] for r in fake_api.api.sent("POST", "/jobs")] == ["own-a0"]

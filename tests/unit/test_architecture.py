@@ -46,7 +46,6 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.panel", 5),           # the live panel's model: pure, rows out of the supervisor's news
     ("orchestrator.watchview", 5),       # what a watcher hands its view: lines and news
     ("orchestrator.joberror", 5),        # a failure in the job's own words, read from its node's output
-    ("orchestrator.failures", 5),
     ("orchestrator.waitnote", 5),        # a running attempt's wait, said in status: the API away, a pull
     ("orchestrator.silence", 5),         # the runtime's node beat turned into node loss
     ("orchestrator.stragglers", 5),      # the ranks' step pace turned into stragglers (pure)
@@ -88,6 +87,9 @@ LAYERS: list[tuple[str, int]] = [
     ("orchestrator.backends.slurm.render", 3),          # the sbatch script and command line
     ("orchestrator.backends.slurm.check", 3),           # the slurm: section, and what #SBATCH lines may hold
     ("orchestrator.backends.slurm.classify", 3),        # exit records, job states, reasons -> events
+    # what a failure is, from events and a node's own words: pure; the backends read a node's words
+    # with it too (a peer's breakage, the job's own error: slurm/classify.py, kubernetes/rounds.py)
+    ("orchestrator.failures", 3),
     ("orchestrator.launch", 3),
     ("orchestrator.templating", 3),
     ("orchestrator.imagebuild", 3),

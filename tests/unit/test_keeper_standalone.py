@@ -8,11 +8,12 @@ import ast
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from orchestrator.runtime import keeper
-from orchestrator.runtime.protocol import ENV_LOCAL_TAG
+from orchestrator.runtime.protocol import ENV_LOCAL_TAG, PROGRESS_PREFIX, format_progress, parse_progress
 
 KEEPER = Path(keeper.__file__)
 
@@ -33,6 +34,59 @@ def test_keeper_imports_only_the_standard_library():
 
 def test_keeper_tag_name_is_the_protocols():
     assert keeper.ENV_LOCAL_TAG == ENV_LOCAL_TAG
+
+
+def test_keeper_exit_line_is_a_progress_line_of_the_protocols():
+    """keeper.py repeats the progress line's prefix and format (it imports nothing of wmctl)."""
+    assert keeper.PROGRESS_PREFIX == PROGRESS_PREFIX
+    line = keeper.exit_line(3, 1, 137, 9, when=12.5)
+    fields = {"round": 3, "slot": 1, "exit_code": 137, "signal": 9}
+    assert line == format_progress(keeper.KEEPER_EXIT, **fields).rsplit('"time":', 1)[0] + '"time":12.5}'
+    assert parse_progress(line) == {"event": keeper.KEEPER_EXIT, **fields, "time": 12.5}
+
+
+def _held(tmp_path: Path, code: str, hold: list[str]) -> tuple[int, list[str]]:
+    """Run a keeper for slot 0 of round 0 around ``python -c code``; without a hold it waits for
+    teardown once its command failed, so the rounds are closed once its exit file is written."""
+    rounds = tmp_path / "rounds"
+    rounds.mkdir(exist_ok=True)
+    keeper.write_round(rounds, 0, [0], "rdzv-0", {})
+    log, ended = tmp_path / "log", tmp_path / "exit.json"
+    log.unlink(missing_ok=True)
+    ended.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-I", str(KEEPER), "--rounds", str(rounds), "--slot", "0", "--log", str(log),
+         "--exit-file", str(ended), "--pid-file", str(tmp_path / "pid.json"), *hold, "--",
+         sys.executable, "-c", code], cwd=tmp_path)
+    try:
+        if not hold:
+            deadline = time.monotonic() + 60
+            while not ended.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            keeper.close(rounds)
+        return proc.wait(timeout=60), log.read_text().splitlines()
+    finally:
+        proc.kill()
+        (rounds / keeper.CLOSED).unlink(missing_ok=True)
+
+
+def test_a_held_keeper_says_its_failed_round_after_the_output(tmp_path):
+    """With ``--hold`` (a pod's keeper) a failed torchrun's end is one progress line after its
+    output, the round's, the slot's, its code and its signal; the keeper then holds and ends with
+    the code. Killed by a signal, the line says which. Without a hold (local, Docker, Slurm: their
+    watchers read the exit files) nothing is added to the output."""
+    code, lines = _held(tmp_path, "print('last words', flush=True); raise SystemExit(3)", ["--hold", "0.1"])
+    assert code == 3 and lines[0] == "last words"
+    said = parse_progress(lines[-1])
+    assert said is not None and lines[-1].startswith(PROGRESS_PREFIX) and len(lines) == 2
+    assert {k: said[k] for k in ("event", "round", "slot", "exit_code", "signal")} == {
+        "event": keeper.KEEPER_EXIT, "round": 0, "slot": 0, "exit_code": 3, "signal": None}
+    code, lines = _held(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", ["--hold", "0.1"])
+    said = parse_progress(lines[-1])
+    assert code == 137 and said is not None and (said["exit_code"], said["signal"]) == (137, 9)
+    code, lines = _held(tmp_path, "print('last words', flush=True); raise SystemExit(3)", [])
+    assert json.loads((tmp_path / "exit.json").read_text())["exit_code"] == 3
+    assert code == 0 and lines == ["last words"]          # closed at teardown: nothing added
 
 
 def test_keeper_runs_by_path_outside_the_package(tmp_path):

@@ -23,7 +23,7 @@ from .cluster import Cluster, Obj, api_error, attempt_selector
 from .nodewatch import NodeWatch
 from .podlogs import PodLogs
 from .record import Attempt, spares_of
-from .rounds import failed_indexes, store_lost
+from .rounds import failed_indexes, keeper_exits_due, store_lost
 from .spares import STORE_ROLE
 from .watch import ResourceWatcher
 
@@ -275,6 +275,7 @@ class Observer:
         self._read_failed_create(st)
         self._read_queue(st)
         with st.lock:
+            keeper_exits_due(st)       # keepers' words read before the rounds were known (rounds.py)
             events, st.events = st.events, []
             settling = False
             if st.resolved is not None:

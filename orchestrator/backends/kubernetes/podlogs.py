@@ -9,10 +9,13 @@ import math
 import socket
 import threading
 import time
+from collections import deque
 from typing import Any, Iterator
 
 from ...adaptors import kubernetes as sdk
 from ...errors import RunNotFound
+from ...runtime.keeper import KEEPER_EXIT
+from ...runtime.protocol import parse_progress
 from ...state import open_store
 from .. import base as b
 from ..base import AttemptRef
@@ -21,6 +24,7 @@ from .classify import newest_per_index, pod_index, since_seconds
 from .client import Backoff, close_stream, is_transient, request_timeout
 from .cluster import Cluster, Obj, api_error, refused
 from .record import Attempt
+from .rounds import TAIL_LINE_CHARS, TAIL_LINES, keeper_said
 
 # Teardown reads each pod's log tail before the pod goes; a kubelet slower than this is skipped.
 ARCHIVE_TIMEOUT_S = 5.0
@@ -104,6 +108,7 @@ class PodLogs:
         core = self.cluster.core()
         ns = self.cluster.ns(st.ref)
         cursors: dict[str, LogCursor] = {}
+        tails: dict[str, deque[str]] = {}     # with spares: each pod's recent output (rounds.keeper_exit)
         output_at: dict[int, float] = {}
         delays = Backoff(0.05, 2.0)      # reconnects: jittered, growing, at least a 429's Retry-After
         while not st.stop.is_set():
@@ -118,6 +123,7 @@ class PodLogs:
                 continue
             uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
             cursor = cursors.setdefault(uid, LogCursor())
+            tail = tails.setdefault(uid, deque(maxlen=TAIL_LINES))
             kwargs: dict[str, Any] = {"follow": True, "timestamps": True, "_preload_content": False,
                                       "_request_timeout": request_timeout(self.read_timeout)}
             since = since_seconds(cursor, time.time())
@@ -136,7 +142,7 @@ class PodLogs:
                         # shut, and a quiet log would block this read for as long as the pod runs
                         break
                     self.read(st, index, sdk.iter_resp_lines(resp), pod["spec"].get("nodeName"), cursor,
-                              output_at)
+                              output_at, tail)
                 finally:
                     with st.lock:
                         st.log_resps.pop(index, None)
@@ -166,16 +172,28 @@ class PodLogs:
 
     @staticmethod
     def read(st: Attempt, index: int, lines: Iterator[str], host: str | None, cursor: LogCursor,
-             output_at: dict[int, float]) -> None:
+             output_at: dict[int, float], tail: deque[str] | None = None) -> None:
         """Turn the new lines of pod ``index``'s log stream into events (base.line_event): index 0's
         into PROGRESS (or, without progress lines, OUTPUT heartbeat) events; the witness's only
-        into the PROGRESS events it exists for (base.witness_progress)."""
+        into the PROGRESS events it exists for (base.witness_progress). With spares every slot's
+        recent output is kept in ``tail`` and its keeper's ``keeper_exit`` line (its torchrun
+        failed) is judged from it (rounds.keeper_exit): the job's own error is that slot's
+        NODE_EXITED at once, anything else waits for the keeper's hold."""
         for raw in lines:
             # The kubelet splits a line at 16 KiB already; a line is cut here too (the cursor keeps
             # the lines of its window), so what the watcher holds stays bounded on any runtime.
             stamp, line = split_timestamp(b.cut_line(raw))
             if not cursor.fresh(stamp, line):
                 continue            # read before a reconnect
+            if st.spares and tail is not None:
+                payload = parse_progress(line)
+                if payload is not None and payload.get("event") == KEEPER_EXIT:
+                    with st.lock:
+                        keeper_said(st, payload, list(tail), index, host)
+                    tail.clear()     # what follows is the next round's
+                    continue
+                if payload is None:
+                    tail.append(line[:TAIL_LINE_CHARS])
             ev = b.line_event(line, index, host, output_at, witness=index != 0 and not st.spares,
                               stamp=stamp / 1e9 if stamp is not None else None)
             if ev is not None:

@@ -76,6 +76,9 @@ class Attempt:
     round: int = 0
     active: list[int] | None = None
     store: Obj | None = None        # the c10d store's pod (spare nodes), as last seen
+    # keepers' keeper_exit lines read before the rounds were known: (line, the output before it,
+    # slot, host), judged once they are (rounds.keeper_exits_due)
+    keeper_exits: list[tuple[dict[str, Any], list[str], int, str | None]] = field(default_factory=list)
 
     def _due(self, what: str, wanted: object) -> bool:
         """Under ``lock``: whether the rate-limited read ``what`` is wanted and due now; if so it

@@ -11,18 +11,26 @@ import json
 import time
 from typing import Any
 
+from ... import failures as F
 from ... import layout
 from ...errors import BackendError
 from ...launch import fence_epoch
 from ...resources import rbac_manifest
-from ...runtime.keeper import CLOSED, newest_of
+from ...runtime.keeper import CLOSED, KEEPER_EXIT, newest_of
 from ...runtime.protocol import ENV_FENCE_EPOCH, ENV_RESUME
-from ..base import AttemptRef, InPlaceRecovery
+from ..base import NODE_EXITED, AttemptRef, Event, InPlaceRecovery
 from .classify import exit_info, newest_per_index, node_ready, pod_index
 from .client import call_json
 from .cluster import Cluster, Obj, api_error
 from .record import Attempt
 from .spares import ROUND_KEY, round_doc, rounds_name
+
+# A slot's recent output, kept by its log follower (podlogs.py) for the next keeper_exit line to be
+# judged by: torchrun's report and every local rank's traceback before it (as many lines as the
+# supervisor reads for the failure's report, joberror.LOG_TAIL_LINES), each line's start only: at
+# most 400 kB per slot, a few kB as tracebacks go.
+TAIL_LINES = 400
+TAIL_LINE_CHARS = 1000
 
 
 def _warm(pod: Obj | None) -> bool:
@@ -172,3 +180,52 @@ def failed_indexes(job: Obj | None) -> set[int]:
         if lo.isdigit() and (not hi or hi.isdigit()):
             out.update(range(int(lo), int(hi or lo) + 1))
     return out
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def keeper_exit(payload: dict[str, Any], tail: list[str], node: int, host: str | None, current: int,
+                active: list[int] | None) -> Event | None:
+    """A keeper's ``keeper_exit`` line (runtime/keeper.py: its torchrun failed, and it holds for a
+    newer round before its pod fails: spares.hold_s) as that slot's NODE_EXITED at once, when the
+    line is of the current round, the slot is one of the round's, and the output before it
+    (``tail``) is the job's own error (failures.own_error). Else None and the hold stands: most
+    often a peer died under this slot, and the watcher's evidence of that death comes later than
+    the survivor's exit; reading it as the job's error would stop the run, where waiting for the
+    keeper's own end costs only the hold."""
+    code, round_ = _int(payload.get("exit_code")), _int(payload.get("round"))
+    if (payload.get("event") != KEEPER_EXIT or code is None or round_ != current or active is None
+            or node not in active or _int(payload.get("slot")) not in (None, node)):
+        return None
+    error = F.own_error(code, payload.get("signal") is not None, tail)
+    if error is None:
+        return None
+    when = payload.get("time")
+    return Event(NODE_EXITED, time=float(when) if isinstance(when, (int, float)) and not isinstance(when, bool)
+                 else time.time(), node=node, host=host, exit_code=code,
+                 message=f"torchrun exited with {code} on {host or f'node {node}'} in round {round_} (said by its "
+                 f"keeper at once, not after its hold): {error.summary}")
+
+
+def keeper_said(st: Attempt, payload: dict[str, Any], tail: list[str], node: int, host: str | None) -> None:
+    """Under ``st.lock``: a ``keeper_exit`` line read from slot ``node``'s log, judged against the
+    current round (keeper_exit), its NODE_EXITED among the attempt's events; kept for later while
+    the rounds are not known yet (a watcher adopting the attempt reads the logs from their start
+    before its first poll reads the rounds: keeper_exits_due)."""
+    if st.active is None:
+        st.keeper_exits.append((payload, tail, node, host))
+        return
+    ended = keeper_exit(payload, tail, node, host, st.round, st.active)
+    if ended is not None and not st.cancelled:
+        st.failure_seen = True
+        st.events.append(ended)
+
+
+def keeper_exits_due(st: Attempt) -> None:
+    """Under ``st.lock``: the keepers' lines kept while the rounds were not known, judged once they are."""
+    if st.active is not None and st.keeper_exits:
+        kept, st.keeper_exits = st.keeper_exits, []
+        for payload, tail, node, host in kept:
+            keeper_said(st, payload, tail, node, host)

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ... import failures as F
 from ...runtime.protocol import PREEMPTED_EXIT_CODE
 from .. import base as b
 
@@ -77,16 +78,10 @@ def node_exited(end: NodeEnd) -> b.Event:
                    reason=reason, message=f"torchrun exited with {end.exit_code}{how} on {end.host}")
 
 
-# A worker's own words when a peer's end broke its connection (gloo's TCP pairs, NCCL's proxy, the
-# c10d store): it failed because of another node, not by itself.
-_PEER_BROKE = re.compile(r"Connection reset by peer|Connection closed by peer|Broken pipe|"
-                         r"remote process exited or there was a network error|"
-                         r"DistNetworkError|failed to recv, got 0 bytes", re.I)
-
-
 def peer_broke(exit_code: int, lines: list[str]) -> bool:
-    """Did a node fail (not 0, not the preemption's 83) because a peer's connection broke?"""
-    return exit_code not in (0, PREEMPTED_EXIT_CODE) and any(_PEER_BROKE.search(line) for line in lines)
+    """Did a node fail (not 0, not the preemption's 83) because a peer's connection broke? Its
+    words are read as every backend reads them (failures.peer_broke)."""
+    return exit_code not in (0, PREEMPTED_EXIT_CODE) and F.peer_broke(lines)
 
 
 def _object(text: str) -> dict[str, Any] | None:
