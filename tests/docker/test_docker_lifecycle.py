@@ -153,7 +153,7 @@ def test_docker_status_of_a_run_nobody_watches_is_the_truth(docker_client, image
     expected = {"succeeded": "succeeded", "app_error": "failed", "killed": "failed", "cancelled": "cancelled",
                 "running": "running"}[outcome]
     h.wait_until(lambda: json.loads(wmctl(home, "status", run, "-o", "json").stdout)["status"] == expected,
-                 180, f"status {expected}")
+                 180, f"status {expected}", every=1.0)     # a wmctl process each look
     status = wmctl(home, "status", run)
     assert "None" not in status.stdout and "watcher: unwatched" in status.stdout
     data = json.loads(wmctl(home, "status", run, "-o", "json").stdout)
@@ -181,7 +181,8 @@ def test_docker_detached_watcher_resumes_a_killed_node(docker_client, image, hom
     assert attempts(home, run) == [0, 1]
     log = wmctl(home, "logs", run, "--watcher")
     assert "attempt 0 failed: node_lost" in log.stdout and f"run {run} succeeded on attempt 1" in log.stdout
-    h.wait_until(lambda: not wmctl(home, "status", run).stdout.count("watched by"), 30, "the watcher to end")
+    h.wait_until(lambda: not wmctl(home, "status", run).stdout.count("watched by"), 30, "the watcher to end",
+                 every=1.0)
 
 
 def test_docker_a_program_missing_from_the_image_is_caught_before_submit(docker_client, image, home):

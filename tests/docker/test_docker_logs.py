@@ -38,7 +38,7 @@ def test_docker_logs_flags_reach_the_engine(docker_client, image, home):
             found = [c for c in docker_client.containers.list(filters={"label": [f"wmctl.io/run={run}"]})
                      if c.labels.get("wmctl.io/node") == "0"]
             return steps(found[0].logs().decode(errors="replace")) if found else []
-        h.wait_until(lambda: len(node0_lines()) >= 6, 180, "six lines from node 0")
+        h.wait_until(lambda: len(node0_lines()) >= 6, 180, "six lines from node 0", every=0.5)
 
         full = wmctl(home, "logs", run, "--node", "0")
         assert full.returncode == 0, full.stdout + full.stderr

@@ -131,7 +131,7 @@ def test_docker_registered_loader_removed_unwatched_is_node_lost_late_and_resume
     def exited() -> bool:
         survivor.reload()
         return survivor.status == "exited"
-    h.wait_until(exited, 120, "node 0 to die of the lost peer")
+    h.wait_until(exited, 120, "node 0 to die of the lost peer", every=0.5)
     state = survivor.attrs["State"]
     assert state["ExitCode"] not in (0, 137), state          # its own error, not a kill
     finished = parse_docker_time(state["FinishedAt"])

@@ -40,15 +40,6 @@ RUN_PREFIX = "dks-"     # this module's runs: the only ones its _no_stale_runs s
 STEPS = 60
 
 
-def uninterrupted(steps: int) -> str:
-    """The counter job's state after ``steps`` steps on 2 ranks, computed here (as
-    test_docker_faults checks its reference run against)."""
-    state = 0.0
-    for step in range(steps):
-        state = state * 0.999 + (((step + 1) * 0.1 + 0) / 3.0 + ((step + 1) * 0.1 + 1) / 3.0)
-    return state.hex()
-
-
 def progress(client, run: str, attempt: int, slots: int = 4) -> list[dict]:
     """Progress lines of every slot container (global rank 0 is on whichever slot c10d ranks first)."""
     out: list[dict] = []
@@ -79,7 +70,7 @@ def running(client, name: str) -> bool:
 def test_docker_spares_replace_node0_in_place_are_replenished_then_run_out(docker_client, image, home: Path):
     run = "dks-spares"
     w = watch(write_spec(home, run, image, steps=STEPS, restart={"spares": 1}), home)
-    h.wait_until(lambda: checkpointed(docker_client, run, 10), 240, "checkpoint 10")
+    h.wait_until(lambda: checkpointed(docker_client, run, 10), 240, "checkpoint 10", every=0.5)
     assert running(docker_client, f"{run}-a0-2"), "the spare's container waits, running"
     docker_client.containers.get(f"{run}-a0-0").kill()
 
@@ -93,19 +84,19 @@ def test_docker_spares_replace_node0_in_place_are_replenished_then_run_out(docke
     # no container created or removed on that path; the store (apart from node 0) serves round 1
     assert running(docker_client, f"{run}-a0-store") and running(docker_client, f"{run}-a0-1")
     # once round 1 resumed, a new spare container (slot 3) replaces the one used, in the background
-    h.wait_until(lambda: running(docker_client, f"{run}-a0-3"), 120, "the replenished spare's container")
+    h.wait_until(lambda: running(docker_client, f"{run}-a0-3"), 120, "the replenished spare's container", every=0.5)
     again = first["checkpoint_step"] + 5
-    h.wait_until(lambda: checkpointed(docker_client, run, again), 180, f"round 1's checkpoint {again}")
+    h.wait_until(lambda: checkpointed(docker_client, run, again), 180, f"round 1's checkpoint {again}", every=0.5)
     docker_client.containers.get(f"{run}-a0-1").kill()
     h.wait_until(lambda: len(recoveries()) == 2, 120, "the second in-place recovery")
     second = recoveries()[1]
     assert (second["lost_node"], second["spare_node"], second["round"]) == (1, 3, 2), second
     # round 2 resumes, commits, and gets its own new spare (slot 4), which dies idle: no news
-    h.wait_until(lambda: running(docker_client, f"{run}-a0-4"), 120, "the second replenished spare")
+    h.wait_until(lambda: running(docker_client, f"{run}-a0-4"), 120, "the second replenished spare", every=0.5)
     third = second["checkpoint_step"] + 5
-    h.wait_until(lambda: checkpointed(docker_client, run, third), 180, f"round 2's checkpoint {third}")
+    h.wait_until(lambda: checkpointed(docker_client, run, third), 180, f"round 2's checkpoint {third}", every=0.5)
     docker_client.containers.get(f"{run}-a0-4").kill()
-    h.wait_until(lambda: not running(docker_client, f"{run}-a0-4"), 60, "the idle spare's end")
+    h.wait_until(lambda: not running(docker_client, f"{run}-a0-4"), 60, "the idle spare's end", every=0.5)
     docker_client.containers.get(f"{run}-a0-2").kill()       # and no spare is left for slot 2
     assert w.wait(360) == 0, w.output
     rec = h.record(home, run)
@@ -115,7 +106,7 @@ def test_docker_spares_replace_node0_in_place_are_replenished_then_run_out(docke
     assert "spare node 2 takes its place in round 1" in w.output
     assert "spare node 3 takes its place in round 2" in w.output
     assert "no spare node is left" in w.output
-    assert final_state(home, run) == uninterrupted(STEPS)
+    assert final_state(home, run) == h.counter_state(STEPS)
     assert not leftovers(docker_client, run)
 
 

@@ -25,7 +25,19 @@ def _remove_repo(client, repo: str) -> None:
                 pass  # removing the last tag already removed the image
 
 
-def test_push_records_digest_and_pulls_back_by_digest(docker_client, base_image, registry, tmp_path):
+def _rendered_images(spec, tag, tmp_path) -> tuple[set[str], str]:
+    result = run_wmctl("submit", str(spec), "--dry-run", "-b", "docker", "-o", "json", "--image", tag, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    plan = json.loads(result.stdout)
+    return {r["create"]["image"] for r in plan["resources"] if r.get("kind") == "container"}, result.stderr
+
+
+def test_push_records_the_digest_submit_runs_it_pulled_back_by_it_until_a_rebuild_without_push(
+        docker_client, base_image, registry, tmp_path):
+    """One push (a push sends the whole torch base, about a gigabyte gzipped: CI's most expensive
+    seconds, so every claim about a pushed image is checked on this one): the digest is recorded;
+    submit runs that digest; the image, forgotten locally, pulls back by the digest alone and runs;
+    new code built without --push no longer claims the old digest."""
     repo = f"{registry}/wmctl-test/pushed"
     tag = f"{repo}:v1"
     spec = write_job(tmp_path / "job", base_image)
@@ -41,6 +53,13 @@ def test_push_records_digest_and_pulls_back_by_digest(docker_client, base_image,
         assert record["repo_digest"] == ref
         built_id = record["image_id"]
 
+        from orchestrator.imagebuild.record import image_ref_for_submit
+
+        assert image_ref_for_submit(spec, "tiny", tag) == ref
+        used, note = _rendered_images(spec, tag, tmp_path)
+        assert used == {ref}
+        assert "pinned to digest" in note
+
         # Forget the image locally, then pull it back by digest alone.
         _remove_repo(docker_client, repo)
         pulled = docker_client.images.pull(ref)
@@ -48,34 +67,6 @@ def test_push_records_digest_and_pulls_back_by_digest(docker_client, base_image,
         out = docker_client.containers.run(ref, ["python", "-c", "import orchestrator; print('ok')"],
                                            remove=True, network_mode="none")
         assert out.decode().strip() == "ok"
-
-        from orchestrator.imagebuild.record import image_ref_for_submit
-
-        assert image_ref_for_submit(spec, "tiny", tag) == ref
-    finally:
-        _remove_repo(docker_client, repo)
-
-
-def _rendered_images(spec, tag, tmp_path) -> tuple[set[str], str]:
-    result = run_wmctl("submit", str(spec), "--dry-run", "-b", "docker", "-o", "json", "--image", tag, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    plan = json.loads(result.stdout)
-    return {r["create"]["image"] for r in plan["resources"] if r.get("kind") == "container"}, result.stderr
-
-
-def test_submit_runs_the_pushed_digest_until_a_rebuild_without_push(docker_client, base_image, registry, tmp_path):
-    repo = f"{registry}/wmctl-test/pinned"
-    tag = f"{repo}:v1"
-    spec = write_job(tmp_path / "job", base_image)
-    try:
-        pushed = run_wmctl("build-image", str(spec), "--tag", tag, "--push", cwd=tmp_path)
-        assert pushed.returncode == 0, pushed.stdout[-3000:] + pushed.stderr[-3000:]
-        digest = re.search(r"^digest: (\S+@sha256:[0-9a-f]{64})$", pushed.stdout, re.M)
-        assert digest is not None, pushed.stdout[-3000:]
-        ref = digest.group(1)
-        used, note = _rendered_images(spec, tag, tmp_path)
-        assert used == {ref}
-        assert "pinned to digest" in note
 
         # New code, built but not pushed: the old digest no longer describes the tag.
         (spec.parent / "train.py").write_text("print('train v2')\n")

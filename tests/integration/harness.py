@@ -110,12 +110,29 @@ def progress(home: Path, run: str, attempt: int) -> list[dict]:
     return out
 
 
-def wait_until(predicate, timeout: float = 120, what: str = "condition") -> None:
+def counter_state(steps: int = 40, world: int = 2) -> str:
+    """What an uninterrupted jobs/counter.py run leaves in final.txt after ``steps`` steps on
+    ``world`` ranks: the same float64 operations in the same order (each rank's term, summed by the
+    all-reduce, added to the decayed state), computed here. A resumed run must match it bit for bit;
+    no reference run is needed to know it."""
+    state = 0.0
+    for step in range(steps):
+        contrib = 0.0
+        for rank in range(world):
+            contrib += ((step + 1) * 0.1 + rank) / 3.0
+        state = state * 0.999 + contrib
+    return state.hex()
+
+
+def wait_until(predicate, timeout: float = 120, what: str = "condition", every: float = 0.1) -> None:
+    """Poll ``predicate`` every ``every`` seconds until it holds. A predicate that costs CPU (a
+    Docker API call, a `wmctl` process) asks for a slower poll: CI's two cores are shared by
+    every test, and a tight loop of them is one core's worth of work taken from the others."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():
             return
-        time.sleep(0.1)
+        time.sleep(every)
     raise AssertionError(f"timed out waiting for {what}")
 
 

@@ -26,11 +26,10 @@ def home(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(home):
-    spec = h.write_spec(home, "reference")
-    w = h.Watch(spec, home)
-    assert w.wait() == 0, w.output
-    return h.final_state(spec)
+def reference() -> str:
+    """An uninterrupted run's final state, computed (harness.counter_state): the runs below
+    (default 40 steps, 2 nodes) must end bit-identical to it."""
+    return h.counter_state(40)
 
 
 def _redone(home, run):
@@ -42,7 +41,6 @@ def _redone(home, run):
     return out
 
 
-@pytest.mark.timeout(600)       # the first also pays for the module's uninterrupted reference run
 @pytest.mark.parametrize("node", [1, 0], ids=["worker-node", "rank0-rendezvous-node"])
 def test_sigkill_of_a_node_resumes_and_matches_uninterrupted(home, reference, node):
     run = f"kill-node{node}"

@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.integration import harness as h
 
@@ -24,15 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def expected(steps: int, world: int = 2) -> str:
-    """What an uninterrupted counter.py run computes (the same float64 operations in the same
-    order; checked against an uninterrupted run on this cluster, test_two_nodes_...)."""
-    state = torch.zeros(1, dtype=torch.float64)
-    for step in range(steps):
-        contrib = torch.zeros(1, dtype=torch.float64)
-        for rank in range(world):
-            contrib = contrib + torch.tensor([((step + 1) * 0.1 + rank) / 3.0], dtype=torch.float64)
-        state = state * 0.999 + contrib
-    return float(state.item()).hex()
+    """What an uninterrupted counter.py run computes (harness.counter_state; checked against an
+    uninterrupted run on this cluster, test_two_nodes_...)."""
+    return h.counter_state(steps, world)
 
 
 @pytest.fixture
