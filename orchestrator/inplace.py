@@ -80,12 +80,13 @@ def straggler_line(spec: JobSpec, backend: b.Backend[Any], attempt: int, straggl
 
 
 def replenish(spec: JobSpec, backend: b.Backend[Any], ref: b.AttemptRef, rec: AttemptRecord,
-              tracker: AttemptTracker, now: float) -> list[str]:
+              tracker: AttemptTracker, now: float) -> list[tuple[dict[str, Any], str]]:
     """Start a new spare for each one an in-place recovery used (restart.replenish_spares), once
     the round it joined has resumed: its first step, or every node up for REPLENISH_AFTER_S for a
     job that reports none. Never before: a new spare's start (a process importing torch, a
     container, a pod) must not slow the recovery itself. Each recovery records the slot started
-    (``replenished``; None when the backend could not start one). The lines to tell the user."""
+    (``replenished``; None when the backend could not start one). Each recovery tended, with the
+    line to tell the user."""
     if not (spec.restart.spares and spec.restart.replenish_spares and tracker.in_place
             and backend.replenishes_spares):
         return []
@@ -93,14 +94,14 @@ def replenish(spec: JobSpec, backend: b.Backend[Any], ref: b.AttemptRef, rec: At
         tracker.all_started_at is not None and now - tracker.all_started_at >= REPLENISH_AFTER_S)
     if not resumed:
         return []
-    lines = []
+    tended = []
     for got in rec.recoveries:
         if "replenished" in got:
             continue
         slot = backend.replenish_spare(ref, got["lost_node"])
         got["replenished"] = slot
-        lines.append(f"attempt {rec.attempt}: spare node {slot} started in the background for the one round "
+        tended.append((got, f"attempt {rec.attempt}: spare node {slot} started in the background for the one round "
                      f"{got['round']} used (restart.replenish_spares)" if slot is not None else
                      f"attempt {rec.attempt}: no new spare could be started for the one round {got['round']} "
-                     "used; the next lost node is replaced by a spare still warm, if any, else by a new attempt")
-    return lines
+                     "used; the next lost node is replaced by a spare still warm, if any, else by a new attempt"))
+    return tended

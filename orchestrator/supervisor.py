@@ -254,14 +254,14 @@ class Supervisor:
 
     def _replenish(self, ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker, now: float) -> None:
         """New spares for the ones in-place recoveries used, once the run resumed (inplace.py)."""
-        lines = replenish(self.spec, self.backend, ref, rec, tracker, now)
-        if not lines:
+        tended = replenish(self.spec, self.backend, ref, rec, tracker, now)
+        if not tended:
             return
         self.store.save(self.record)
-        for got in rec.recoveries[-len(lines):]:
+        for got, _ in tended:
             self.store.append_metric({"event": "spare_replenished", "by": "watcher", "attempt": rec.attempt,
                                       "round": got["round"], "slot": got["replenished"], "seen": round(now, 3)})
-        for line in lines:
+        for _, line in tended:
             self.echo(line)
 
     def _stragglers(self, ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker,

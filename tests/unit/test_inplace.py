@@ -136,10 +136,10 @@ def test_a_used_spare_is_replenished_once_the_new_round_has_stepped_never_before
     tracker.all_started_at = 7.5
     assert replenish(spec, backend, ref, rec, tracker, 9.0) == [] and backend.started == []   # up, no step yet
     tracker.first_step_at = 9.5
-    lines = replenish(spec, backend, ref, rec, tracker, 10.0)
+    tended = replenish(spec, backend, ref, rec, tracker, 10.0)
     assert backend.started == [1] and rec.recoveries[0]["replenished"] == 11
-    assert lines == ["attempt 0: spare node 11 started in the background for the one round 1 used "
-                     "(restart.replenish_spares)"]
+    assert tended == [(rec.recoveries[0], "attempt 0: spare node 11 started in the background for the one round 1 used "
+                     "(restart.replenish_spares)")]
     assert replenish(spec, backend, ref, rec, tracker, 11.0) == [] and backend.started == [1]     # once
 
 
@@ -160,8 +160,8 @@ def test_no_replenishing_when_off_or_the_backend_cannot(case):
     backend = (Cannot if case == "cannot" else Replenishing)(left=1, can=case != "fails")
     spec, rec, ref, tracker = _replenish_case({"replenish_spares": False} if case == "off" else {}, backend)
     tracker.first_step_at = 9.0
-    lines = replenish(spec, backend, ref, rec, tracker, 10.0)
+    tended = replenish(spec, backend, ref, rec, tracker, 10.0)
     if case == "fails":
-        assert rec.recoveries[0]["replenished"] is None and "no new spare could be started" in lines[0]
+        assert rec.recoveries[0]["replenished"] is None and "no new spare could be started" in tended[0][1]
     else:
-        assert lines == [] and backend.started == [] and "replenished" not in rec.recoveries[0]
+        assert tended == [] and backend.started == [] and "replenished" not in rec.recoveries[0]
