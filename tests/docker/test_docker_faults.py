@@ -269,25 +269,3 @@ def test_docker_watcher_killed_and_restarted_continues_without_duplicate(docker_
     assert not leftovers(docker_client, run)
 
 
-def test_docker_retry_budget_spent_is_a_clear_final_report(docker_client, image, home):
-    run = "dkf-budget"
-    w = watch(write_spec(home, run, image, sleep=0.15, restart={"max_attempts": 2}), home)
-    for attempt in range(2):
-        wait_progress(docker_client, run, attempt, "checkpoint", 5 * (attempt + 2))
-        container(docker_client, run, attempt, 1).kill()
-    assert w.wait(300) == 7, w.output
-    rec = h.record(home, run)
-    assert "retry budget spent" in rec["final_report"] and len(rec["attempts"]) == 2
-    assert not leftovers(docker_client, run)
-
-
-def test_docker_failure_without_a_new_checkpoint_stops(docker_client, image, home):
-    run = "dkf-noprogress"
-    w = watch(write_spec(home, run, image, sleep=0.15), home)
-    wait_progress(docker_client, run, 0, "checkpoint", 5)
-    container(docker_client, run, 0, 1).kill()
-    wait_progress(docker_client, run, 1, "resume")
-    container(docker_client, run, 1, 1).kill()     # before attempt 1 commits anything new
-    assert w.wait(300) == 7, w.output
-    assert "committed no new checkpoint" in h.record(home, run)["final_report"]
-    assert not leftovers(docker_client, run)

@@ -36,7 +36,9 @@ def _worker_pid(torchrun_pid: int, rank: int) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("target", "num_workers"), [("torchrun", 0), ("rank1-only", 0), ("torchrun", 2)])
+# torchrun's SIGTERM with DataLoader workers (the harder case) and one rank's alone without: the
+# third pairing (torchrun's, no workers) ran the same path again at 28 s of CI's CPU
+@pytest.mark.parametrize(("target", "num_workers"), [("rank1-only", 0), ("torchrun", 2)])
 def test_sigterm_saves_exits_83_and_resume_loses_no_step(tmp_path: Path, shared_data: Path, baseline,
                                                          target: str, num_workers: int) -> None:
     """target torchrun: the signal goes to torchrun (PID 1 in a container), which forwards it.
