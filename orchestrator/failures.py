@@ -256,7 +256,13 @@ _PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:(?: ?)")
 _ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
-_LAUNCHER = ("/torch/distributed/", "/orchestrator/runtime/affinity.py", "/bin/torchrun")
+# The launcher's frames, never the job's: torchrun, wmctl-bind, and the spare nodes' keeper, whose
+# forked torchrun's traceback starts in it (as the package module locally and on Slurm, by its
+# path where Docker mounts it and a Kubernetes pod runs it: docker/spares.py KEEPER and
+# kubernetes/spares.py FILES_DIR, repeated here to keep this module below the backends; a unit
+# test keeps them equal).
+_LAUNCHER = ("/torch/distributed/", "/orchestrator/runtime/affinity.py", "/bin/torchrun",
+             "/orchestrator/runtime/keeper.py", "/wmctl-spares/keeper.py", "/opt/wmctl/keeper.py")
 
 
 @dataclass(frozen=True)

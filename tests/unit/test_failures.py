@@ -267,6 +267,24 @@ def test_the_interpreters_frozen_frames_are_neither_the_launchers_nor_the_jobs()
     assert err is not None and err.summary == 'ValueError: bad (File "train.py", line 7)'
 
 
+@pytest.mark.parametrize("keeper", ["/venv/lib/python3.11/site-packages/orchestrator/runtime/keeper.py",
+                                    "/wmctl-spares/keeper.py", "/opt/wmctl/keeper.py"])
+def test_a_keepers_forked_torchrun_that_lost_the_rendezvous_is_the_launchers_not_the_jobs(keeper):
+    """With spare nodes the keeper forks torchrun's main (runtime/keeper.py): the agent's
+    traceback starts in the keeper's frames, where it runs on each backend. Still the launcher's:
+    a rendezvous failure (infrastructure, retried), never the job's own error."""
+    from orchestrator.backends.docker import spares as docker_spares
+    from orchestrator.backends.kubernetes import spares as kube_spares
+
+    assert docker_spares.KEEPER == "/wmctl-spares/keeper.py"
+    assert f"{kube_spares.FILES_DIR}/{kube_spares.KEEPER_FILE}" == "/opt/wmctl/keeper.py"
+    forked = [MONITOR[0], f'  File "{keeper}", line 300, in run_rounds', "    proc = Forked(main, ...)",
+              f'  File "{keeper}", line 150, in __init__', "    self.main(argv)", *MONITOR[1:]]
+    found = F.rendezvous_failure(forked)
+    assert found and "RendezvousConnectionError" in found
+    assert F.own_error(1, False, forked) is None
+
+
 def test_a_rendezvous_failure_is_infrastructure_but_never_hides_a_workers_error():
     found = F.rendezvous_failure(MONITOR)
     assert found and "RendezvousConnectionError" in found and "read_timeout" in found
