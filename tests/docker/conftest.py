@@ -170,6 +170,24 @@ def stop_registry(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def pause(container) -> None:
+    """`docker pause`, the test's frozen node. The cgroup freezer can fail to freeze a container
+    whose processes are forking at that moment (runc: "unable to freeze", seen in CI right after
+    the keepers started torchrun on a loaded host); the pause is tried again, as a person at the
+    command line would, until it holds (30 s at most)."""
+    import docker.errors
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            container.pause()
+            return
+        except docker.errors.APIError as exc:
+            if "unable to freeze" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 @pytest.fixture
 def registry(tmp_path):
     address, proc, _log = start_registry(tmp_path / "registry")

@@ -25,6 +25,7 @@ from orchestrator.backends.docker.classify import parse_docker_time
 from orchestrator.backends.docker.engine import DockerBackend
 from orchestrator import api
 from orchestrator.errors import BackendError, EngineUnavailable, RunNotFound
+from .conftest import pause
 
 # Under xdist the whole module runs on one worker (--dist loadgroup): its runs share the named
 # volume VOLUME, which the module's teardown removes.
@@ -212,7 +213,7 @@ def test_docker_kill_of_a_worker_node_reads_as_a_lost_node(backend, docker_clien
 def test_docker_pause_reads_as_paused_then_unpaused(backend, docker_client, base_image):
     ref = backend.submit(make_plan("dkb-pause", base_image, commands={0: SLEEP, 1: SLEEP}))
     poll_until(backend, ref, all_running)
-    docker_client.containers.get("dkb-pause-a0-1").pause()
+    pause(docker_client.containers.get("dkb-pause-a0-1"))
     obs, seen = poll_until(backend, ref, lambda o, s: bool(node_events(s, 1, b.NODE_PAUSED)), limit=30)
     assert obs.nodes[1].phase == b.PAUSED and obs.nodes[0].phase == b.RUNNING
     assert _failure_kind(node_events(seen, 1, b.NODE_PAUSED)[0]) == failures.HANG
@@ -220,7 +221,7 @@ def test_docker_pause_reads_as_paused_then_unpaused(backend, docker_client, base
     obs, seen = poll_until(backend, ref, lambda o, s: any(e.reason == "unpaused" for e in s), limit=30)
     assert obs.nodes[1].phase == b.RUNNING
     # Cancel takes paused containers down too, and reports a cancellation, not failures.
-    docker_client.containers.get("dkb-pause-a0-0").pause()
+    pause(docker_client.containers.get("dkb-pause-a0-0"))
     backend.cancel(ref)
     obs, seen = poll_until(backend, ref, lambda o, s: o.finished, limit=30)
     assert [e.kind for e in seen if e.kind not in (b.NODE_PAUSED,)] == [b.CANCELLED]

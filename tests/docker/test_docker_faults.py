@@ -23,7 +23,7 @@ from orchestrator import labels as L
 from orchestrator.runtime.protocol import parse_progress
 from tests.integration import harness as h
 
-from .conftest import SWEPT_RUNS, run_wmctl
+from .conftest import SWEPT_RUNS, pause, run_wmctl
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(360),
               pytest.mark.xdist_group(f"{SWEPT_RUNS}-docker-faults"),
@@ -126,7 +126,7 @@ def test_docker_pause_of_a_node_is_a_hang_torn_down_and_resumed(docker_client, i
     run = "dkf-pause"
     w = watch(write_spec(home, run, image, restart={"heartbeat_timeout": "30s"}), home)
     wait_progress(docker_client, run, 0, "checkpoint", 10)
-    container(docker_client, run, 0, 1).pause()
+    pause(container(docker_client, run, 0, 1))
     assert w.wait(300) == 0, w.output
     rec = h.record(home, run)
     assert [a["outcome"] for a in rec["attempts"]] == ["hang", "succeeded"], rec["final_report"]

@@ -30,7 +30,7 @@ from orchestrator.vendors import load_profile
 from tests.integration import harness as h
 from tests.unit.helpers import spec_from
 
-from .conftest import SWEPT_RUNS
+from .conftest import SWEPT_RUNS, pause
 from .test_docker_faults import final_state, leftovers, watch, write_spec
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(420),
@@ -128,7 +128,7 @@ def test_a_frozen_node_is_fenced_off_by_docker_kill_and_the_spare_named_with_no_
         h.wait_until(lambda: all(running(docker_client, n) for n in [*names.values(), f"{run}-a0-store"]), 60,
                      "every container running")
         before = sorted(c.id for c in leftovers_of(docker_client, run))
-        docker_client.containers.get(names[1]).pause()
+        pause(docker_client.containers.get(names[1]))
         got = be.recover_in_place(ref, 1)
         assert got is not None and (got.round, got.lost, got.spare, got.spares_left) == (1, 1, 2, 0)
         assert docker_client.containers.get(names[1]).attrs["State"]["Status"] == "exited"   # fenced off

@@ -99,7 +99,11 @@ def test_a_node_killed_after_a_checkpoint_resumes_elsewhere_exactly(slurm_cluste
     first, second = rec["attempts"]
     assert [first["outcome"], second["outcome"]] == ["node_lost", "succeeded"], rec["final_report"]
     assert first["failed_host"] == victim and second["excluded_nodes"] == [victim]
-    assert "wrote no exit record" in first["evidence"], first["evidence"]
+    # Named by whichever evidence came first: its missing exit record PEER_WAIT_S after the
+    # survivor's broken connection, or (CI, a loaded host: the survivor's exit came late) Slurm's
+    # own "not responding" once slurmctld missed the node. Either names the dead node.
+    assert ("wrote no exit record" in first["evidence"] or f"Slurm does not hear from {victim}" in first["evidence"]), \
+        first["evidence"]
     assert second["resumed_from_step"] == first["last_checkpoint_step"] >= 10
     assert h.final_state(path) == expected(60)
     assert victim not in _hosts(slurm_cluster, home, run, 1)
