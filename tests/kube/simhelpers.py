@@ -9,7 +9,10 @@ import time
 from typing import Any, Callable
 
 from orchestrator.backends.base import PROGRESS, Event, Observation
-from orchestrator.supervisor import Supervisor
+from orchestrator.state import LocalRunStore, RunRecord
+from orchestrator.supervisor import Supervisor, SupervisorOptions
+from orchestrator.vendors import load_profile
+from orchestrator.watchview import EchoView
 
 
 class Collector:
@@ -61,6 +64,21 @@ def run_supervisor(sup: Supervisor) -> tuple[threading.Thread, dict]:
     thread = threading.Thread(target=lambda: result.setdefault("outcome", sup.run()), daemon=True)
     thread.start()
     return thread, result
+
+
+def start_supervisor(spec: Any, backend: Any, profile: Any = None,
+                     spec_path: str = "sim.yaml") -> tuple[threading.Thread, dict, LocalRunStore, list[str]]:
+    """A watcher of ``spec`` on ``backend`` as `wmctl submit --auto-resume` runs one (a fresh
+    record in the local run store, polling every 0.02 s), started on a thread (run_supervisor).
+    Returns the thread, the result dict, the store and the lines it says."""
+    store = LocalRunStore(spec.name)
+    record = RunRecord(run=spec.name, backend="kubernetes", spec_path=spec_path, overrides={},
+                       spec_hash=spec.spec_hash(), auto_resume=True)
+    lines: list[str] = []
+    sup = Supervisor(spec, profile or load_profile("cpu"), backend, store, record, EchoView(lines.append),
+                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
+    thread, result = run_supervisor(sup)
+    return thread, result, store, lines
 
 
 def running_pods(fake_api, job: str) -> list[dict]:

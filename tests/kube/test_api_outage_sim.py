@@ -20,15 +20,10 @@ from orchestrator.backends.kubernetes import client as kc
 from orchestrator.backends.kubernetes.engine import KubernetesBackend
 from orchestrator.errors import CredentialsRejected
 from orchestrator.specload import from_dict
-from orchestrator.state import LocalRunStore as RunStore
-from orchestrator.state import RunRecord
-from orchestrator.supervisor import Supervisor, SupervisorOptions
-from orchestrator.vendors import load_profile
-from orchestrator.watchview import EchoView
 
 from .conftest import make_client
 from .manifests import rendered_plan
-from .simhelpers import Collector, run_supervisor
+from .simhelpers import Collector, start_supervisor
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -122,13 +117,7 @@ def test_sim_a_resubmission_rides_out_a_control_plane_outage(fake_api, tmp_path,
     c.script(job="out-a1", index=0, run_seconds=0.6, logs=[(0.0, 'WMCTL-PROGRESS {"event":"resume","step":10}')])
     c.start()
     backend = KubernetesBackend(fake_api.client, watch_timeout=2)
-    store = RunStore(spec.name)
-    record = RunRecord(run=spec.name, backend="kubernetes", spec_path="out.yaml", overrides={},
-                       spec_hash=spec.spec_hash(), auto_resume=True)
-    lines: list[str] = []
-    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(lines.append),
-                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
-    thread, result = run_supervisor(sup)
+    thread, result, store, lines = start_supervisor(spec, backend)
     try:
         def held() -> bool:
             return any(p.name == "pause-submitting" for p in (tmp_path).rglob("pause-submitting"))

@@ -10,15 +10,10 @@ from .sdk import client as k8s
 
 from orchestrator.backends.kubernetes.engine import KubernetesBackend
 from orchestrator.specload import from_dict
-from orchestrator.state import LocalRunStore as RunStore
-from orchestrator.state import RunRecord
-from orchestrator.supervisor import Supervisor, SupervisorOptions
-from orchestrator.vendors import load_profile
-from orchestrator.watchview import EchoView
 
 from .fakeapi.kueue_preempt import PREEMPTED, preempt
-from .simhelpers import run_supervisor
 from .test_kueue_sim import FULL, KUEUE, LQ, condition, evidence, workloads
+from .simhelpers import start_supervisor
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -73,13 +68,7 @@ def test_a_kueue_preemption_is_preempted_and_the_next_attempt_waits_for_readmiss
                    logs=[(0.0, progress("resume", 10)), (0.1, progress("checkpoint", 20))])
     cluster.start()
     backend = KubernetesBackend(fake_api.client, watch_timeout=2, namespace="training")
-    store = RunStore(spec.name)
-    record = RunRecord(run=spec.name, backend="kubernetes", spec_path="kp.yaml", overrides={},
-                       spec_hash=spec.spec_hash(), auto_resume=True)
-    lines: list[str] = []
-    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(lines.append),
-                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
-    thread, result = run_supervisor(sup)
+    thread, result, store, lines = start_supervisor(spec, backend)
     try:
         assert cluster.run_until(lambda: any("checkpoint" in ln for ln in lines), timeout=30), lines
         cluster.kueue_full["team-a"] = FULL           # the preemptor takes the quota

@@ -22,12 +22,8 @@ from orchestrator.backends.kubernetes.teardown import DEAD_PEER_GRACE_S
 from orchestrator.runtime.protocol import format_progress
 from orchestrator.specload import from_dict
 from orchestrator.state import LocalRunStore as RunStore
-from orchestrator.state import RunRecord
-from orchestrator.supervisor import Supervisor, SupervisorOptions
-from orchestrator.watchview import EchoView
-from orchestrator.vendors import load_profile
+from tests.kube.simhelpers import start_supervisor
 
-from .simhelpers import run_supervisor
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -90,13 +86,7 @@ def silence_run(fake_api, tmp_path, monkeypatch) -> Iterator[SilenceRun]:
                    logs=[(0.0, format_progress("resume", step=10)), (0.2, format_progress("checkpoint", step=20))])
     cluster.start()
     backend = KubernetesBackend(fake_api.client, watch_timeout=2)
-    store = RunStore(spec.name)
-    record = RunRecord(run=spec.name, backend="kubernetes", spec_path="sil.yaml", overrides={},
-                       spec_hash=spec.spec_hash(), auto_resume=True)
-    lines: list[str] = []
-    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(lines.append),
-                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
-    thread, result = run_supervisor(sup)
+    thread, result, store, lines = start_supervisor(spec, backend)
     run = SilenceRun(fake_api, store, thread, lines, result)
     try:
         assert cluster.run_until(lambda: len(run.pods("sil-a0")) == 2 and any("checkpoint" in ln for ln in run.lines))

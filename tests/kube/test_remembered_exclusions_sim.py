@@ -19,12 +19,8 @@ from orchestrator import exclusions as X
 from orchestrator.backends.kubernetes.engine import KubernetesBackend
 from orchestrator.backends.kubernetes.runstore import EXCLUSIONS_NAME, ClusterExclusionStore
 from orchestrator.specload import from_dict
-from orchestrator.state import LocalRunStore, RunRecord
-from orchestrator.supervisor import Supervisor, SupervisorOptions
-from orchestrator.vendors import load_profile
-from orchestrator.watchview import EchoView
 
-from .simhelpers import node_of_index, running_pods, run_supervisor
+from .simhelpers import node_of_index, running_pods, start_supervisor
 from .test_cli_sim import sim_env
 
 pytestmark = pytest.mark.timeout(120)
@@ -67,13 +63,7 @@ def test_sim_a_node_lost_in_run_a_is_avoided_by_run_b_until_forgiven(fake_api, t
     cluster.script(job="runa-a1", index=0, run_seconds=0.6, logs=[(0.0, progress("resume", 10))])
     cluster.start()
     backend = KubernetesBackend(fake_api.client, watch_timeout=2)
-    store = LocalRunStore(spec.name)
-    record = RunRecord(run=spec.name, backend="kubernetes", spec_path="a.yaml", overrides={},
-                       spec_hash=spec.spec_hash(), auto_resume=True)
-    lines: list[str] = []
-    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(lines.append),
-                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
-    thread, result = run_supervisor(sup)
+    thread, result, store, lines = start_supervisor(spec, backend)
     try:
         assert cluster.run_until(lambda: len(running_pods(fake_api, "runa-a0")) == 2
                                  and any("checkpoint" in ln for ln in lines)), "\n".join(lines)

@@ -22,7 +22,7 @@ from orchestrator.runtime.protocol import format_progress
 from ..unit.test_own_error import EVERY_RANK_RAISED, PEER_DIED
 
 from .manifests import rendered_plan
-from .simhelpers import Collector, node_of_index, running_pods
+from .simhelpers import Collector, node_of_index, running_pods, start_supervisor
 
 pytestmark = pytest.mark.timeout(90)
 SPARES = {"spares": 1, "auto_resume": True}
@@ -175,14 +175,9 @@ def test_sim_supervisor_replaces_node_0_in_place_then_a_second_loss_starts_a_new
     runs under exactly manifests/rbac-watcher.yaml: not one of its requests is refused."""
     from orchestrator.backends.kubernetes.engine import KubernetesBackend
     from orchestrator.specload import from_dict
-    from orchestrator.state import LocalRunStore, RunRecord
-    from orchestrator.supervisor import Supervisor, SupervisorOptions
-    from orchestrator.vendors import load_profile
-    from orchestrator.watchview import EchoView
 
     from .fakeapi.rbac import User
     from .manifests import watcher_rbac
-    from .simhelpers import run_supervisor
 
     monkeypatch.setenv("WMCTL_HOME", str(tmp_path))
     spec = from_dict({
@@ -206,13 +201,7 @@ def test_sim_supervisor_replaces_node_0_in_place_then_a_second_loss_starts_a_new
     cluster.start()
 
     backend = KubernetesBackend(client, watch_timeout=2, namespace="training")
-    store = LocalRunStore(spec.name)
-    record = RunRecord(run=spec.name, backend="kubernetes", spec_path="spr.yaml", overrides={},
-                       spec_hash=spec.spec_hash(), auto_resume=True)
-    lines: list[str] = []
-    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(lines.append),
-                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
-    thread, result = run_supervisor(sup)
+    thread, result, store, lines = start_supervisor(spec, backend)
 
     def said(text: str) -> bool:
         return any(text in ln for ln in lines)
@@ -319,12 +308,7 @@ def test_sim_the_jobs_own_error_ends_the_attempt_at_once_not_after_the_keepers_h
     from orchestrator.backends.kubernetes.engine import KubernetesBackend
     from orchestrator.backends.kubernetes.spares import hold_s
     from orchestrator.specload import from_dict
-    from orchestrator.state import LocalRunStore, RunRecord
-    from orchestrator.supervisor import Supervisor, SupervisorOptions
-    from orchestrator.vendors import load_profile
-    from orchestrator.watchview import EchoView
 
-    from .simhelpers import run_supervisor
 
     monkeypatch.setenv("WMCTL_HOME", str(tmp_path))
     spec = from_dict({
@@ -346,13 +330,7 @@ def test_sim_the_jobs_own_error_ends_the_attempt_at_once_not_after_the_keepers_h
     cluster.start()
 
     backend = KubernetesBackend(fake_api.client, watch_timeout=2)
-    store = LocalRunStore(spec.name)
-    record = RunRecord(run=spec.name, backend="kubernetes", spec_path="own.yaml", overrides={},
-                       spec_hash=spec.spec_hash(), auto_resume=True)
-    lines: list[str] = []
-    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(lines.append),
-                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
-    thread, result = run_supervisor(sup)
+    thread, result, store, lines = start_supervisor(spec, backend)
     try:
         thread.join(timeout=45)
         assert not thread.is_alive(), "\n".join(lines)

@@ -23,7 +23,7 @@ from orchestrator.watchview import EchoView
 from orchestrator.vendors import load_profile
 
 from .manifests import watcher_rbac, without_nodes
-from .simhelpers import node_of_index, running_pods, run_supervisor
+from .simhelpers import node_of_index, running_pods, start_supervisor
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -69,13 +69,7 @@ def test_sim_supervisor_replaces_an_attempt_that_lost_a_node(fake_api, tmp_path,
     cluster.start()
 
     backend = KubernetesBackend(api_client, watch_timeout=2, namespace=namespace)
-    store = RunStore(spec.name)
-    record = RunRecord(run=spec.name, backend="kubernetes", spec_path="sup.yaml", overrides={},
-                       spec_hash=spec.spec_hash(), auto_resume=True)
-    lines: list[str] = []
-    sup = Supervisor(spec, profile, backend, store, record, EchoView(lines.append),
-                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
-    thread, result = run_supervisor(sup)
+    thread, result, store, lines = start_supervisor(spec, backend, profile)
     try:
         assert cluster.run_until(lambda: len(running_pods(fake_api, "sup-a0")) == 2
                                  and any("checkpoint" in ln for ln in lines)), "\n".join(lines)
@@ -144,13 +138,7 @@ def test_sim_the_next_attempt_is_created_only_once_the_last_ones_pods_are_gone(f
                    logs=[(0.0, progress("resume", 10)), (0.1, progress("checkpoint", 20))])
     cluster.start()
     backend = KubernetesBackend(fake_api.client, watch_timeout=2)
-    store = RunStore(spec.name)
-    record = RunRecord(run=spec.name, backend="kubernetes", spec_path="seq.yaml", overrides={},
-                       spec_hash=spec.spec_hash(), auto_resume=True)
-    lines: list[str] = []
-    sup = Supervisor(spec, load_profile("cpu"), backend, store, record, EchoView(lines.append),
-                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
-    thread, result = run_supervisor(sup)
+    thread, result, store, lines = start_supervisor(spec, backend)
     try:
         def running(job):
             return [p for p in fake_api.store.list("pods")[0]
@@ -292,13 +280,7 @@ def test_sim_a_gpu_the_device_plugin_marks_unhealthy_is_a_device_fault_retried_e
                    logs=[(0.0, progress("resume", 10)), (0.1, progress("checkpoint", 20))])
     cluster.start()
     backend = KubernetesBackend(fake_api.client, watch_timeout=2)
-    store = RunStore(spec.name)
-    record = RunRecord(run=spec.name, backend="kubernetes", spec_path="g.yaml", overrides={},
-                       spec_hash=spec.spec_hash(), auto_resume=True)
-    lines: list[str] = []
-    sup = Supervisor(spec, load_profile("cuda"), backend, store, record, EchoView(lines.append),
-                     SupervisorOptions(auto_resume=True, poll_interval=0.02))
-    thread, result = run_supervisor(sup)
+    thread, result, store, lines = start_supervisor(spec, backend, load_profile("cuda"))
     try:
         def running(job):
             return [p for p in fake_api.store.list("pods")[0]
