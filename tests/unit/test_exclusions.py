@@ -306,11 +306,11 @@ def test_over_the_nodes_that_could_take_the_job_only_those_excluded_in_their_way
     assert asked == []
 
 
-def test_parse_usable_slurm_nodes():
-    from orchestrator.backends.slurm.tools import parse_usable_nodes
+def test_parse_slurm_partition_nodes():
+    from orchestrator.backends.slurm.tools import parse_partition_nodes
 
-    text = "cn01|idle\ncn02|mixed\ncn03|down*\ncn04|drained\ncn05|allocated\ncn01|idle\ncn06|idle*\n"
-    assert parse_usable_nodes(text) == {"cn01", "cn02", "cn05"}
+    text = "cn01|idle\ncn02|mixed\ncn03|down*\ncn04|drained\ncn05|allocated\ncn01|idle\ncn06|idle*\n\nbad\n"
+    assert parse_partition_nodes(text) == {"cn01", "cn02", "cn03", "cn04", "cn05", "cn06"}
 
 
 def test_slurm_counts_down_and_drained_nodes_as_places_for_the_cap():
@@ -318,12 +318,11 @@ def test_slurm_counts_down_and_drained_nodes_as_places_for_the_cap():
     less the excluded nodes can never hold, even when the excluded nodes are down: so for the cap
     every node of the partition is a place (CI: a 3-node partition, 2 nodes + 1 spare, two nodes
     lost -> excluding the down one made attempt 1 fail at sbatch instead of waiting)."""
-    from orchestrator.backends.slurm.tools import parse_usable_nodes
+    from orchestrator.backends.slurm.tools import parse_partition_nodes
 
     text = "n1|idle\nn2|down*\nn3|drained\nn1|idle\n"
-    assert parse_usable_nodes(text) == {"n1"}
-    assert parse_usable_nodes(text, any_state=True) == {"n1", "n2", "n3"}
+    assert parse_partition_nodes(text) == {"n1", "n2", "n3"}
     from orchestrator.exclusions import apply
 
-    got = apply(["n3", "n2"], [], room=None, usable=parse_usable_nodes(text, any_state=True), needed=3)
+    got = apply(["n3", "n2"], [], room=None, usable=parse_partition_nodes(text), needed=3)
     assert got.nodes == ()                       # nothing excluded: the job waits for n2 and n3

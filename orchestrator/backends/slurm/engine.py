@@ -137,7 +137,7 @@ class SlurmBackend(b.Backend[SlurmRequest]):
         so excluding a down node costs a place like any other (a 3-node partition, a job of 2
         nodes + 1 spare, two nodes just lost: excluding either would make the run fail at sbatch
         rather than wait for them)."""
-        return self.tools.usable_nodes(spec.slurm.partition, any_state=True)
+        return self.tools.node_names(spec.slurm.partition)
 
     def cluster_key(self) -> str | None:
         """``slurm:<ClusterName>`` from `scontrol show config`, else ``slurm:<SLURM_CONF path>``;

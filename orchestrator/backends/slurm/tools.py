@@ -97,9 +97,9 @@ class SlurmTools:
             raise EngineUnavailable(f"Slurm's {argv[0]} is not installed on this host",
                                     hint="run wmctl on a Slurm login node (slurm-client installed)") from None
 
-    def usable_nodes(self, partition: str | None, *, any_state: bool = False) -> frozenset[str] | None:
-        """The nodes (of ``partition``) sinfo does not report down, drained or failing (with
-        ``any_state``, every node of it); None when sinfo does not answer."""
+    def node_names(self, partition: str | None) -> frozenset[str] | None:
+        """Every node of ``partition`` (else of every partition), down, drained or failing ones
+        too; None when sinfo does not answer."""
         argv = ["sinfo", "-h", "-N", "-o", "%N|%T"] + (["-p", partition] if partition else [])
         try:
             out = self.run(argv)
@@ -107,7 +107,7 @@ class SlurmTools:
             return None
         if out.returncode != 0:
             return None
-        return parse_usable_nodes(out.stdout, any_state=any_state)
+        return parse_partition_nodes(out.stdout)
 
     def cluster_name(self) -> str | None:
         """What keys this cluster's remembered exclusions: ``slurm:<ClusterName>`` (`scontrol show
@@ -227,12 +227,12 @@ def parse_cluster_name(text: str) -> str | None:
     return None
 
 
-def parse_usable_nodes(text: str, *, any_state: bool = False) -> frozenset[str]:
-    """`sinfo -h -N -o '%N|%T'` -> the nodes not down, drained or failing, or with ``any_state``
-    every node listed (a node listed once per partition is one node)."""
+def parse_partition_nodes(text: str) -> frozenset[str]:
+    """`sinfo -h -N -o '%N|%T'` -> every node listed, whatever its state (a node listed once per
+    partition is one node)."""
     out = set()
     for line in text.splitlines():
-        name, sep, state = line.strip().partition("|")
-        if sep and name and (any_state or not NodeState(name, state.strip(), "").down):
+        name, sep, _state = line.strip().partition("|")
+        if sep and name:
             out.add(name)
     return frozenset(out)
