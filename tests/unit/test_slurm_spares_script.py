@@ -11,6 +11,7 @@ nothing. Hostile values go in through the command and env, and must come out as 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -94,6 +95,9 @@ def cluster(tmp_path: Path) -> dict:
             "fake": tmp_path / "faketorch", "home": tmp_path / "home 'q' $(touch PWNED_HOME)"}
 
 
+_JOB_IDS = itertools.count()
+
+
 def _start(c: dict, monkeypatch: pytest.MonkeyPatch, **extra_env: str) -> tuple[subprocess.Popen[str], Path]:
     path = c["spec_dir"] / "job.yaml"
     path.write_text(json.dumps({"name": "sp", "nodes": 2, "command": ["python", *HOSTILE_ARGS], "env": HOSTILE_ENV,
@@ -110,7 +114,10 @@ def _start(c: dict, monkeypatch: pytest.MonkeyPatch, **extra_env: str) -> tuple[
     script.write_text(plan.request.script)
     env = {"PATH": f"{c['shims']}{os.pathsep}{os.environ['PATH']}", "HOME": str(c["tmp"]), "PROBE_OUT": str(c["out"]),
            "FAKE_TORCH": str(c["fake"]), "REPO": str(REPO), "REAL_PYTHON": os.path.realpath(sys.executable),
-           "SLURM_JOB_ID": "4243", "SLURM_JOB_NODELIST": "n[1-3]", **extra_env}
+           # a job id of this test's own: the keepers tag (and kill) their trees by it, and these
+           # tests run side by side under xdist
+           "SLURM_JOB_ID": f"{os.getpid()}0{next(_JOB_IDS)}", "SLURM_JOB_NODELIST": "n[1-3]",
+           **extra_env}
     proc = subprocess.Popen(["bash", str(script)], cwd=c["tmp"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     return proc, attempt
