@@ -64,7 +64,7 @@ from .ckpt_format import (ATTEMPT_FILE, COMMIT_MARKER, DCP_METADATA, DIGEST_NAME
                           TMP_INFIX, CheckpointError, CheckpointInfo, Stateful, checkpoint_files, file_digest,
                           is_committed, latest_complete, list_checkpoints, marker_digest, new_hasher, rank_done_name,
                           rank_file_name, read_attempt, read_marker, step_dir_name, verify_checkpoint)
-from .ckpt_io import (RootLock, apply_retention, capture_rng, delete_trees, enospc_in, fsync_dir, fsync_file,
+from .ckpt_io import (RootLock, apply_retention, capture_rng, delete_trees, disk_full, enospc_in, fsync_dir, fsync_file,
                       no_space_message, record_attempt, restore_rng, save_fsync, swap_in, without_zip_crc,
                       write_atomic, write_bytes_fsync)
 from .ckpt_read import ReadSide
@@ -533,30 +533,8 @@ class CheckpointManager(ReadSide):
             full = enospc_in(exc)
             if full is None:
                 raise
-            raise self._disk_full(folder, full, payload_bytes(rank_payload) + payload_bytes(shared_payload)) from exc
-
-    def _disk_full(self, folder: Path, exc: OSError, needed: int) -> CheckpointError:
-        """ENOSPC while writing: remove what this rank wrote into the torn folder (a half-written
-        checkpoint is never resumed, but it would hold the space and fail every later save too),
-        and say where, how much this rank needed and how much is free."""
-        names = [rank_file_name(self.rank), rank_done_name(self.rank),
-                 *((SHARED_FILE, META_FILE, f"{SHARDED_DIR}/{DCP_METADATA}") if self.rank == 0 else ())]
-        # DCP's file writer names this rank's shard files __<rank>_<n>.distcp.
-        names += [f"{SHARDED_DIR}/{p.name}" for p in (folder / SHARDED_DIR).glob(f"__{self.rank}_*.distcp")]
-        for name in names:
-            try:
-                (folder / name).unlink()
-            except FileNotFoundError:
-                pass
-        if self.rank == 0:
-            try:
-                folder.rmdir()            # empty once every rank has cleaned up; otherwise the next save's
-            except OSError:               # retention removes it with the other torn folders
-                pass
-        return CheckpointError(no_space_message(Path(exc.filename or folder), folder, needed,
-                                                 f"rank {self.rank} ",
-                                                 "the partial files were removed and the newest committed "
-                                                 "checkpoint stays the resume point. "))
+            needed = payload_bytes(rank_payload) + payload_bytes(shared_payload)
+            raise disk_full(folder, self.rank, full, needed) from exc
 
     def _write_async(self, target: Path, final: Path, step: int, rank_payload: dict[str, Any],
                      shared_payload: dict[str, Any] | None, meta: dict[str, Any], started: float,

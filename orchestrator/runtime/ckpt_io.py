@@ -25,8 +25,9 @@ try:
 except ImportError:  # not POSIX: no advisory locks
     fcntl = None  # type: ignore[assignment]
 
-from .ckpt_format import (ATTEMPT_FILE, LEFTOVER_RE, LOCK_FILE, MIN_KEEP, CheckpointError, list_checkpoints,
-                          new_hasher, read_attempt)
+from .ckpt_format import (ATTEMPT_FILE, DCP_METADATA, LEFTOVER_RE, LOCK_FILE, META_FILE, MIN_KEEP, SHARDED_DIR,
+                          SHARED_FILE, CheckpointError, list_checkpoints, new_hasher, rank_done_name,
+                          rank_file_name, read_attempt)
 
 
 def _torch() -> Any:
@@ -228,6 +229,29 @@ class _ZipCrc:
     lock = threading.Lock()
     depth = 0
     before = True
+
+
+def disk_full(folder: Path, rank: int, exc: OSError, needed: int) -> CheckpointError:
+    """ENOSPC while rank ``rank`` wrote checkpoint ``folder``: remove what it wrote into the torn
+    folder (a half-written checkpoint is never resumed, but it would hold the space and fail every
+    later save too), and say where, how much this rank needed and how much is free."""
+    names = [rank_file_name(rank), rank_done_name(rank),
+             *((SHARED_FILE, META_FILE, f"{SHARDED_DIR}/{DCP_METADATA}") if rank == 0 else ())]
+    # DCP's file writer names this rank's shard files __<rank>_<n>.distcp.
+    names += [f"{SHARDED_DIR}/{p.name}" for p in (folder / SHARDED_DIR).glob(f"__{rank}_*.distcp")]
+    for name in names:
+        try:
+            (folder / name).unlink()
+        except FileNotFoundError:
+            pass
+    if rank == 0:
+        try:
+            folder.rmdir()            # empty once every rank has cleaned up; otherwise the next save's
+        except OSError:               # retention removes it with the other torn folders
+            pass
+    return CheckpointError(no_space_message(Path(exc.filename or folder), folder, needed, f"rank {rank} ",
+                                            "the partial files were removed and the newest committed "
+                                            "checkpoint stays the resume point. "))
 
 
 @contextmanager
