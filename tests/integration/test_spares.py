@@ -10,6 +10,7 @@ drive end to end, so it is not run a third time here (CI's 20 minutes).
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -122,7 +123,9 @@ def test_a_straggler_is_named_and_swapped_for_the_spare_at_the_next_checkpoint(h
     assert [(r["lost_node"], r["spare_node"]) for r in recoveries] == [(1, 2)], w.output
     # replaced only after a checkpoint committed since it was named: every worker resumed from it
     assert recoveries[0]["checkpoint_step"] >= slow[0]["step"] - 5
-    assert "node 1 is a straggler (50." in w.output and "spare node 2 takes its place" in w.output
+    # its figure as measured: 50 ms of sleep plus what the loaded machine adds (seen: 51.3)
+    named = re.search(r"node 1 is a straggler \((\d+\.\d) ms/step", w.output)
+    assert named and float(named.group(1)) >= 40 and "spare node 2 takes its place" in w.output, w.output
     assert h.final_state(spec) == reference
     assert not h.leftover_processes(run)
     described = subprocess.run([sys.executable, "-m", "orchestrator.cli", "describe", run], env=w.env,

@@ -93,8 +93,9 @@ def test_sim_the_witness_log_gives_only_its_reports_about_group_rank_0(fake_api,
                                   (0.06, witness("node_silent", 0, silent_s=3.0)),
                                   (0.08, witness("node_beat", 0))])
     ref, col = _submit(fake_api, backend)
-    assert col.until(lambda c: any(e.node == 1 and e.progress["event"] == "node_beat"
-                                   for e in c.kinds(base.PROGRESS)))
+    # each index's log is its own stream: wait for rank 0's start too, not only the witness's last line
+    assert col.until(lambda c: {(e.node, e.progress["event"]) for e in c.kinds(base.PROGRESS)}
+                     >= {(1, "node_beat"), (0, "start")})
     host1 = next(n.host for n in col.last.nodes if n.node == 1)
     from_witness = [(e.kind, (e.progress or {}).get("event"), (e.progress or {}).get("group_rank"), e.host)
                     for e in col.events if e.node == 1 and e.kind in (base.PROGRESS, base.OUTPUT)]
