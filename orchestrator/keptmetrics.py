@@ -4,6 +4,8 @@ adopted run's panel shows of the earlier attempts. What it holds stays flat howe
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import deque
 from typing import Any, Iterable
 
@@ -57,5 +59,15 @@ def adopted_metrics(events: Iterable[dict[str, Any]], attempt: int, *,
 
 
 def metric_key(progress: dict[str, Any]) -> tuple[Any, ...]:
-    """What tells one progress line from another within an attempt: its event, step and the job's time."""
-    return progress.get("event"), progress.get("step"), progress.get("time")
+    """What tells one progress line from another within an attempt: its event, step and the job's
+    time, and a digest of everything it says. Event, step and time alone are not enough: a restore
+    that walks past four damaged checkpoints reports them within one millisecond, without a step,
+    and three of them were lost. What the store adds to a kept line (its attempt, when the watcher
+    saw it) is left out, so a line read back from the store has the key it had when kept."""
+    said = {k: v for k, v in progress.items() if k not in _ADDED_BY_THE_STORE}
+    digest = hashlib.blake2b(json.dumps(said, sort_keys=True, separators=(",", ":"), default=str).encode(),
+                             digest_size=12).digest()
+    return progress.get("event"), progress.get("step"), progress.get("time"), digest
+
+
+_ADDED_BY_THE_STORE = ("attempt", "seen")

@@ -429,6 +429,11 @@ class Supervisor:
                 how = f" (not exact: {p.get('reason') or 'reason not given'})" if p.get("exact") is False else ""
                 self._say(f"attempt {rec.attempt}: resumed from step {p.get('step')}{how}", at)
                 self._sync(rec, tracker)
+            elif kind == "checkpoint_damaged":
+                # The job says it on stderr, which the watcher stops showing once progress lines
+                # flow: a resume past a damaged checkpoint is never silent here either.
+                self._say(f"attempt {rec.attempt}: damaged checkpoint {p.get('path')} skipped: "
+                          f"{p.get('reason') or 'reason not given'}", at)
             elif kind == "step":
                 self._say(f"attempt {rec.attempt}: {step_line(p)}", at)
                 for warning in (p.get("timing") or {}).get("warnings") or []:

@@ -107,13 +107,26 @@ def test_the_local_engine_reads_a_progress_bar_without_newlines_as_liveness_and_
 def test_the_watcher_remembers_a_bounded_number_of_progress_lines():
     from orchestrator.keptmetrics import RECENT_KEYS, KeptMetrics, metric_key
 
-    kept = KeptMetrics({("step", 1, 1.0)})
-    assert not kept.first(("step", 1, 1.0))       # an earlier watcher kept it: a replay, shown once
+    once = metric_key({"event": "step", "step": 1, "time": 1.0, "attempt": 0, "seen": 9.0})
+    kept = KeptMetrics({once})
+    assert not kept.first(metric_key({"event": "step", "step": 1, "time": 1.0}))  # an earlier watcher kept it
     assert not kept.stored                          # ... and forgotten once seen again
     for step in range(2, 50002):
         assert kept.first(metric_key({"event": "step", "step": step, "time": float(step)}))
-    assert not kept.first(("step", 50001, 50001.0))  # delivered twice: kept once
+    assert not kept.first(metric_key({"event": "step", "step": 50001, "time": 50001.0}))  # delivered twice: kept once
     assert len(kept.recent) == len(kept.order) == RECENT_KEYS
+
+
+def test_lines_alike_but_for_what_they_say_are_each_kept():
+    """A restore that walks past damaged checkpoints reports each within one millisecond and
+    without a step: each is its own line, where event, step and time alone made them one."""
+    from orchestrator.keptmetrics import KeptMetrics, metric_key
+
+    kept = KeptMetrics()
+    said = [{"event": "checkpoint_damaged", "time": 5.123, "damaged_step": s, "reason": r}
+            for s, r in ((25, "digest"), (20, "meta"), (15, "marker"))]
+    assert [kept.first(metric_key(e)) for e in said] == [True, True, True]
+    assert [kept.first(metric_key(e)) for e in said] == [False, False, False]
 
 
 def test_an_adopting_watcher_reads_the_store_as_a_stream_and_keeps_a_bounded_history():
@@ -132,7 +145,7 @@ def test_an_adopting_watcher_reads_the_store_as_a_stream_and_keeps_a_bounded_his
     assert len(history) == 1 + 3 + HISTORY_STEPS
     assert history[0]["event"] == "start" and history[-1]["event"] == "checkpoint"
     assert [h["step"] for h in history if h["event"] == "step"] == list(range(30001 - HISTORY_STEPS, 30001))
-    assert kept.stored == {("resume", 30000, 30001.0), ("step", 30001, 30002.0)}
+    assert {k[:3] for k in kept.stored} == {("resume", 30000, 30001.0), ("step", 30001, 30002.0)}
     assert adopted_metrics(stream(), 1, history=False)[1] == []
 
 

@@ -17,6 +17,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=20)
 ap.add_argument("--every", type=int, default=5)
 ap.add_argument("--sleep", type=float, default=0.05)
+ap.add_argument("--keep", type=int, default=2, help="complete checkpoints kept (CheckpointManager keep=)")
 ap.add_argument("--abort-at-exit", type=int, default=None, metavar="RANK",
                 help="this rank aborts (SIGABRT, no error of its own) after the last barrier, as a "
                      "collective library's teardown sometimes does")
@@ -30,7 +31,7 @@ if dist.world_size() > 1:
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 progress = Progress(every=1)
 root = os.environ["WMCTL_CHECKPOINT_DIR"]
-ckpt = CheckpointManager(root, keep=2, every_steps=args.every, progress=progress)
+ckpt = CheckpointManager(root, keep=args.keep, every_steps=args.every, progress=progress)
 ckpt.register(model=model, optimizer=opt)
 progress.start(world_size=dist.world_size())
 step = 0
