@@ -37,41 +37,14 @@ def _recoveries(home, run) -> list[dict]:
     return [r for a in h.record(home, run)["attempts"] for r in a.get("recoveries", [])]
 
 
-@pytest.mark.parametrize("node,sig", [(1, signal.SIGKILL), (1, signal.SIGSTOP)], ids=["worker-node", "frozen-node"])
-def test_spare_replaces_a_killed_node_in_place(home, reference, node, sig):
-    run = f"spare-{sig.name.lower()}{node}"
-    spec = h.write_spec(home, run, restart={"spares": 1})
-    w = h.Watch(spec, home)
-    h.wait_checkpoint(home, run, 0, 10)
-    # SIGSTOP: a frozen node, cut off rather than dead; the spare's path kills it (and fences it)
-    assert h.kill_node(run, 0, node, sig) > 0
-    assert w.wait() == 0, w.output
-    rec = h.record(home, run)
-    assert [a["outcome"] for a in rec["attempts"]] == ["succeeded"], w.output
-    recoveries = _recoveries(home, run)
-    assert [(r["lost_node"], r["spare_node"], r["round"]) for r in recoveries] == [(node, 2, 1)]
-    assert recoveries[0]["checkpoint_step"] >= 10
-    # every worker of the new round loaded the newest complete checkpoint, exactly
-    resumes = [p for p in h.progress(home, run, 0) if p["event"] == "resume"]
-    assert resumes and resumes[-1]["step"] >= 10 and resumes[-1].get("exact") is not False
-    assert "spare node 2 takes its place in round 1" in w.output
-    # the final report (what `wmctl status` prints) names the recovery inside the attempt
-    assert f"in place: node {node} replaced at step" in w.output
-    assert ("frozen" if sig == signal.SIGSTOP else "lost") in w.output.split("takes its place")[0].splitlines()[-1]
-    assert h.final_state(spec) == reference
-    assert not h.leftover_processes(run)
-    metrics = (h.run_folder(home, run) / "metrics.jsonl").read_text()
-    assert '"event":"recovery"' in metrics
-    described = subprocess.run([sys.executable, "-m", "orchestrator.cli", "describe", run], env=w.env,
-                               capture_output=True, text=True, timeout=60)
-    assert f"in_place    node {node} replaced by spare node 2 (round 1" in described.stdout, described.stdout
-
-
-def test_a_used_spare_is_replenished_and_answers_the_next_loss(home):
-    """restart.replenish_spares (the default): once round 1 has resumed, a new spare keeper (slot
-    3, with the lost slot's CPUs) starts in the background; a second loss after a new checkpoint,
-    node 0's this time (the c10d store runs apart, so it dies like any node), is answered in place
-    by it, still one attempt, every worker resuming exactly."""
+def test_a_spare_replaces_a_killed_node_in_place_is_replenished_and_answers_a_frozen_one(home):
+    """One attempt, two losses. Node 1 is SIGKILLed after a checkpoint: the spare (node 2) takes
+    its place in round 1, every worker resuming from the newest complete checkpoint, exactly.
+    restart.replenish_spares (the default): once round 1 has resumed, a new spare keeper (slot 3,
+    with the lost slot's CPUs) starts in the background. After round 1 committed a checkpoint of
+    its own, node 0 is frozen (SIGSTOP: cut off rather than dead; the spare's path kills it and
+    fences it off). The c10d store runs apart, so node 0 goes like any node: the replenished spare
+    answers in place, still one attempt, and the run ends bit-identical to an uninterrupted one."""
     run = "spare-replenish"
     spec = h.write_spec(home, run, restart={"spares": 1}, steps=60)
     w = h.Watch(spec, home)
@@ -84,18 +57,32 @@ def test_a_used_spare_is_replenished_and_answers_the_next_loss(home):
     pid_file = h.run_folder(home, run) / "attempt-0" / "node-3.pid.json"
     h.wait_until(lambda: pid_file.exists() and json.loads(pid_file.read_text())["round"] == -1, 120,
                  "slot 3's keeper waiting, warm")
-    assert h.kill_node(run, 0, 0) > 0
+    assert h.kill_node(run, 0, 0, signal.SIGSTOP) > 0
     assert w.wait() == 0, w.output
     rec = h.record(home, run)
     assert [a["outcome"] for a in rec["attempts"]] == ["succeeded"], w.output
-    assert [(r["lost_node"], r["spare_node"], r["round"]) for r in _recoveries(home, run)] == [(1, 2, 1), (0, 3, 2)]
+    recoveries = _recoveries(home, run)
+    assert [(r["lost_node"], r["spare_node"], r["round"]) for r in recoveries] == [(1, 2, 1), (0, 3, 2)]
+    assert recoveries[0]["checkpoint_step"] >= 10 and recoveries[1]["checkpoint_step"] >= 30, recoveries
+    took = [ln for ln in w.output.splitlines() if "takes its place" in ln]
+    assert len(took) == 2 and "spare node 2 takes its place in round 1" in took[0], took
+    assert "lost" in took[0].split("takes its place")[0] and "frozen" in took[1].split("takes its place")[0], took
+    # the final report (what `wmctl status` prints) names the recoveries inside the attempt
+    assert "in place: node 1 replaced at step" in w.output and "in place: node 0 replaced at step" in w.output
     assert "spare node 3 started in the background for the one round 1 used" in w.output
     assert "attempt 0 submitted on local (2 node(s) + 1 spare(s))" in w.output
-    assert '"event":"spare_replenished"' in (h.run_folder(home, run) / "metrics.jsonl").read_text()
+    metrics = (h.run_folder(home, run) / "metrics.jsonl").read_text()
+    assert '"event":"spare_replenished"' in metrics and metrics.count('"event":"recovery"') == 2
+    # every worker of each new round loaded the newest complete checkpoint, exactly
     resumes = [p for p in h.progress(home, run, 0) if p["event"] == "resume"]
     assert [p["step"] >= 30 and p.get("exact") is not False for p in resumes[-1:]] == [True], resumes
+    assert all(p.get("exact") is not False for p in resumes), resumes
     assert h.final_state(spec) == h.counter_state(60)
     assert not h.leftover_processes(run)
+    described = subprocess.run([sys.executable, "-m", "orchestrator.cli", "describe", run], env=w.env,
+                               capture_output=True, text=True, timeout=60)
+    assert "in_place    node 1 replaced by spare node 2 (round 1" in described.stdout, described.stdout
+    assert "in_place    node 0 replaced by spare node 3 (round 2" in described.stdout, described.stdout
 
 
 def test_a_straggler_is_named_and_swapped_for_the_spare_at_the_next_checkpoint(home, reference):
