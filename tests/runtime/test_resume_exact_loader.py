@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.runtime.conftest import REPO, Job, job_env, kill_tree, wait_until
+from tests.session_once import build_once
 
 JOB = REPO / "tests" / "runtime" / "loader_job.py"
 
@@ -35,19 +36,20 @@ def start(args: list[str], log: Path, attempt: int | None = None) -> Job:
     return Job(proc, log)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], str]:
-    """The final-weight hash of an uninterrupted run without checkpoints, per (data, workers)."""
-    cache: dict[tuple[str, int], str] = {}
+    """The final-weight hash of an uninterrupted run without checkpoints, per (data, workers): one
+    run per session, whichever xdist worker asks first (tests/session_once.py). The default
+    loader's is wanted by two tests, which xdist may give two workers."""
 
     def get(data: str, workers: int) -> str:
-        if (data, workers) not in cache:
-            d = tmp_path_factory.mktemp(f"plain-{data}-{workers}")
+        def run(d: Path) -> dict[str, str]:
             job = start(["--data", data, "--num-workers", str(workers), "--dump-hash", str(d / "hash")],
                         d / "log.txt")
             job.completed()
-            cache[(data, workers)] = (d / "hash").read_text()
-        return cache[(data, workers)]
+            return {"hash": (d / "hash").read_text()}
+
+        return build_once(tmp_path_factory, f"loader-plain-{data}-{workers}", run)["hash"]
 
     return get
 
