@@ -44,12 +44,17 @@ def write_job(root: Path, base: str, *, requirements: str = "numpy\n", name: str
 
 @pytest.fixture
 def tag(docker_client):
-    """A unique tag per test; its images are removed afterwards (shared layers stay cached)."""
+    """A unique tag per test; its images are removed afterwards (shared layers stay cached).
+
+    noprune: the classic builder's cache is the untagged parent images of what it built, and
+    another test's build may be using them at this moment (every write_job Dockerfile starts
+    alike). Pruning them with the tag broke such a build: "image build failed at step 7/11 ...
+    imagedb/content/sha256/...: no such file or directory"."""
     repo = f"wmctl-test/build-{uuid.uuid4().hex[:8]}"
     yield f"{repo}:v1"
     for image in docker_client.images.list(name=repo):
         for t in image.tags:
-            docker_client.images.remove(t, force=True)
+            docker_client.images.remove(t, force=True, noprune=True)
 
 
 def steps_from_output(text: str) -> list[tuple[str, bool]]:

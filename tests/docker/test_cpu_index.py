@@ -28,7 +28,7 @@ def tag(docker_client):
     yield f"{repo}:v1"
     for image in docker_client.images.list(name=repo):
         for t in image.tags:
-            docker_client.images.remove(t, force=True)
+            docker_client.images.remove(t, force=True, noprune=True)   # as test_build's tag fixture
 
 
 @pytest.mark.xdist_group(WHEELS_IMAGES)

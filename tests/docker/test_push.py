@@ -20,7 +20,7 @@ def _remove_repo(client, repo: str) -> None:
         refs = list(image.tags) + [d for d in image.attrs.get("RepoDigests", []) if d.startswith(repo + "@")]
         for ref in refs:
             try:
-                client.images.remove(ref, force=True)
+                client.images.remove(ref, force=True, noprune=True)   # as test_build's tag fixture
             except docker.errors.ImageNotFound:
                 pass  # removing the last tag already removed the image
 

@@ -169,28 +169,9 @@ def test_a_second_watcher_is_refused_naming_the_first(home):
     assert_cancelled(home, run, w, [0])
 
 
-@pytest.mark.parametrize("outcome", ["succeeded", "app_error", "killed", "cancelled", "running"])
-def test_status_of_a_run_nobody_watches_is_the_truth(home, outcome):
-    run = f"unwatched-{outcome.replace('_', '-')}"
-    cases: dict[str, dict[str, Any]] = {
-        "succeeded": {"steps": 10}, "app_error": {"steps": 400, "job_args": ["--fail-at", "3"]},
-        "killed": {"steps": 400}, "cancelled": {"steps": 400}, "running": {"steps": 4000}}
-    args = cases[outcome]
-    spec = h.write_spec(home, run, nodes=2, **args)
-    sub = wmctl(home, "submit", str(spec))
-    assert sub.returncode == 0, sub.stdout + sub.stderr
-    assert f"nothing will resume {run}" in sub.stdout
-    expected = {"succeeded": "succeeded", "app_error": "failed", "killed": "failed", "cancelled": "cancelled",
-                "running": "running"}[outcome]
-    if outcome == "killed":
-        h.wait_step(home, run, 0, 2)
-        assert h.kill_node(run, 0, 0) > 0
-    elif outcome == "cancelled":
-        h.wait_step(home, run, 0, 2)
-        assert wmctl(home, "cancel", run).returncode == 0
-    elif outcome == "running":
-        h.wait_step(home, run, 0, 2)
-
+def assert_unwatched_status(home, run: str, expected: str, outcome: str | None) -> dict[str, Any]:
+    """What `wmctl status` and `wmctl list` say of a run nobody watches, once it is ``expected``:
+    the truth, with no watcher and no None in it. Returns the status JSON."""
     def settled():
         return json.loads(wmctl(home, "status", run, "-o", "json").stdout)["status"] == expected
     h.wait_until(settled, 120, f"status {expected}")
@@ -199,17 +180,31 @@ def test_status_of_a_run_nobody_watches_is_the_truth(home, outcome):
     assert "watcher: unwatched" in status.stdout
     data = json.loads(wmctl(home, "status", run, "-o", "json").stdout)
     assert data["watcher"] == {"state": "unwatched", "pid": None, "host": None, "beat_age_s": None}
-    attempt = data["attempts"][0]
-    want_outcome = {"succeeded": "succeeded", "app_error": "app_error", "killed": "node_lost",
-                    "cancelled": "cancelled", "running": None}[outcome]
-    assert attempt["outcome"] == want_outcome, data
+    assert data["attempts"][0]["outcome"] == outcome, data
     listing = [line.split() for line in wmctl(home, "list").stdout.splitlines()]
     assert [run, "local", expected] == next(r[:3] for r in listing if r[0] == run)
     assert submitted_attempts(home, run) == [0]
-    if outcome == "killed":
-        assert "wmctl watch" in data["final_report"] and "--auto-resume" in data["final_report"]
-    if outcome == "running":
+    return data
+
+
+# A node killed unwatched: test_a_node_killed_unwatched_is_node_lost_however_late_anyone_looks.
+@pytest.mark.parametrize("outcome", ["succeeded", "app_error", "running-then-cancelled"])
+def test_status_of_a_run_nobody_watches_is_the_truth(home, outcome):
+    run = f"unwatched-{outcome.replace('_', '-')}"
+    cases: dict[str, dict[str, Any]] = {
+        "succeeded": {"steps": 10}, "app_error": {"steps": 400, "job_args": ["--fail-at", "3"]},
+        "running-then-cancelled": {"steps": 4000}}
+    spec = h.write_spec(home, run, nodes=2, **cases[outcome])
+    sub = wmctl(home, "submit", str(spec))
+    assert sub.returncode == 0, sub.stdout + sub.stderr
+    assert f"nothing will resume {run}" in sub.stdout
+    if outcome == "running-then-cancelled":
+        h.wait_step(home, run, 0, 2)
+        assert_unwatched_status(home, run, "running", None)
         assert wmctl(home, "cancel", run).returncode == 0
+        assert_unwatched_status(home, run, "cancelled", "cancelled")
+    else:
+        assert_unwatched_status(home, run, {"succeeded": "succeeded", "app_error": "failed"}[outcome], outcome)
     h.wait_until(lambda: not h.leftover_processes(run), 60, "no processes left")
 
 
@@ -231,10 +226,9 @@ def test_a_node_killed_unwatched_is_node_lost_however_late_anyone_looks(home):
     assert not (h.run_folder(home, run) / "attempt-0" / "node-1.exit.json").exists()
     # The look comes late: longer after the survivor's exit than the consequence window.
     h.wait_until(lambda: time.time() > exited["time"] + CONSEQUENCE_WINDOW_S + 1, 60, "a late look")
-    data = json.loads(wmctl(home, "status", run, "-o", "json").stdout)
-    assert data["status"] == "failed", data
-    attempt = data["attempts"][0]
-    assert (attempt["outcome"], attempt["failed_node"]) == ("node_lost", 1), data
+    data = assert_unwatched_status(home, run, "failed", "node_lost")
+    assert data["attempts"][0]["failed_node"] == 1, data
+    assert "wmctl watch" in data["final_report"] and "--auto-resume" in data["final_report"]
     w = h.Watch(spec, home, run, "--auto-resume", command="watch")
     assert w.wait(timeout=240) == 0, w.output
     assert "failed while nobody watched it (node_lost); resuming it" in w.output
