@@ -15,33 +15,55 @@ from . import harness as h
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-@pytest.mark.parametrize("which", ["peer", "rank0"])
-def test_a_frozen_node_is_lost_within_node_silence_timeout_and_resumed(tmp_path, which):
-    """A node's training process frozen (its torchrun agent runs on and looks healthy).
-    ``peer``: the node without global rank 0: rank 0's reader names it. ``rank0``: the node of
-    global rank 0, the reader itself: group rank 1's witness names it."""
-    run = f"silent-{which}"
-    spec = h.write_spec(tmp_path, run, steps=60, sleep=0.2, job_args=["--beat"],
-                        restart={"heartbeat_timeout": "10m", "node_silence_timeout": "5s"})
-    w = h.Watch(spec, tmp_path)
-    h.wait_checkpoint(tmp_path, run, 0, 10)
+def _freeze_training(tmp_path, run: str, attempt: int, which: str) -> tuple[int, float]:
+    """SIGSTOP the training process of ``which`` node of ``attempt`` once it committed a checkpoint
+    past its resume: ``peer``, the node without global rank 0, or ``rank0``. (node, when)."""
+    folder = h.run_folder(tmp_path, run) / f"attempt-{attempt}"
+
+    def logged(n: int) -> list[dict]:
+        return [p for p in map(h.parse_progress, (folder / f"node-{n}.log").read_text().splitlines()) if p]
+
+    def committed() -> bool:
+        events = h.progress(tmp_path, run, attempt)
+        start = next((e["step"] for e in events if e["event"] == "resume"), 0)
+        return any(e["event"] == "checkpoint" and e["step"] > start for e in events)
+    h.wait_until(committed, 120, f"a new checkpoint in attempt {attempt}")
     # c10d assigns ranks in join order: rank 0 is on the node whose log has the checkpoint lines
-    rank0 = next(n for n in (0, 1) if any(p.get("event") == "checkpoint" for p in map(
-        h.parse_progress, (h.run_folder(tmp_path, run) / "attempt-0" / f"node-{n}.log").read_text().splitlines()) if p))
+    rank0 = next(n for n in (0, 1) if any(p.get("event") == "checkpoint" for p in logged(n)))
     frozen = 1 - rank0 if which == "peer" else rank0
-    workers = [pid for pid in h.node_pids(run, 0, frozen)
+    workers = [pid for pid in h.node_pids(run, attempt, frozen)
                if "counter.py" in h.cmdline(pid) and "torch.distributed.run" not in h.cmdline(pid)
                and "orchestrator.backends.local.agent" not in h.cmdline(pid)]
     assert workers
-    frozen_at = time.time()
+    at = time.time()
     for pid in workers:
         h.os.kill(pid, signal.SIGSTOP)
+    return frozen, at
+
+
+def test_a_frozen_node_is_lost_within_node_silence_timeout_and_resumed(tmp_path):
+    """A node's training process frozen (its torchrun agent runs on and looks healthy), one per
+    attempt. Attempt 0: the node without global rank 0, which rank 0's reader names. Attempt 1:
+    the node of global rank 0, the reader itself, which group rank 1's witness names. Attempt 2
+    runs to the end, bit-identical to an uninterrupted run."""
+    run = "silent"
+    spec = h.write_spec(tmp_path, run, steps=80, sleep=0.2, job_args=["--beat"],
+                        restart={"heartbeat_timeout": "10m", "node_silence_timeout": "5s"})
+    w = h.Watch(spec, tmp_path)
+    frozen = {}
+    for attempt, which in enumerate(("peer", "rank0")):
+        if attempt:
+            h.wait_until(lambda a=attempt: (h.run_folder(tmp_path, run) / f"attempt-{a}").is_dir(), 120,
+                         f"attempt {attempt}")
+        frozen[attempt] = _freeze_training(tmp_path, run, attempt, which)
     assert w.wait() == 0, w.output
     rec = h.record(tmp_path, run)
-    assert [a["outcome"] for a in rec["attempts"]] == ["node_lost", "succeeded"], rec["final_report"]
-    first = rec["attempts"][0]
-    assert "no liveness beat" in first["evidence"] and f"localhost-{frozen}" in first["evidence"], first["evidence"]
+    assert [a["outcome"] for a in rec["attempts"]] == ["node_lost", "node_lost", "succeeded"], rec["final_report"]
+    for attempt, (node, at) in frozen.items():
+        got = rec["attempts"][attempt]
+        assert "no liveness beat" in got["evidence"] and f"localhost-{node}" in got["evidence"], got["evidence"]
+        assert got["failed_host"] == f"localhost-{node}"
+        print(f"attempt {attempt}: frozen -> torn down in {got['ended_at'] - at:.1f} s (node_silence_timeout 5 s)")
     assert "node_silent" in w.output
-    assert first["failed_host"] == f"localhost-{frozen}"
-    print(f"frozen -> torn down in {first['ended_at'] - frozen_at:.1f} s (node_silence_timeout 5 s)")
+    assert h.final_state(spec) == h.counter_state(80)
     assert not h.leftover_processes(run)
