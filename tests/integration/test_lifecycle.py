@@ -462,36 +462,35 @@ def _tiny_spec(home, run, ckpt_dir, steps=20):
     return spec
 
 
-@pytest.mark.timeout(600)       # three runs, two at once, on 2 cores
-def test_two_runs_sharing_a_checkpoint_folder_keep_to_their_own(home):
+@pytest.mark.timeout(600)       # four runs, two at once, on 2 cores
+def test_runs_sharing_a_checkpoint_folder_keep_to_their_own_unless_one_resumes_another_on_purpose(home):
+    """Two runs at once on one checkpoint folder each keep to their own subfolder; a third run
+    there starts fresh, never taking another run's checkpoints; a fourth resumes from one of them
+    on purpose (--resume-from), leaving its files as they were; --resume-from of a run that does
+    not exist is refused before anything is recorded."""
     shared = home / "shared-ckpt"
-    watchers = [h.Watch(_tiny_spec(home, run, shared), home) for run in ("sweep-a", "sweep-b")]
+    watchers = [h.Watch(_tiny_spec(home, run, shared, steps=10), home) for run in ("sweep-a", "sweep-b")]
     for w in watchers:
         assert w.wait(timeout=240) == 0, w.output
     for run in ("sweep-a", "sweep-b"):
         final = json.loads((shared / run / "final.json").read_text())
-        assert final["run"] == run and final["steps"] == 20
-        marker = json.loads((shared / run / "step-00000020" / "COMMITTED").read_text())
+        assert final["run"] == run and final["steps"] == 10
+        marker = json.loads((shared / run / "step-00000010" / "COMMITTED").read_text())
         assert marker.get("run") == run or marker.get("identity", {}).get("run") == run, marker
         assert not any(p["event"] == "resume" for p in h.progress(home, run, 0))
     # a third run on the same folder starts fresh: it never takes another run's checkpoints
     w = h.Watch(_tiny_spec(home, "sweep-c", shared, steps=5), home)
     assert w.wait(timeout=240) == 0, w.output
     assert not any(p["event"] == "resume" for p in h.progress(home, "sweep-c", 0))
-
-
-def test_resume_from_another_run_on_purpose(home):
-    shared = home / "ft-ckpt"
-    base = h.Watch(_tiny_spec(home, "base", shared, steps=10), home)
-    assert base.wait(timeout=240) == 0, base.output
-    before = sorted(p.name for p in (shared / "base").iterdir())
-    ft = wmctl(home, "submit", str(_tiny_spec(home, "finetune", shared, steps=20)), "--resume-from", "base",
+    # ... unless asked to
+    before = sorted(p.name for p in (shared / "sweep-a").iterdir())
+    ft = wmctl(home, "submit", str(_tiny_spec(home, "finetune", shared, steps=20)), "--resume-from", "sweep-a",
                "--auto-resume", timeout=240)
     assert ft.returncode == 0, ft.stdout + ft.stderr
     resumed = [p for p in h.progress(home, "finetune", 0) if p["event"] == "resume"]
     assert resumed and resumed[0]["step"] == 10, resumed
     assert json.loads((shared / "finetune" / "final.json").read_text())["steps"] == 20
-    assert sorted(p.name for p in (shared / "base").iterdir()) == before, "the source run's checkpoints changed"
+    assert sorted(p.name for p in (shared / "sweep-a").iterdir()) == before, "the source run's checkpoints changed"
     bad = wmctl(home, "submit", str(_tiny_spec(home, "orphan", shared)), "--resume-from", "nosuchrun")
     assert bad.returncode == 2 and "--resume-from" in bad.stderr and "Traceback" not in bad.stderr
     assert not h.run_folder(home, "orphan").exists()
