@@ -38,8 +38,10 @@ opts = {}
 while args and args[0].startswith("--"):
     key, _, value = args.pop(0)[2:].partition("=")
     opts[key] = value
-with open(os.path.join(os.environ["PROBE_OUT"], f"srun-{opts['nodelist']}.json"), "w") as fh:
+path = os.path.join(os.environ["PROBE_OUT"], f"srun-{opts['nodelist']}.json")
+with open(path + ".tmp", "w") as fh:          # whole or not at all, as the torchrun probe's
     json.dump(opts, fh)
+os.replace(path + ".tmp", path)
 env = dict(os.environ, SLURM_NODEID="0", SLURMD_NODENAME=opts["nodelist"], SLURM_STEP_ID=str(os.getpid()))
 os.execvpe(args[0], args, env)
 '''
@@ -61,8 +63,11 @@ import json, os, sys
 def main(args):
     slot = os.environ["WMCTL_LOCAL_TAG"].rsplit("/", 1)[1]
     keep = {k: v for k, v in os.environ.items() if k.startswith(("WMCTL_", "HOSTILE_"))}
-    with open(os.path.join(os.environ["PROBE_OUT"], f"torchrun-{slot}.json"), "w") as fh:
+    # whole or not at all: the test reads it as soon as it exists (seen: read empty under load)
+    path = os.path.join(os.environ["PROBE_OUT"], f"torchrun-{slot}.json")
+    with open(path + ".tmp", "w") as fh:
         json.dump({"argv": list(args), "env": keep, "cwd": os.getcwd()}, fh)
+    os.replace(path + ".tmp", path)
     print(f"probe in slot {slot}", flush=True)
     sys.exit(int(os.environ.get(f"PROBE_EXIT_{slot}", "0")))
 '''
