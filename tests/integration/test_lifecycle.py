@@ -106,10 +106,10 @@ def test_cancel_while_starting_tears_the_attempt_down(home):
 
 def test_cancel_during_the_backoff_wait_submits_nothing_more(home):
     run = "c-backoff"
-    spec = h.write_spec(home, run, nodes=2, steps=400, restart={"backoff": "60s"})
+    spec = h.write_spec(home, run, nodes=1, steps=400, restart={"backoff": "60s"})
     w = h.Watch(spec, home)
     h.wait_checkpoint(home, run, 0, 5)
-    assert h.kill_node(run, 0, 1) > 0
+    assert h.kill_node(run, 0, 0) > 0
     h.wait_until(lambda: "backing off 60 s" in w.output, 60, "the backoff")
     started = time.monotonic()
     cancel = wmctl(home, "cancel", run)
@@ -123,14 +123,14 @@ def test_cancel_during_the_backoff_wait_submits_nothing_more(home):
 def test_cancel_during_the_teardown_of_a_failed_attempt_submits_nothing_more(home):
     run = "c-teardown"
     marker = pause_marker(home, run, "teardown")
-    spec = h.write_spec(home, run, nodes=2, steps=400)
+    spec = h.write_spec(home, run, nodes=1, steps=400)
     os.environ["WMCTL_TEST_PAUSE_AT"] = "teardown"
     try:
         w = h.Watch(spec, home)
     finally:
         del os.environ["WMCTL_TEST_PAUSE_AT"]
     h.wait_checkpoint(home, run, 0, 5)
-    assert h.kill_node(run, 0, 1) > 0
+    assert h.kill_node(run, 0, 0) > 0
     h.wait_until(marker.exists, 60, "the teardown")
     code, out = cancel_while_held(home, run, marker)
     assert code == 0, out
@@ -140,7 +140,7 @@ def test_cancel_during_the_teardown_of_a_failed_attempt_submits_nothing_more(hom
 
 def test_graceful_cancel_waits_for_the_checkpoint_then_ends_cancelled(home):
     run = "c-graceful"
-    spec = h.write_spec(home, run, nodes=2, steps=400, every=1000)   # no periodic checkpoint
+    spec = h.write_spec(home, run, nodes=1, steps=400, every=1000)   # no periodic checkpoint
     w = h.Watch(spec, home)
     h.wait_step(home, run, 0, 3)
     cancel = wmctl(home, "cancel", run, "--graceful")
@@ -194,7 +194,8 @@ def test_status_of_a_run_nobody_watches_is_the_truth(home, outcome):
     cases: dict[str, dict[str, Any]] = {
         "succeeded": {"steps": 10}, "app_error": {"steps": 400, "job_args": ["--fail-at", "3"]},
         "running-then-cancelled": {"steps": 4000}}
-    spec = h.write_spec(home, run, nodes=2, **cases[outcome])
+    # app_error on 2 nodes: the peer's end must not be read as the cause
+    spec = h.write_spec(home, run, nodes=2 if outcome == "app_error" else 1, **cases[outcome])
     sub = wmctl(home, "submit", str(spec))
     assert sub.returncode == 0, sub.stdout + sub.stderr
     assert f"nothing will resume {run}" in sub.stdout
@@ -455,7 +456,9 @@ def test_watch_runs_the_spec_as_submitted_whatever_became_of_the_file(home, edit
 
 def _tiny_spec(home, run, ckpt_dir, steps=20):
     import yaml
-    spec = h.write_spec(home, run, nodes=2, steps=steps, every=5, job="tiny.py")
+    # one node a run: what is shared here is the folder, not a node (two ranks commit one
+    # checkpoint in the corruption matrix); a node less is two torch imports less a run
+    spec = h.write_spec(home, run, nodes=1, steps=steps, every=5, job="tiny.py")
     data = yaml.safe_load(spec.read_text())
     data["checkpoint"]["dir"] = str(ckpt_dir)
     spec.write_text(yaml.safe_dump(data))
@@ -500,14 +503,14 @@ def test_ctrl_c_stops_the_watcher_not_the_run_and_says_how_to_reattach(home):
     import signal
     run = "ctrl-c"
     # 300 steps (30 s): the run must outlast the watcher's exit on a loaded machine
-    spec = h.write_spec(home, run, nodes=2, steps=300, every=5, sleep=0.1)
+    spec = h.write_spec(home, run, nodes=1, steps=300, every=5, sleep=0.1)
     w = h.Watch(spec, home)
     h.wait_step(home, run, 0, 3)
     os.kill(w.proc.pid, signal.SIGINT)
     assert w.wait(timeout=60) == 130, w.output
     assert f"wmctl watch {run} --auto-resume" in w.output and f"wmctl cancel {run}" in w.output
     assert "Traceback" not in w.output
-    assert h.node_pids(run, 0, 0) and h.node_pids(run, 0, 1), "Ctrl-C on the watcher stopped the run"
+    assert h.node_pids(run, 0, 0), "Ctrl-C on the watcher stopped the run"
     again = wmctl(home, "watch", run, "--auto-resume", timeout=240)
     assert again.returncode == 0, again.stdout + again.stderr
     assert h.record(home, run)["status"] == "succeeded" and submitted_attempts(home, run) == [0]
@@ -541,10 +544,10 @@ def test_ctrl_c_during_the_backoff_says_nothing_runs_and_what_watch_would_do(hom
     import signal
 
     run = "ctrl-c-backoff"
-    spec = h.write_spec(home, run, nodes=2, steps=400, restart={"backoff": "300s"})
+    spec = h.write_spec(home, run, nodes=1, steps=400, restart={"backoff": "300s"})
     w = h.Watch(spec, home)
     h.wait_checkpoint(home, run, 0, 5)
-    assert h.kill_node(run, 0, 1) > 0
+    assert h.kill_node(run, 0, 0) > 0
     h.wait_until(lambda: "backing off 300 s" in w.output, 60, "the backoff")
     os.kill(w.proc.pid, signal.SIGINT)
     assert w.wait(timeout=60) == 130, w.output
