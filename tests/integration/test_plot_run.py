@@ -1,6 +1,6 @@
 """`wmctl plot` of a real self-healing run: the tiny job (orchestrator.runtime's Progress and
-CheckpointManager) on 2 local torchrun nodes under `wmctl submit --auto-resume`, node 1 SIGKILLed
-a few steps past a checkpoint. The plot data is checked against the job's own progress lines
+CheckpointManager) on a local torchrun node under `wmctl submit --auto-resume`, the node SIGKILLed
+a few steps past a checkpoint (one node: what is plotted is the run's story, not a second node's). The plot data is checked against the job's own progress lines
 (not the watcher's copy): the attempt boundary sits at the step attempt 1 resumed from, the shaded
 steps are exactly those between that checkpoint and the last step attempt 0 reached, and the
 failure carries its class. The picture is checked as a file: a decodable PNG, not blank."""
@@ -31,12 +31,12 @@ def _wmctl(home, *args):
 
 def test_plot_of_a_run_with_a_killed_node(tmp_path, monkeypatch):
     home, run = tmp_path / "home", "plotkill"
-    spec = h.write_spec(tmp_path, run, job="tiny.py", steps=24, every=5, sleep=0.15)
+    spec = h.write_spec(tmp_path, run, nodes=1, job="tiny.py", steps=24, every=5, sleep=0.15)
     w = h.Watch(spec, home)
     h.wait_checkpoint(home, run, 0, 5)
     committed = max(p["step"] for p in h.progress(home, run, 0) if p["event"] == "checkpoint")
     h.wait_step(home, run, 0, committed + 2)          # a few steps the next attempt has to redo
-    assert h.kill_node(run, 0, 1) > 0
+    assert h.kill_node(run, 0, 0) > 0
     assert w.wait() == 0, w.output
 
     # What the job itself printed, attempt by attempt.
