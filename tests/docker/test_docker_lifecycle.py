@@ -75,7 +75,7 @@ def assert_cancelled(client, home, run, w, expected):
 
 def test_docker_cancel_while_submitting_creates_nothing(docker_client, image, home):
     run = "dkl-submitting"
-    w = docker_watch(write_spec(home, run, image, steps=400), home, pause="submitting")
+    w = docker_watch(write_spec(home, run, image, nodes=1, steps=400), home, pause="submitting")
     cancel_while_held(home, run, "submitting")
     assert_cancelled(docker_client, home, run, w, [0])
     assert "not submitted: the run was cancelled" in w.output
@@ -83,16 +83,16 @@ def test_docker_cancel_while_submitting_creates_nothing(docker_client, image, ho
 
 def test_docker_cancel_while_starting_removes_the_containers(docker_client, image, home):
     run = "dkl-starting"
-    w = docker_watch(write_spec(home, run, image, steps=400), home, pause="starting")
+    w = docker_watch(write_spec(home, run, image, nodes=1, steps=400), home, pause="starting")
     cancel_while_held(home, run, "starting")
     assert_cancelled(docker_client, home, run, w, [0])
 
 
 def test_docker_cancel_during_the_backoff_wait_submits_nothing_more(docker_client, image, home):
     run = "dkl-backoff"
-    w = docker_watch(write_spec(home, run, image, steps=400, restart={"backoff": "90s"}), home)
+    w = docker_watch(write_spec(home, run, image, nodes=1, steps=400, restart={"backoff": "90s"}), home)
     wait_progress(docker_client, run, 0, "checkpoint", 5)
-    docker_client.containers.get(f"{run}-a0-1").kill()
+    docker_client.containers.get(f"{run}-a0-0").kill()
     h.wait_until(lambda: "backing off 90 s" in w.output, 120, "the backoff")
     started = time.monotonic()
     cancel = wmctl(home, "cancel", run)
@@ -104,9 +104,9 @@ def test_docker_cancel_during_the_backoff_wait_submits_nothing_more(docker_clien
 
 def test_docker_cancel_during_the_teardown_of_a_failed_attempt_submits_nothing_more(docker_client, image, home):
     run = "dkl-teardown"
-    w = docker_watch(write_spec(home, run, image, steps=400), home, pause="teardown")
+    w = docker_watch(write_spec(home, run, image, nodes=1, steps=400), home, pause="teardown")
     wait_progress(docker_client, run, 0, "checkpoint", 5)
-    docker_client.containers.get(f"{run}-a0-1").kill()
+    docker_client.containers.get(f"{run}-a0-0").kill()
     cancel_while_held(home, run, "teardown")
     assert_cancelled(docker_client, home, run, w, [0])
     assert h.record(home, run)["attempts"][0]["outcome"] == "node_lost"
@@ -114,7 +114,7 @@ def test_docker_cancel_during_the_teardown_of_a_failed_attempt_submits_nothing_m
 
 def test_docker_a_second_watcher_is_refused_naming_the_first(docker_client, image, home):
     run = "dkl-two"
-    w = docker_watch(write_spec(home, run, image, steps=400), home)
+    w = docker_watch(write_spec(home, run, image, nodes=1, steps=400), home)
     wait_progress(docker_client, run, 0, "step", 1)
     second = wmctl(home, "watch", run, "--auto-resume")
     assert second.returncode == 4 and f"watched by {w.proc.pid}@" in second.stderr, second.stderr
@@ -124,7 +124,7 @@ def test_docker_a_second_watcher_is_refused_naming_the_first(docker_client, imag
 
 def test_docker_graceful_cancel_keeps_the_sigterm_checkpoint(docker_client, image, home):
     run = "dkl-graceful"
-    w = docker_watch(write_spec(home, run, image, steps=400, every=1000), home)
+    w = docker_watch(write_spec(home, run, image, nodes=1, steps=400, every=1000), home)
     wait_progress(docker_client, run, 0, "step", 3)
     cancel = wmctl(home, "cancel", run, "--graceful")
     assert cancel.returncode == 0, cancel.stderr
@@ -153,7 +153,8 @@ def test_docker_status_of_a_run_nobody_watches_is_the_truth(docker_client, image
     cases: dict[str, dict[str, Any]] = {
         "succeeded": {"steps": 6}, "app_error": {"steps": 400, "job_args": ["--fail-at", "3"]},
         "killed": {"steps": 400}, "running-then-cancelled": {"steps": 4000}}
-    spec = write_spec(home, run, image, **cases[outcome])
+    # app_error on 2 nodes: the peer's end must not be read as the cause
+    spec = write_spec(home, run, image, nodes=2 if outcome == "app_error" else 1, **cases[outcome])
     sub = wmctl(home, "submit", str(spec), "--backend", "docker")
     assert sub.returncode == 0, sub.stdout + sub.stderr
     assert f"nothing will resume {run}" in sub.stdout
