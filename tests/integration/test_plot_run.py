@@ -1,6 +1,7 @@
 """`wmctl plot` of a real self-healing run: the tiny job (orchestrator.runtime's Progress and
 CheckpointManager) on a local torchrun node under `wmctl submit --auto-resume`, the node SIGKILLed
-a few steps past a checkpoint (one node: what is plotted is the run's story, not a second node's). The plot data is checked against the job's own progress lines
+a few steps past a checkpoint (one node: what is plotted is the run's story, not a second node's).
+The plot data is checked against the job's own progress lines
 (not the watcher's copy): the attempt boundary sits at the step attempt 1 resumed from, the shaded
 steps are exactly those between that checkpoint and the last step attempt 0 reached, and the
 failure carries its class. The picture is checked as a file: a decodable PNG, not blank."""
