@@ -146,8 +146,25 @@ def wait_step(home: Path, run: str, attempt: int, step: int, timeout: float = 12
                timeout, f"step >= {step} in attempt {attempt}")
 
 
+def wait_new_checkpoint(home: Path, run: str, attempt: int, timeout: float = 180) -> None:
+    """Wait for attempt ``attempt`` to commit a checkpoint past the step it resumed from (its first,
+    for an attempt that started fresh): where a chained test puts its next fault."""
+    def done() -> bool:
+        events = progress(home, run, attempt)
+        start = next((e["step"] for e in events if e["event"] == "resume"), 0)
+        return any(e["event"] == "checkpoint" and e["step"] > start for e in events)
+    wait_until(done, timeout, f"a new checkpoint in attempt {attempt}")
+
+
 def node_pids(run: str, attempt: int, node: int) -> list[int]:
     return tagged_pids(f"{run}-a{attempt}/{node}", exact=True)
+
+
+def training_pids(run: str, attempt: int, node: int, job: str = "counter.py") -> list[int]:
+    """The job's own processes on a node: not the keeper nor the torchrun agent that launched them."""
+    return [pid for pid in node_pids(run, attempt, node)
+            if job in cmdline(pid) and "torch.distributed.run" not in cmdline(pid)
+            and "orchestrator.backends.local.agent" not in cmdline(pid)]
 
 
 def cmdline(pid: int) -> str:

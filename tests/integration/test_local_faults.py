@@ -44,15 +44,6 @@ def _redone(home, run):
     return out
 
 
-def _new_checkpoint(home, run, attempt):
-    """Wait for attempt ``attempt`` to commit a checkpoint past the step it resumed from."""
-    def done():
-        events = h.progress(home, run, attempt)
-        start = next((e["step"] for e in events if e["event"] == "resume"), 0)
-        return any(e["event"] == "checkpoint" and e["step"] > start for e in events)
-    h.wait_until(done, 180, f"a new checkpoint in attempt {attempt}")
-
-
 @pytest.mark.timeout(480)
 def test_node_faults_one_per_attempt_each_resumed_and_the_run_matches_uninterrupted(home):
     """One run, one fault per attempt, each after that attempt committed a checkpoint of its own
@@ -71,11 +62,11 @@ def test_node_faults_one_per_attempt_each_resumed_and_the_run_matches_uninterrup
     h.wait_checkpoint(home, run, 0, 5)
     w.kill()                                   # the job keeps running without its watcher
     w = h.Watch(spec, home, run, command="watch")
-    _new_checkpoint(home, run, 0)
+    h.wait_new_checkpoint(home, run, 0)
     h.wait_step(home, run, 0, 12)
     assert h.kill_node(run, 0, 1) > 0
     for attempt, node, sig in ((1, 0, signal.SIGKILL), (2, 1, signal.SIGSTOP)):
-        _new_checkpoint(home, run, attempt)
+        h.wait_new_checkpoint(home, run, attempt)
         assert h.kill_node(run, attempt, node, sig) > 0, attempt
     assert w.wait(timeout=300) == 0, w.output
     rec = h.record(home, run)
@@ -165,9 +156,7 @@ def test_stuck_worker_is_caught_by_the_heartbeat_and_resumed(home, reference):
     spec = h.write_spec(home, run, restart={"heartbeat_timeout": "15s"})
     w = h.Watch(spec, home)
     h.wait_checkpoint(home, run, 0, 10)
-    workers = [pid for pid in h.node_pids(run, 0, 1)       # the job, not the agent that launched it
-               if "counter.py" in h.cmdline(pid) and "torch.distributed.run" not in h.cmdline(pid)
-               and "orchestrator.backends.local.agent" not in h.cmdline(pid)]
+    workers = h.training_pids(run, 0, 1)       # the job, not the agent that launched it
     assert workers
     for pid in workers:
         os.kill(pid, signal.SIGSTOP)
@@ -268,8 +257,7 @@ def test_sigkill_of_one_rank_says_killed_and_how_to_check_for_the_oom_killer(hom
     spec = h.write_spec(home, run, nodes=2, steps=400)
     w = h.Watch(spec, home)
     h.wait_step(home, run, 0, 2)
-    workers = [p for p in h.node_pids(run, 0, 1)
-               if "counter.py" in h.cmdline(p) and "torch.distributed.run" not in h.cmdline(p)]
+    workers = h.training_pids(run, 0, 1)
     assert len(workers) == 1, [h.cmdline(p) for p in h.node_pids(run, 0, 1)]
     os.kill(workers[0], sig.SIGKILL)
     assert w.wait(timeout=120) == 7, w.output

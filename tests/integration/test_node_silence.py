@@ -23,17 +23,11 @@ def _freeze_training(tmp_path, run: str, attempt: int, which: str) -> tuple[int,
     def logged(n: int) -> list[dict]:
         return [p for p in map(h.parse_progress, (folder / f"node-{n}.log").read_text().splitlines()) if p]
 
-    def committed() -> bool:
-        events = h.progress(tmp_path, run, attempt)
-        start = next((e["step"] for e in events if e["event"] == "resume"), 0)
-        return any(e["event"] == "checkpoint" and e["step"] > start for e in events)
-    h.wait_until(committed, 120, f"a new checkpoint in attempt {attempt}")
+    h.wait_new_checkpoint(tmp_path, run, attempt, timeout=120)
     # c10d assigns ranks in join order: rank 0 is on the node whose log has the checkpoint lines
     rank0 = next(n for n in (0, 1) if any(p.get("event") == "checkpoint" for p in logged(n)))
     frozen = 1 - rank0 if which == "peer" else rank0
-    workers = [pid for pid in h.node_pids(run, attempt, frozen)
-               if "counter.py" in h.cmdline(pid) and "torch.distributed.run" not in h.cmdline(pid)
-               and "orchestrator.backends.local.agent" not in h.cmdline(pid)]
+    workers = h.training_pids(run, attempt, frozen)
     assert workers
     at = time.time()
     for pid in workers:
@@ -51,10 +45,7 @@ def test_a_frozen_node_is_lost_within_node_silence_timeout_and_resumed(tmp_path)
                         restart={"heartbeat_timeout": "10m", "node_silence_timeout": "5s"})
     w = h.Watch(spec, tmp_path)
     frozen = {}
-    for attempt, which in enumerate(("peer", "rank0")):
-        if attempt:
-            h.wait_until(lambda a=attempt: (h.run_folder(tmp_path, run) / f"attempt-{a}").is_dir(), 120,
-                         f"attempt {attempt}")
+    for attempt, which in enumerate(("peer", "rank0")):     # an attempt not begun has no progress yet
         frozen[attempt] = _freeze_training(tmp_path, run, attempt, which)
     assert w.wait() == 0, w.output
     rec = h.record(tmp_path, run)
