@@ -146,7 +146,7 @@ def assert_unwatched_status(home, run: str, expected: str, outcome: str | None) 
     assert attempts(home, run) == [0]
 
 
-# One run passes through running to cancelled; a killed node's is another's first state.
+# One run passes through running, then cancelled.
 @pytest.mark.parametrize("outcome", ["succeeded", "app_error", "killed", "running-then-cancelled"])
 def test_docker_status_of_a_run_nobody_watches_is_the_truth(docker_client, image, home, outcome):
     run = f"dkl-unwatched-{outcome.replace('_', '-')}"

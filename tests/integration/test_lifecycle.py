@@ -227,6 +227,8 @@ def test_a_node_killed_unwatched_is_node_lost_however_late_anyone_looks(home):
     assert not (h.run_folder(home, run) / "attempt-0" / "node-1.exit.json").exists()
     # The look comes late: longer after the survivor's exit than the consequence window.
     h.wait_until(lambda: time.time() > exited["time"] + CONSEQUENCE_WINDOW_S + 1, 60, "a late look")
+    # the first look after that already says it (assert_unwatched_status would wait for it)
+    assert json.loads(wmctl(home, "status", run, "-o", "json").stdout)["status"] == "failed"
     data = assert_unwatched_status(home, run, "failed", "node_lost")
     assert data["attempts"][0]["failed_node"] == 1, data
     assert "wmctl watch" in data["final_report"] and "--auto-resume" in data["final_report"]
