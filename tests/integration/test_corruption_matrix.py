@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.runtime.checkpoint import ATTEMPT_FILE, COMMIT_MARKER, META_FILE, SHARED_FILE, rank_file_name
+from orchestrator.runtime.checkpoint import (ATTEMPT_FILE, COMMIT_MARKER, META_FILE, SHARED_FILE, rank_file_name,
+                                             step_dir_name)
 
 from . import harness as h
 
@@ -72,7 +73,8 @@ def pristine(tmp_path_factory) -> Path:
     code, out, _ = run(base, base / "ckpt", steps=25, keep=5)
     assert code == 0, out
     root = base / "ckpt" / RUN
-    assert all((root / f"step-{s:08d}" / COMMIT_MARKER).exists() for s in STEPS), sorted(p.name for p in root.iterdir())
+    assert all((root / step_dir_name(s) / COMMIT_MARKER).exists() for s in STEPS), \
+        sorted(p.name for p in root.iterdir())
     assert json.loads((root / "final.json").read_text())["weights"] == tiny_weights(25)
     return root
 
@@ -99,34 +101,29 @@ def copy_checkpoints(pristine: Path, tmp: Path, steps: tuple[int, ...] = (5, 10)
     """The pristine checkpoints of ``steps`` only (without the finished run's final.json), under
     ``tmp``/ckpt: the copy's root."""
     root = tmp / "ckpt" / RUN
-    shutil.copytree(pristine, root, ignore=lambda d, names: [
-        n for n in names if Path(d) == pristine and (n == "final.json" or n.startswith("step-")
-                                                     and int(n[5:]) not in steps)])
+    left_out = {"final.json"} | {step_dir_name(s) for s in STEPS if s not in steps}
+    shutil.copytree(pristine, root, ignore=lambda d, names: [n for n in names if Path(d) == pristine and n in left_out])
     return root
 
 
-def run_damaged(pristine: Path, tmp: Path, damage, steps: tuple[int, ...] = (5, 10),
-                to: int = 12) -> tuple[Path, tuple[int, str, Path]]:
+def run_damaged(pristine: Path, tmp: Path, damage,
+                steps: tuple[int, ...] = (5, 10)) -> tuple[Path, tuple[int, str, Path]]:
     """A copy of the pristine checkpoints of ``steps``, damaged, then the run resubmitted on it to
-    step ``to``: the copy's root and what run() returned."""
+    step 12: the copy's root and what run() returned."""
     root = copy_checkpoints(pristine, tmp, steps)
     damage(root)
-    return root, run(tmp, tmp / "ckpt", steps=to)
+    return root, run(tmp, tmp / "ckpt", steps=12)
 
 
-def step_dir(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-NEWEST = step_dir(10)
+NEWEST = step_dir_name(10)
 
 
 def damage_each_class(root: Path) -> None:
     """One damage class per checkpoint newer than step 5, each only detectable its own way."""
-    flip_bit(root / step_dir(25) / rank_file_name(1))                          # a changed byte: its digest
-    edit_meta(root / step_dir(20))                                             # meta.json says another step
-    (root / step_dir(15) / COMMIT_MARKER).write_text("{not json")             # a marker that is not one
-    (root / step_dir(10) / rank_file_name(0)).write_bytes(b"PK\x03\x04")      # truncated: its size
+    flip_bit(root / step_dir_name(25) / rank_file_name(1))                          # a changed byte: its digest
+    edit_meta(root / step_dir_name(20))                                             # meta.json says another step
+    (root / step_dir_name(15) / COMMIT_MARKER).write_text("{not json")             # a marker that is not one
+    (root / step_dir_name(10) / rank_file_name(0)).write_bytes(b"PK\x03\x04")      # truncated: its size
 
 
 # case -> (the checkpoints copied, their damage, the damaged steps reported newest first, the step
@@ -140,7 +137,7 @@ def damage_each_class(root: Path) -> None:
 # past, bit-exact (and test_checkpoint.py's latest_complete test).
 FALLBACK = {
     "every-damage-class-on-the-newer-four": (STEPS, damage_each_class, [25, 20, 15, 10], 5),
-    "damaged-older-checkpoint-only": ((5, 10), lambda root: flip_bit(root / step_dir(5) / SHARED_FILE), [], 10),
+    "damaged-older-checkpoint-only": ((5, 10), lambda root: flip_bit(root / step_dir_name(5) / SHARED_FILE), [], 10),
 }
 
 
@@ -158,7 +155,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_newest_intact_one(case, pristine
     assert all(e["reason"] for e in damaged), damaged
     said = [ln for ln in out.splitlines() if "damaged checkpoint" in ln]     # the watcher says it too
     assert len(said) == len(reported), said
-    assert all(f"damaged checkpoint {root / step_dir(step)} skipped:" in ln
+    assert all(f"damaged checkpoint {root / step_dir_name(step)} skipped:" in ln
                for ln, step in zip(said, reported, strict=True)), said
     final = json.loads((root / "final.json").read_text())
     assert final["steps"] == 12 and final["weights"] == tiny_weights(12)
