@@ -25,20 +25,19 @@ import pytest
 from tests.runtime.conftest import TINY, assert_bit_identical, effective_samples, sigkill_resume_chain
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
 # One pairing: DataLoader workers (forked at every epoch's iter()) beside the async writer's
 # thread is where a resume or a save can go wrong that the others cannot. The same chain runs for
 # FSDP2 with no workers (test_resume_exact_fsdp); a sync save with no workers is resumed bit-exactly
 # by test_preemption_sigterm (rank1-only); the chain for (0, sync) cost 31 s of CI's CPU to run
 # those paths again.
-@pytest.mark.parametrize(("num_workers", "mode"), [(2, "async")])
-def test_sigkill_resume_is_bit_exact(tmp_path: Path, shared_data: Path, baseline, num_workers: int, mode: str) -> None:
-    ref = baseline(num_workers)
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sigkill_resume_with_loader_workers_and_async_saves_is_bit_exact(tmp_path: Path, shared_data: Path,
+                                                                        baseline) -> None:
+    ref = baseline(2)
     ckpt = tmp_path / "ckpt"
-    base = TINY + (["--async-checkpoint"] if mode == "async" else []) + [
-        "--data-dir", str(shared_data), "--num-workers", str(num_workers), "--checkpoint-dir", str(ckpt),
-        "--record-samples", str(tmp_path / "samples")]
+    base = TINY + ["--async-checkpoint", "--data-dir", str(shared_data), "--num-workers", "2",
+                   "--checkpoint-dir", str(ckpt), "--record-samples", str(tmp_path / "samples")]
     final = sigkill_resume_chain(tmp_path, base, ckpt)
 
     assert_bit_identical(ref["final"], final)
