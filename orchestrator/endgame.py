@@ -26,10 +26,15 @@ def left_in_barrier(backend: b.Backend[Any], ref: b.AttemptRef, rec: AttemptReco
     succeeded waits in its exit barrier (torch/distributed/elastic/agent/server/api.py
     `_exit_barrier`, 300 s by default and not a torchrun flag) for every agent, but an agent
     whose worker failed returns without joining it: unless that agent hosted the c10d store, the
-    others would sit there five minutes, and a watcher would call their silence a hang."""
-    if tracker.done_at is None or now - tracker.done_at < EXIT_BARRIER_WAIT_S:
+    others would sit there five minutes, and a watcher would call their silence a hang. True at
+    once when no node is left up."""
+    if tracker.done_at is None:
         return False
     up = [str(n.node) for n in tracker.nodes if n.phase not in (b.SUCCEEDED, b.FAILED, b.LOST)]
+    if not up:
+        return True      # every node has ended (a node lost after the job completed ends none)
+    if now - tracker.done_at < EXIT_BARRIER_WAIT_S:
+        return False
     echo(f"attempt {rec.attempt}: node(s) {', '.join(up) or '-'} still up {now - tracker.done_at:.0f} s after "
               f"the job completed at step {tracker.completed_step}: torchrun's exit barrier waits for an agent "
               "that has left it; stopped")
@@ -39,7 +44,7 @@ def left_in_barrier(backend: b.Backend[Any], ref: b.AttemptRef, rec: AttemptReco
 def benign_exit(backend: b.Backend[Any], ref: b.AttemptRef, rec: AttemptRecord, tracker: AttemptTracker,
                 failure: F.Failure, echo: Callable[[str], None], clock: Callable[[], float]) -> bool:
     """Is this exit only a scheduler's signal or eviction that reached a node after the job
-    reported completion, an agent's shutdown noise after its workers succeeded
+    reported completion, a node lost or frozen after it, an agent's shutdown noise after its workers succeeded
     (failures.shutdown_noise), or a worker's crash on its way out after the job reported
     completion (failures.teardown_crash)? Then it is noted and the attempt is watched on: the
     other nodes' ends decide. True also while such a crash waits (TEARDOWN_WAIT_S) for rank
@@ -54,6 +59,20 @@ def benign_exit(backend: b.Backend[Any], ref: b.AttemptRef, rec: AttemptRecord, 
         who = "the job" if failure.node is None else f"node {failure.node}"
         echo(f"attempt {rec.attempt}: {who} was signalled or evicted after the job reported completion at step "
              f"{tracker.completed_step} ({failure.evidence}): nothing was left to do, not counted as a preemption")
+        return True
+    if (failure.kind in F.NODE_FAILURES and failure.node is not None and tracker.completed_step is not None
+            and failure.node not in tracker.benign):
+        # The job said it completed (every rank past its last barrier, its last checkpoint
+        # committed), then a node was lost, froze or lost its device on its way out: nothing is
+        # left to redo. Read as the node's failure, a spare would restart every worker from the
+        # last checkpoint (a round with no step to run) or a new attempt would run the job again.
+        # The node's later signs (its loss, its pause) are the tracker's to drop; a node left up
+        # is stopped after EXIT_BARRIER_WAIT_S (left_in_barrier).
+        tracker.benign[failure.node] = f"{failure.kind} after the job completed: {failure.evidence}"
+        tracker.done_at = tracker.done_at or clock()
+        echo(f"attempt {rec.attempt}: node {failure.node} failed ({failure.kind}: {failure.evidence}) after the job "
+             f"reported completion at step {tracker.completed_step}: nothing was left to do, not counted as a "
+             "failure")
         return True
     if failure.kind != F.APP_ERROR or failure.node is None or failure.node in tracker.benign:
         return False

@@ -25,6 +25,7 @@ STORAGE_FULL = "storage_full"      # the job's disk (checkpoint folder) is full:
 RENDEZVOUS = "rendezvous"          # a node's agent could not reach the rendezvous (c10d store): infrastructure
 UNSCHEDULABLE = "unschedulable"    # pods not created or not placed for restart.pending_timeout
 DEVICE_FAULT = "device_fault"      # the node's accelerator failed (ECC, lost device): the node, not the job
+NODE_FAILURES = (NODE_LOST, HANG, DEVICE_FAULT)    # a node's own failure, when the failure names the node
 
 # Decisions.
 RETRY = "retry"                    # same placement is fine

@@ -20,7 +20,6 @@ from .tracker import AttemptTracker
 REPLENISH_AFTER_S = 10.0    # a job that reports no steps: its new round has run this long with every node up
 STRAGGLER = "straggler"     # not a failure of the attempt: a slow node swapped out at a checkpoint
 WHAT = {F.NODE_LOST: "lost", F.HANG: "frozen", F.DEVICE_FAULT: "lost its device", STRAGGLER: "is a straggler"}
-NODE_FAILURES = (F.NODE_LOST, F.HANG, F.DEVICE_FAULT)     # when they name a node
 
 
 def recover_in_place(spec: JobSpec, backend: b.Backend[Any], ref: b.AttemptRef, rec: AttemptRecord,
@@ -28,7 +27,7 @@ def recover_in_place(spec: JobSpec, backend: b.Backend[Any], ref: b.AttemptRef, 
                      clock: Callable[[], float]) -> tuple[bool, str | None]:
     """Whether the attempt goes on (a spare took the lost node's place; the recovery appended to
     ``rec.recoveries``), and the line to tell the user (None: spares do not apply)."""
-    if (not (spec.restart.spares and backend.spares) or failure.kind not in (*NODE_FAILURES, STRAGGLER)
+    if (not (spec.restart.spares and backend.spares) or failure.kind not in (*F.NODE_FAILURES, STRAGGLER)
             or failure.node is None):
         return False, None
     again = [r for r in rec.recoveries if r.get("checkpoint_step") == tracker.last_checkpoint_step]
@@ -63,7 +62,7 @@ def lost_hosts(rec: AttemptRecord) -> list[str]:
     """The machines an attempt lost to a node's failure and replaced in place: the next attempt
     keeps off them as it keeps off the host its own failure names (a straggler is not one:
     it was slow, not failed)."""
-    return [r["host"] for r in rec.recoveries if r.get("kind") in NODE_FAILURES and r.get("host")]
+    return [r["host"] for r in rec.recoveries if r.get("kind") in F.NODE_FAILURES and r.get("host")]
 
 
 def straggler_line(spec: JobSpec, backend: b.Backend[Any], attempt: int, straggler: Straggler) -> tuple[str, bool]:

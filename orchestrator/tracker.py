@@ -18,6 +18,10 @@ from .display import step_text
 from .silence import Silence
 from .stragglers import Straggler, Stragglers
 
+# What a node whose end was found benign (endgame.benign_exit: shutdown noise, a crash on the way
+# out, a loss or a freeze after the job completed) may still report; none of it is a failure.
+AFTER_BENIGN = (b.NODE_EXITED, b.EVICTED, b.NODE_LOST, b.NODE_PAUSED)
+
 
 @dataclass
 class AttemptTracker:
@@ -151,7 +155,7 @@ class AttemptTracker:
             node = next((n.node for n in self.nodes if ev.host and n.host == ev.host), None)
             self.events.append(replace(ev, node=node))
         found = F.root_cause([ev for ev in self.events
-                              if not (ev.kind in (b.NODE_EXITED, b.EVICTED) and ev.node in self.benign)])
+                              if not (ev.kind in AFTER_BENIGN and ev.node in self.benign)])
         if found is None and self.waiting is not None and self.waiting_since is not None:
             found = F.pending_failure(self.waiting, self.waiting_since, now, pending_timeout)
         if found is None and self.starting_since is not None and self.all_started_at is None:

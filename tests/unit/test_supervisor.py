@@ -622,6 +622,36 @@ def test_a_node_left_in_torchruns_exit_barrier_after_a_benign_crash_is_stopped_a
     assert EXIT_BARRIER_WAIT_S < 30
 
 
+@pytest.mark.parametrize("how", ["lost", "frozen", "not completed"])
+def test_a_node_lost_or_frozen_after_the_job_completed_does_not_fail_the_run(home, how):
+    """Seen in CI with a spare warm: the job said `exit completed` at step 60, then node 0 froze
+    on its way out, and the spare restarted every worker from checkpoint 60 for a round with no
+    step to run (which then failed in its rendezvous). After the job's `completed` a node's loss or
+    freeze leaves nothing to redo: the run succeeded on attempt 0; a node still up (the frozen
+    one) is stopped past EXIT_BARRIER_WAIT_S. Without the `completed` line it is the node's failure."""
+    said = [b.Event(b.PROGRESS, START, 0, "host-0", progress={"event": "exit", "status": "completed", "step": 12})]
+    if how == "frozen":
+        news = [b.Event(b.NODE_PAUSED, START + 1, 0, "host-0", message="torchrun agent is stopped (SIGSTOP)")]
+        after = [b.NodeStatus(0, b.PAUSED, "host-0"), b.NodeStatus(1, b.SUCCEEDED, "host-1", 0)]
+    else:
+        news = [b.Event(b.NODE_LOST, START + 1, 1, "host-1", message="the node's processes vanished (killed)")]
+        after = [b.NodeStatus(0, b.SUCCEEDED, "host-0", 0), b.NodeStatus(1, b.LOST, "host-1")]
+    outcome, backend, record, lines, _ = supervise({
+        0: [([progress("checkpoint", 12), *(said if how != "not completed" else [])], running()), (news, after)],
+        1: [([progress("resume", 12)], running()), ([progress("step", 12)], done())],
+    })
+    if how == "not completed":
+        assert record.attempts[0].outcome == "node_lost" and len(record.attempts) == 2, record.final_report
+        return
+    assert outcome.exit_code == 0 and record.status == "succeeded", record.final_report
+    assert len(record.attempts) == 1 and record.attempts[0].outcome == "succeeded", record.final_report
+    node = 0 if how == "frozen" else 1
+    assert any(f"node {node} failed" in line and "after the job reported completion at step 12" in line
+               and "not counted as a failure" in line for line in lines), lines
+    # the frozen node is stopped as one left in the exit barrier; a lost one left nothing up
+    assert (("cancel", 0) in backend.calls) == (how == "frozen"), backend.calls
+
+
 @pytest.mark.parametrize("first", [0, 1])
 def test_an_agent_that_lost_the_store_after_the_job_completed_does_not_fail_the_run(home, first):
     """Node 1 hosted the c10d store and its worker aborted after the job completed; node 0's
