@@ -5,7 +5,8 @@ final state depends on every step having run exactly once after the last restore
 wmctl's contract: progress lines on rank 0, checkpoints committed by marker, resume from the
 newest committed one, SIGTERM -> checkpoint -> exit 83. Knobs via argv: --steps, --every,
 --sleep (seconds per step; --first-attempt-sleep on attempt 0), --fail-at (exit 1 at that step on rank 1, test hook),
---alloc-mb (allocate that much at start: the OOM case), --timer (time each step with the
+--alloc-mb (allocate that much at start: the OOM case), --hold STEP:FILE (every rank waits
+after that step while the file exists: a test acts while the run stands still), --timer (time each step with the
 runtime's StepTimer, which sends every rank's pace to the watcher: stragglers). A slow machine
 for the straggler tests: COUNTER_SLOW_HOST names a host (WMCTL_NODE_NAME) whose ranks sleep
 COUNTER_SLOW_S more per step before the step's first collective (the machine, not the rank: a
@@ -38,7 +39,10 @@ p.add_argument("--first-attempt-sleep", type=float, default=None,
                help="seconds per step on attempt 0 only (WMCTL_ATTEMPT): a slow first attempt a limit must stop")
 p.add_argument("--hold-after-resume", type=float, default=0.0,
                help="seconds to wait after a resume before the first step (a test's window to act)")
+p.add_argument("--hold", action="append", default=[], metavar="STEP:FILE",
+               help="after STEP (and its checkpoint) every rank waits while FILE exists: a test's window")
 args = p.parse_args()
+holds = {int(step): path for step, path in (h.split(":", 1) for h in args.hold)}
 if args.first_attempt_sleep is not None and os.environ.get("WMCTL_ATTEMPT") == "0":
     args.sleep = args.first_attempt_sleep
 
@@ -139,6 +143,8 @@ while step < args.steps:
         emit_progress("step", step=step, loss=float(state.item()))
     if step % args.every == 0:
         save(step, state)
+    while step in holds and os.path.exists(holds[step]):     # every rank: none waits in a collective
+        time.sleep(0.05)
 
 if rank == 0:
     with open(os.path.join(ckpt_dir, "final.txt"), "w") as fh:
