@@ -266,7 +266,7 @@ def _no_stale_runs(docker_client, request):
     assert isinstance(prefix, str) and prefix.startswith("dk") and prefix.endswith("-"), prefix
 
     def sweep():
-        for c in docker_client.containers.list(all=True, filters={"label": [L.RUN]}):
+        for c in docker_client.containers.list(all=True, filters={"label": [L.RUN]}, ignore_removed=True):
             if c.labels.get(L.RUN, "").startswith(prefix):
                 c.remove(force=True)
         for net in docker_client.networks.list(filters={"label": [L.RUN]}):

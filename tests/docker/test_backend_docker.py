@@ -71,7 +71,7 @@ def make_plan(name: str, image: str, *, commands: dict[int, list[str]] | None = 
 
 
 def containers_of(client, run: str) -> list:
-    return client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]})
+    return client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]}, ignore_removed=True)
 
 
 def networks_of(client, run: str) -> list:
@@ -260,6 +260,30 @@ def test_a_container_removed_by_someone_else_reads_as_lost(backend, docker_clien
     assert ev.reason == "ContainerRemoved" and ev.host == "dkb-gone-a0-1"
     assert _failure_kind(ev) == failures.NODE_LOST
     assert obs.nodes[1].phase == b.LOST and obs.nodes[0].phase == b.RUNNING
+
+
+def test_a_container_removed_between_the_engines_list_and_its_inspect_is_lost_not_an_error(
+        backend, docker_client, base_image, monkeypatch):
+    """The SDK's containers.list() lists, then inspects each container: one removed in between
+    (a watcher's teardown while `wmctl status` reads, a user's `docker rm`) raised NotFound out of
+    the whole call (seen in CI, in a test's sweep). The engine's list is replayed as it was just
+    before node 1's removal: a fresh reader finds node 1 lost, and listing and cancel still work."""
+    ref = backend.submit(make_plan("dkb-vanish", base_image, commands={0: SLEEP, 1: SLEEP}))
+    poll_until(backend, ref, all_running)
+    listed = docker_client.api.containers(all=True, filters={"label": [f"{L.RUN}=dkb-vanish"]})
+    assert len(listed) == 2
+    docker_client.containers.get("dkb-vanish-a0-1").remove(force=True)
+    monkeypatch.setattr(docker_client.api, "containers", lambda **_: [dict(c) for c in listed])
+    reader = DockerBackend(docker_client)
+    try:
+        assert reader.attempts("dkb-vanish") == [ref]
+        obs, _ = poll_until(reader, ref, lambda o, s: len(o.nodes) == 2 and o.nodes[1].phase == b.LOST, limit=30)
+        assert obs.nodes[0].phase == b.RUNNING
+        reader.cancel(ref)
+    finally:
+        reader.close()
+        monkeypatch.undo()
+    assert containers_of(docker_client, "dkb-vanish") == []
 
 
 def test_a_container_removed_while_nobody_watched_is_lost_to_a_reader_however_late(backend, docker_client,

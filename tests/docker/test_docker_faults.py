@@ -88,7 +88,8 @@ def wait_progress(client, run: str, attempt: int, event: str, step: int = 0, tim
 
 
 def leftovers(client, run: str) -> list[str]:
-    return [c.name for c in client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]})]
+    found = client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]}, ignore_removed=True)
+    return [c.name for c in found]
 
 
 def redone(home: Path, run: str) -> list[int]:

@@ -49,7 +49,7 @@ def attempts(home, run):
 
 
 def containers(client, run):
-    return client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]})
+    return client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]}, ignore_removed=True)
 
 
 def cancel_while_held(home, run, phase):

@@ -35,8 +35,8 @@ def test_docker_logs_flags_reach_the_engine(docker_client, image, home):
     w = h.Watch(spec, home, "--backend", "docker")
     try:
         def node0_lines() -> list[int]:
-            found = [c for c in docker_client.containers.list(filters={"label": [f"wmctl.io/run={run}"]})
-                     if c.labels.get("wmctl.io/node") == "0"]
+            listed = docker_client.containers.list(filters={"label": [f"wmctl.io/run={run}"]}, ignore_removed=True)
+            found = [c for c in listed if c.labels.get("wmctl.io/node") == "0"]
             return steps(found[0].logs().decode(errors="replace")) if found else []
         h.wait_until(lambda: len(node0_lines()) >= 6, 180, "six lines from node 0", every=0.5)
 

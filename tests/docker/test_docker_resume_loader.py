@@ -74,7 +74,7 @@ def _no_stale_loader_runs(docker_client):
     """This module's runs (dkr-) left by an interrupted session would be refused as someone
     else's; only they are swept, at the start and the end."""
     def sweep():
-        for c in docker_client.containers.list(all=True, filters={"label": [L.RUN]}):
+        for c in docker_client.containers.list(all=True, filters={"label": [L.RUN]}, ignore_removed=True):
             if c.labels.get(L.RUN, "").startswith(PREFIX):
                 c.remove(force=True)
         for net in docker_client.networks.list(filters={"label": [L.RUN]}):

@@ -57,7 +57,7 @@ def checkpointed(client, run: str, step: int) -> bool:
 
 
 def leftovers_of(client, run: str) -> list:
-    return client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]})
+    return client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]}, ignore_removed=True)
 
 
 def running(client, name: str) -> bool:

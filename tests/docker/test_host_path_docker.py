@@ -34,7 +34,8 @@ def _swept(docker_client, *runs: str):
     removed a running container ("disappeared")."""
     def remove():
         for run in runs:
-            for c in docker_client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]}):
+            label = {"label": [f"{L.RUN}={run}"]}
+            for c in docker_client.containers.list(all=True, filters=label, ignore_removed=True):
                 c.remove(force=True)
             for net in docker_client.networks.list(filters={"label": [f"{L.RUN}={run}"]}):
                 net.remove()

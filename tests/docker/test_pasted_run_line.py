@@ -59,6 +59,6 @@ def test_the_printed_docker_run_line_creates_the_planned_container(docker_client
         assert shlex.split(line)[-len(HOSTILE):] == HOSTILE
         assert subprocess.run(["test", "-e", "/tmp/pwned"]).returncode != 0, "a value reached a shell"
     finally:
-        for c in docker_client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]}):
+        for c in docker_client.containers.list(all=True, filters={"label": [f"{L.RUN}={run}"]}, ignore_removed=True):
             c.remove(force=True)
         network.remove()

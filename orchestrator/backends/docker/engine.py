@@ -640,7 +640,7 @@ class DockerBackend(SpareSlots, b.Backend[DockerRequest]):
                 raise
 
     def _containers(self, run: str, attempt: int | None) -> list[Any]:
-        return self.client.containers.list(all=True, filters=attempt_filters(run, attempt))
+        return self.client.containers.list(all=True, filters=attempt_filters(run, attempt), ignore_removed=True)
 
     def attempts(self, run: str) -> list[b.AttemptRef]:
         with sdk.engine(f"listing the attempts of {run}"):
