@@ -1,4 +1,4 @@
-"""A tiny deterministic torchrun job for the supervisor's fault matrix.
+"""A tiny deterministic torchrun job for the supervisor's fault matrix (torch only with 2+ ranks).
 
 Each step every rank adds f(step, rank) to a float64 state and all-reduces it (gloo), so the
 final state depends on every step having run exactly once after the last restore. It keeps
@@ -20,9 +20,6 @@ import signal
 import sys
 import time
 from datetime import timedelta
-
-import torch
-import torch.distributed as dist
 
 from orchestrator.runtime.protocol import PREEMPTED_EXIT_CODE, emit_progress
 
@@ -46,12 +43,49 @@ holds = {int(step): path for step, path in (h.split(":", 1) for h in args.hold)}
 if args.first_attempt_sleep is not None and os.environ.get("WMCTL_ATTEMPT") == "0":
     args.sleep = args.first_attempt_sleep
 
-dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-if args.beat:
-    from orchestrator.runtime import liveness
+if os.environ.get("WORLD_SIZE") == "1" and not (args.beat or args.timer):
+    # One rank alone has no collective to take part in, so it imports no torch: in the suite's
+    # one-node tests (the watcher's behaviour, not a second node's) torch's import was half of
+    # each attempt's CPU. The arithmetic is the same float64 either way (harness.counter_state).
+    rank, world = 0, 1
 
-    liveness.start()
-rank, world = dist.get_rank(), dist.get_world_size()
+    def all_max(x: float) -> float:
+        return x
+
+    def all_sum(x: float) -> float:
+        return x
+
+    def barrier() -> None:
+        pass
+
+    def leave() -> None:
+        pass
+else:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    if args.beat:
+        from orchestrator.runtime import liveness
+
+        liveness.start()
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def all_max(x: float) -> float:
+        t = torch.tensor([x], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    def all_sum(x: float) -> float:
+        t = torch.tensor([x], dtype=torch.float64)
+        dist.all_reduce(t)
+        return t.item()
+
+    def barrier() -> None:
+        dist.barrier()
+
+    def leave() -> None:
+        dist.destroy_process_group()
 ckpt_dir = os.environ["WMCTL_CHECKPOINT_DIR"]
 stop = {"flag": False}
 signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("flag", True))
@@ -75,10 +109,10 @@ def save(step, state):
     d = os.path.join(ckpt_dir, f"step-{step:08d}")
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, f"rank-{rank}.json"), "w") as fh:
-        json.dump({"step": step, "state": state.item().hex()}, fh)
+        json.dump({"step": step, "state": state.hex()}, fh)
         fh.flush()
         os.fsync(fh.fileno())
-    dist.barrier()
+    barrier()
     if rank == 0:
         time.sleep(args.slow_commit)
         tmp = os.path.join(d, "COMMITTED.tmp")
@@ -88,7 +122,7 @@ def save(step, state):
             os.fsync(fh.fileno())
         os.rename(tmp, os.path.join(d, "COMMITTED"))
         emit_progress("checkpoint", step=step, path=d)
-    dist.barrier()
+    barrier()
 
 
 slow_host = os.environ.get("COUNTER_SLOW_HOST")
@@ -100,12 +134,12 @@ if args.timer:
 
     timer = StepTimer()
 
-state = torch.zeros(1, dtype=torch.float64)
+state = 0.0
 start = 0
 found = latest()
 if found is not None:
     with open(os.path.join(ckpt_dir, f"step-{found:08d}", f"rank-{rank}.json")) as fh:
-        state = torch.tensor([float.fromhex(json.load(fh)["state"])], dtype=torch.float64)
+        state = float.fromhex(json.load(fh)["state"])
     start = found
     if rank == 0:
         emit_progress("resume", step=start)
@@ -115,16 +149,16 @@ if rank == 0:
 
 step = start
 while step < args.steps:
-    flag = torch.tensor([1.0 if stop["flag"] else 0.0])
+    flag = 1.0 if stop["flag"] else 0.0
     if timer is not None:
         with timer.compute():          # this rank's own work: a slow machine's shows here
             time.sleep(slow_s)
         with timer.comm():             # the step's first collective: the time to reach it is the pace
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            flag = all_max(flag)
     else:
         time.sleep(slow_s)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if flag.item() > 0:
+        flag = all_max(flag)
+    if flag > 0:
         save(step, state)
         if rank == 0:
             emit_progress("preempted", step=step)
@@ -132,15 +166,14 @@ while step < args.steps:
     if step == args.fail_at and rank == world - 1:
         print("injected application error", file=sys.stderr, flush=True)
         sys.exit(1)
-    contrib = torch.tensor([((step + 1) * 0.1 + rank) / 3.0], dtype=torch.float64)
-    dist.all_reduce(contrib)
+    contrib = all_sum(((step + 1) * 0.1 + rank) / 3.0)
     state = state * 0.999 + contrib
     step += 1
     time.sleep(args.sleep)
     if timer is not None:
         timer.end_step()
     if rank == 0:
-        emit_progress("step", step=step, loss=float(state.item()))
+        emit_progress("step", step=step, loss=state)
     if step % args.every == 0:
         save(step, state)
     while step in holds and os.path.exists(holds[step]):     # every rank: none waits in a collective
@@ -148,6 +181,6 @@ while step < args.steps:
 
 if rank == 0:
     with open(os.path.join(ckpt_dir, "final.txt"), "w") as fh:
-        fh.write(float(state.item()).hex())
+        fh.write(state.hex())
     emit_progress("exit", status="completed", step=step)
-dist.destroy_process_group()
+leave()
