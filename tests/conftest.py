@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 import pytest
 
@@ -17,6 +18,13 @@ pytest_plugins = ["tests.ci_no_skip", "tests.xdist_groups"]
 # SIG_IGN, is reset to the default on exec).
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# Bytecode. A machine whose environment sets PYTHONDONTWRITEBYTECODE=1 (CI's image does) has every
+# process the suite starts (watchers, agents, workers, `wmctl` calls: thousands) compile wmctl's
+# modules from source again, and each xdist worker rewrite and compile every test module. The
+# workers and every process the tests start inherit this environment: compiled once, then reused.
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    sys.dont_write_bytecode = False
 
 
 def pytest_configure(config):
