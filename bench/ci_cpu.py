@@ -19,8 +19,9 @@ four interpreters importing torch (two torchrun agents, two workers).
 
 Then (2026-12-07, 2647 tests): the test job alone on one rank imports no torch, and the suite's
 processes write and reuse bytecode (CI's image sets PYTHONDONTWRITEBYTECODE=1). `.ci/run` on a
-fresh clone, back to back on this machine: tests 1153 s -> 801 s, 20:14 -> 14:08 in all; one
-integration file (test_lifecycle.py, 25 one-node runs) 168 -> 128 CPU-s from the test job alone.
+fresh clone on this machine: before, tests 1153 s (20:14 in all); after, three runs within the
+hour, tests 801, 955 and 958 s (14:08 to 17:03 in all). One integration file (test_lifecycle.py,
+25 one-node runs) 168 -> 128 CPU-s from the test job alone.
 """
 
 from __future__ import annotations
