@@ -26,15 +26,10 @@ def left_in_barrier(backend: b.Backend[Any], ref: b.AttemptRef, rec: AttemptReco
     succeeded waits in its exit barrier (torch/distributed/elastic/agent/server/api.py
     `_exit_barrier`, 300 s by default and not a torchrun flag) for every agent, but an agent
     whose worker failed returns without joining it: unless that agent hosted the c10d store, the
-    others would sit there five minutes, and a watcher would call their silence a hang. True at
-    once when every node has ended well or benignly."""
-    if tracker.done_at is None:
+    others would sit there five minutes, and a watcher would call their silence a hang."""
+    if tracker.done_at is None or now - tracker.done_at < EXIT_BARRIER_WAIT_S:
         return False
     up = [str(n.node) for n in tracker.nodes if n.phase not in (b.SUCCEEDED, b.FAILED, b.LOST)]
-    if not up and all(n.phase == b.SUCCEEDED or n.node in tracker.benign for n in tracker.nodes):
-        return True      # every node's end is known good or benign (a node lost after the job completed)
-    if now - tracker.done_at < EXIT_BARRIER_WAIT_S:
-        return False     # also a failed node's exit event, which may come after its state
     echo(f"attempt {rec.attempt}: node(s) {', '.join(up) or '-'} still up {now - tracker.done_at:.0f} s after "
               f"the job completed at step {tracker.completed_step}: torchrun's exit barrier waits for an agent "
               "that has left it; stopped")

@@ -146,8 +146,10 @@ class AttemptTracker:
 
     @property
     def succeeded(self) -> bool:
-        return bool(self.nodes) and all(n.phase == b.SUCCEEDED or n.phase == b.FAILED and n.node in self.benign
-                                        for n in self.nodes)
+        # An end found benign (endgame.benign_exit) is a failed node's or, after the job completed,
+        # a lost one's.
+        return bool(self.nodes) and all(
+            n.phase == b.SUCCEEDED or n.phase in (b.FAILED, b.LOST) and n.node in self.benign for n in self.nodes)
 
     def failure(self, now: float, heartbeat_timeout: float, pending_timeout: float = float("inf"),
                 image_pull_timeout: float = float("inf")) -> F.Failure | None:
