@@ -269,8 +269,12 @@ def test_a_store_frozen_mid_call_is_rank_0s_node_silent_to_the_witness(store_pai
     c0.add(liveness.KEY.format(0), 1)
     frozen, release = threading.Event(), threading.Event()
 
+    learnt = threading.Event()        # the witness read the host (the key's get) while the store answered
+
     class Freezing:
         def __getattr__(self, name):
+            if name == "get":
+                learnt.set()
             if frozen.is_set() and name == "add":
                 def hang(*args, **kw):
                     release.wait(30)
@@ -285,6 +289,9 @@ def test_a_store_frozen_mid_call_is_rank_0s_node_silent_to_the_witness(store_pai
         deadline = time.monotonic() + 30            # node 0 beats (past the seeded 1) before it freezes
         while c1.add(liveness.KEY.format(0), 0) < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
+        # seen in CI on a loaded machine: the freeze came before the witness's first answer, so it
+        # had no host to name; the test is about a freeze after it learnt one
+        assert learnt.wait(30), "the witness never read node 0's host"
         beat0.set()
         frozen.set()
         silent = _wait_for(lines, "node_silent")
